@@ -1,0 +1,318 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NullValue(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NULL_VALUE: _ClassVar[NullValue]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_OK: _ClassVar[ErrorCode]
+    ERROR_CODE_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
+    ERROR_CODE_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_ABORTED: _ClassVar[ErrorCode]
+    ERROR_CODE_APPLICATION: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
+    ERROR_CODE_ALREADY_EXISTS: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+NULL_VALUE: NullValue
+ERROR_CODE_OK: ErrorCode
+ERROR_CODE_NOT_FOUND: ErrorCode
+ERROR_CODE_INVALID_ARGUMENT: ErrorCode
+ERROR_CODE_TIMEOUT: ErrorCode
+ERROR_CODE_ABORTED: ErrorCode
+ERROR_CODE_APPLICATION: ErrorCode
+ERROR_CODE_UNAVAILABLE: ErrorCode
+ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode
+ERROR_CODE_ALREADY_EXISTS: ErrorCode
+ERROR_CODE_INTERNAL: ErrorCode
+
+class Value(_message.Message):
+    __slots__ = ("null_value", "bool_value", "int_value", "double_value", "string_value", "bytes_value", "list_value", "map_value")
+    NULL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_VALUE_FIELD_NUMBER: _ClassVar[int]
+    LIST_VALUE_FIELD_NUMBER: _ClassVar[int]
+    MAP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    null_value: NullValue
+    bool_value: bool
+    int_value: int
+    double_value: float
+    string_value: str
+    bytes_value: bytes
+    list_value: ListValue
+    map_value: MapValue
+    def __init__(self, null_value: _Optional[_Union[NullValue, str]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bytes_value: _Optional[bytes] = ..., list_value: _Optional[_Union[ListValue, _Mapping]] = ..., map_value: _Optional[_Union[MapValue, _Mapping]] = ...) -> None: ...
+
+class ListValue(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class MapValue(_message.Message):
+    __slots__ = ("fields",)
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    fields: _containers.MessageMap[str, Value]
+    def __init__(self, fields: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class ErrorDetail(_message.Message):
+    __slots__ = ("code", "message", "type", "leader_hint")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_HINT_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    message: str
+    type: str
+    leader_hint: str
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., type: _Optional[str] = ..., leader_hint: _Optional[str] = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("ttl",)
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    ttl: float
+    def __init__(self, ttl: _Optional[float] = ...) -> None: ...
+
+class OpenSessionResponse(_message.Message):
+    __slots__ = ("session", "ttl")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    ttl: float
+    def __init__(self, session: _Optional[int] = ..., ttl: _Optional[float] = ...) -> None: ...
+
+class KeepAliveRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    def __init__(self, session: _Optional[int] = ...) -> None: ...
+
+class KeepAliveResponse(_message.Message):
+    __slots__ = ("ttl",)
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    ttl: float
+    def __init__(self, ttl: _Optional[float] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    def __init__(self, session: _Optional[int] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InvokeRequest(_message.Message):
+    __slots__ = ("session", "seq", "ack", "class_name", "object_name", "method", "args", "kwargs", "timeout", "create", "ctor_args", "ctor_kwargs")
+    class KwargsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    class CtorKwargsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_NAME_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    CTOR_ARGS_FIELD_NUMBER: _ClassVar[int]
+    CTOR_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    seq: int
+    ack: int
+    class_name: str
+    object_name: str
+    method: str
+    args: _containers.RepeatedCompositeFieldContainer[Value]
+    kwargs: _containers.MessageMap[str, Value]
+    timeout: float
+    create: bool
+    ctor_args: _containers.RepeatedCompositeFieldContainer[Value]
+    ctor_kwargs: _containers.MessageMap[str, Value]
+    def __init__(self, session: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., method: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., timeout: _Optional[float] = ..., create: _Optional[bool] = ..., ctor_args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., ctor_kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class InvokeResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: Value
+    def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+
+class CreateObjectRequest(_message.Message):
+    __slots__ = ("session", "class_name", "object_name", "args", "kwargs")
+    class KwargsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    class_name: str
+    object_name: str
+    args: _containers.RepeatedCompositeFieldContainer[Value]
+    kwargs: _containers.MessageMap[str, Value]
+    def __init__(self, session: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class CreateObjectResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class DeleteObjectRequest(_message.Message):
+    __slots__ = ("object_name",)
+    OBJECT_NAME_FIELD_NUMBER: _ClassVar[int]
+    object_name: str
+    def __init__(self, object_name: _Optional[str] = ...) -> None: ...
+
+class DeleteObjectResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ObjectInfo(_message.Message):
+    __slots__ = ("name", "class_name", "class_version", "waiters")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLASS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    class_name: str
+    class_version: int
+    waiters: int
+    def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., class_version: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
+
+class ListObjectsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListObjectsResponse(_message.Message):
+    __slots__ = ("objects",)
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ...) -> None: ...
+
+class ClassInfo(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class RegisterClassRequest(_message.Message):
+    __slots__ = ("source",)
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    def __init__(self, source: _Optional[str] = ...) -> None: ...
+
+class RegisterClassResponse(_message.Message):
+    __slots__ = ("classes",)
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedCompositeFieldContainer[ClassInfo]
+    def __init__(self, classes: _Optional[_Iterable[_Union[ClassInfo, _Mapping]]] = ...) -> None: ...
+
+class ListClassesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListClassesResponse(_message.Message):
+    __slots__ = ("classes",)
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedCompositeFieldContainer[ClassInfo]
+    def __init__(self, classes: _Optional[_Iterable[_Union[ClassInfo, _Mapping]]] = ...) -> None: ...
+
+class GetClassRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GetClassResponse(_message.Message):
+    __slots__ = ("name", "version", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    source: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
+class NodeHealth(_message.Message):
+    __slots__ = ("node_id", "address", "connected", "match_index")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    connected: bool
+    match_index: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., connected: _Optional[bool] = ..., match_index: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("node_id", "leader_address", "is_leader", "term", "commit_index", "last_applied", "nodes", "object_count", "waiter_count", "session_count")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAITER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    leader_address: str
+    is_leader: bool
+    term: int
+    commit_index: int
+    last_applied: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeHealth]
+    object_count: int
+    waiter_count: int
+    session_count: int
+    def __init__(self, node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., object_count: _Optional[int] = ..., waiter_count: _Optional[int] = ..., session_count: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,296 @@
+"""Commands and their binary encoding.
+
+A command is what the Raft log carries: a frozen dataclass, encoded as one version byte followed
+by a tagged value tree (never pickle, so a log entry cannot run code when it is read). The
+value encoding covers exactly the plain values objects may take and return: None, bool, int,
+float, str, bytes, list and dict with str keys.
+
+Layout of a value: one tag byte, then
+  N (None) F/T (bool) | I zigzag-varint | D 8-byte IEEE double | S varint length + UTF-8
+  | B varint length + bytes | L varint count + values | M varint count + (str key, value)...
+A command: FORMAT_VERSION, then the list [type code, timestamp, tag, field...].
+
+Every command carries the proposer's wall-clock `ts` (made monotonic by the kernel) and a `tag`
+naming the pending call that waits for it on the accepting replica ("" for commands nobody
+waits for, such as ticks).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+FORMAT_VERSION = 1
+
+_DOUBLE = struct.Struct(">d")
+
+
+class DecodeError(ValueError):
+    """The bytes are not a command of a version this kernel understands."""
+
+
+# -- values -----------------------------------------------------------------------------------
+
+def _put_varint(out: bytearray, n: int) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _encode(v: Any, out: bytearray) -> None:
+    t = type(v)
+    if t is str:
+        b = v.encode("utf-8")
+        out.append(0x53)  # S
+        _put_varint(out, len(b))
+        out += b
+    elif t is int:
+        out.append(0x49)  # I
+        _put_varint(out, (v << 1) if v >= 0 else ((-v) << 1) - 1)
+    elif v is None:
+        out.append(0x4E)  # N
+    elif t is bool:
+        out.append(0x54 if v else 0x46)  # T / F
+    elif t is bytes or t is bytearray:
+        out.append(0x42)  # B
+        _put_varint(out, len(v))
+        out += v
+    elif t is float:
+        out.append(0x44)  # D
+        out += _DOUBLE.pack(v)
+    elif t is list or t is tuple:
+        out.append(0x4C)  # L
+        _put_varint(out, len(v))
+        for item in v:
+            _encode(item, out)
+    elif t is dict:
+        out.append(0x4D)  # M
+        _put_varint(out, len(v))
+        for k, item in v.items():
+            if type(k) is not str:
+                raise TypeError(f"map key {k!r} is not a str")
+            _encode(k, out)
+            _encode(item, out)
+    else:
+        raise TypeError(f"{t.__name__} is not a plain value")
+
+
+def encode_value(v: Any) -> bytes:
+    out = bytearray()
+    _encode(v, out)
+    return bytes(out)
+
+
+def _decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    tag = buf[pos]
+    pos += 1
+    if tag == 0x53 or tag == 0x42 or tag == 0x49 or tag == 0x4C or tag == 0x4D:
+        n = 0
+        shift = 0
+        while True:
+            b = buf[pos]
+            pos += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        if tag == 0x53:
+            end = pos + n
+            if end > len(buf):
+                raise DecodeError("truncated string")
+            return buf[pos:end].decode("utf-8"), end
+        if tag == 0x49:
+            return ((n >> 1) if not n & 1 else -((n + 1) >> 1)), pos
+        if tag == 0x42:
+            end = pos + n
+            if end > len(buf):
+                raise DecodeError("truncated bytes")
+            return bytes(buf[pos:end]), end
+        if tag == 0x4C:
+            items = []
+            for _ in range(n):
+                item, pos = _decode(buf, pos)
+                items.append(item)
+            return items, pos
+        d = {}
+        for _ in range(n):
+            k, pos = _decode(buf, pos)
+            if type(k) is not str:
+                raise DecodeError("map key is not a string")
+            d[k], pos = _decode(buf, pos)
+        return d, pos
+    if tag == 0x4E:
+        return None, pos
+    if tag == 0x54:
+        return True, pos
+    if tag == 0x46:
+        return False, pos
+    if tag == 0x44:
+        return _DOUBLE.unpack_from(buf, pos)[0], pos + 8
+    raise DecodeError(f"unknown value tag 0x{tag:02x} at byte {pos - 1}")
+
+
+def decode_value(buf: bytes) -> Any:
+    try:
+        v, pos = _decode(buf, 0)
+    except IndexError:
+        raise DecodeError("truncated value") from None
+    if pos != len(buf):
+        raise DecodeError(f"{len(buf) - pos} trailing bytes after value")
+    return v
+
+
+def plain_copy(v: Any, path: str = "value") -> Any:
+    """A deep copy of `v` as plain values (tuples become lists), or TypeError naming the path
+    of the first part that is not a plain value. Results leave the kernel through this so a
+    stored result cannot change when the object later mutates its own state."""
+    t = type(v)
+    if t is str or t is int or t is float or t is bool or v is None:
+        return v
+    if t is bytes or t is bytearray:
+        return bytes(v)
+    if t is list or t is tuple:
+        return [plain_copy(x, f"{path}[{i}]") for i, x in enumerate(v)]
+    if t is dict:
+        out = {}
+        for k, x in v.items():
+            if type(k) is not str:
+                raise TypeError(f"{path}: map key {k!r} is not a str")
+            out[k] = plain_copy(x, f"{path}[{k!r}]")
+        return out
+    raise TypeError(f"{path}: {t.__name__} is not a plain value "
+                    "(use None, bool, int, float, str, bytes, list or dict)")
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    CODE: ClassVar[int] = 0
+    ts: float = 0.0
+    tag: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenSession(Command):
+    """Open a session; its id is the log index of this command."""
+    CODE: ClassVar[int] = 1
+    ttl: float = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CloseSession(Command):
+    """The client ends its session: waiters are aborted, session hooks run."""
+    CODE: ClassVar[int] = 2
+    session: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpireSession(Command):
+    """Proposed by the leader when a session's TTL passed without keep-alive."""
+    CODE: ClassVar[int] = 3
+    session: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegisterClass(Command):
+    CODE: ClassVar[int] = 4
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateObject(Command):
+    """Get-or-create the object `name` of class `class_name`."""
+    CODE: ClassVar[int] = 5
+    session: int = 0
+    class_name: str = ""
+    name: str = ""
+    args: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Invoke(Command):
+    """Call `method` on object `name`. (session, seq) identifies the call for exactly-once;
+    `ack` is the client's low-water mark: it has received every result with seq <= ack.
+    `class_name`, when not empty, must match the object's class. `timeout` (seconds) bounds
+    every wait inside the call; None waits for ever, 0 never waits."""
+    CODE: ClassVar[int] = 6
+    session: int = 0
+    seq: int = 0
+    ack: int = 0
+    class_name: str = ""
+    name: str = ""
+    method: str = ""
+    args: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeleteObject(Command):
+    CODE: ClassVar[int] = 7
+    name: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tick(Command):
+    """Advance kernel time to `ts`, timing out the waits that are due."""
+    CODE: ClassVar[int] = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(Command):
+    """Interrupt every waiter, serialize the quiescent state, re-run the waiters (DESIGN §5)."""
+    CODE: ClassVar[int] = 9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Query(Command):
+    """A read through the log: `what` is one of 'classes', 'class', 'objects', 'stats'."""
+    CODE: ClassVar[int] = 10
+    what: str = ""
+    arg: Any = None
+
+
+COMMANDS: dict[int, type[Command]] = {
+    c.CODE: c for c in (OpenSession, CloseSession, ExpireSession, RegisterClass, CreateObject,
+                        Invoke, DeleteObject, Tick, Checkpoint, Query)
+}
+_FIELDS: dict[type, tuple[str, ...]] = {
+    c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
+}
+
+
+def encode(cmd: Command) -> bytes:
+    t = type(cmd)
+    items = [t.CODE, float(cmd.ts), cmd.tag]
+    items.extend(getattr(cmd, name) for name in _FIELDS[t])
+    out = bytearray((FORMAT_VERSION,))
+    _encode(items, out)
+    return bytes(out)
+
+
+def decode(data: bytes) -> Command:
+    if not data:
+        raise DecodeError("empty command")
+    if data[0] != FORMAT_VERSION:
+        raise DecodeError(f"command format version {data[0]} is not supported "
+                          f"(this kernel reads version {FORMAT_VERSION})")
+    try:
+        items, pos = _decode(data, 1)
+    except (IndexError, UnicodeDecodeError) as e:
+        raise DecodeError(f"malformed command: {e}") from None
+    if pos != len(data) or type(items) is not list or len(items) < 3:
+        raise DecodeError("malformed command envelope")
+    cls = COMMANDS.get(items[0])
+    if cls is None:
+        raise DecodeError(f"unknown command type {items[0]!r}")
+    names = _FIELDS[cls]
+    if len(items) != 3 + len(names):
+        raise DecodeError(f"{cls.__name__}: expected {len(names)} fields, got {len(items) - 3}")
+    try:
+        return cls(ts=items[1], tag=items[2], **dict(zip(names, items[3:])))
+    except TypeError as e:
+        raise DecodeError(f"{cls.__name__}: {e}") from None

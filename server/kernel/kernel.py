@@ -1,0 +1,640 @@
+"""The kernel: committed commands in, completions out.
+
+Theory of operation
+-------------------
+`Kernel.apply(index, command)` is the only entry point. It advances kernel time to the
+command's timestamp (never backwards), times out the waits that are due, then handles the
+command. An `Invoke` becomes a `Request` run by a greenlet (`sched.Task`). The request runs
+until it returns or blocks in `Semaphore.acquire`; `release` only moves woken requests to the
+ready queue; after the current request blocks or ends the kernel drains the ready queue, in
+FIFO order, before `apply` returns (GESMAS Algorithm 1). So at every command boundary each
+request in flight is blocked on exactly one semaphore.
+
+Exactly-once: every invoke carries (session, seq). A session remembers the results it has not
+yet acknowledged (`ack`, the client's low-water mark) and the requests it has in flight; a retry
+gets the stored result, or joins the wait of the request in flight (its tag is added, so the
+completion is sent to both callers). Nothing runs twice.
+
+Checkpoints (DESIGN §5): greenlets cannot be pickled, so `Checkpoint` detaches every waiter,
+throws `Interrupted` into each (oldest block first) so that it unwinds, pickles the now
+quiescent state together with the list of interrupted calls, then re-runs those calls at once
+with the same request ids and the same deadlines. Every replica does the same at the same log
+index; `Kernel.restore(blob)` does the same from the pickled state.
+
+Determinism: no clock, randomness, threads or I/O here; time and random numbers come from the
+log (`sched.Context`); dicts are the only containers iterated for decisions, and they iterate
+in insertion order.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import inspect
+import io
+import logging
+import pickle
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import codec
+from .codec import Command
+from .dialect import Budget
+from .errors import Code, Error, KernelError
+from .registry import ClassVersion, Registry
+from .sched import (Aborted, BudgetExceeded, Interrupted, Semaphore, SessionEnded, Task,
+                    Timeout, Waiter)
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The answer to the call identified by `tag`: a plain value, or an error."""
+
+    tag: str
+    value: Any = None
+    error: Error | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    step_budget: int = 200_000        # steps per run of a request between two waits
+    max_waiters: int = 1_000_000      # blocked requests, all objects together
+    max_results: int = 10_000         # unacknowledged results kept per session
+
+
+class Session:
+    __slots__ = ("id", "ttl", "results", "acked", "touched", "inflight")
+
+    def __init__(self, sid: int, ttl: float) -> None:
+        self.id = sid
+        self.ttl = ttl
+        self.results: dict[int, tuple[Any, Error | None]] = {}
+        self.acked = 0
+        self.touched: dict[str, None] = {}       # objects used, in first-use order
+        self.inflight: dict[int, Request] = {}   # seq -> request; empty in a checkpoint
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self.id, self.ttl, self.results, self.acked, self.touched,
+                [(seq, r.index, r.tags) for seq, r in self.inflight.items()])
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.id, self.ttl, self.results, self.acked, self.touched, inflight = state
+        if inflight:
+            raise ValueError("a checkpoint cannot hold requests in flight")
+        self.inflight = {}
+
+
+class ObjectRecord:
+    __slots__ = ("name", "cls", "instance")
+
+    def __init__(self, name: str, cls: ClassVersion, instance: Any) -> None:
+        self.name = name
+        self.cls = cls
+        self.instance = instance
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A call interrupted by a checkpoint, to be re-run right after it."""
+
+    index: int
+    cmd: codec.Invoke
+    tags: tuple[str, ...]
+    deadline: float | None
+    deadlines: tuple[float | None, ...]
+
+
+class Request:
+    """One call being run. `index` (the log index of the command that started it) is its id."""
+
+    __slots__ = ("kernel", "index", "session", "seq", "tags", "task", "deadline", "deadlines",
+                 "replay", "draws", "waiter", "obj", "cmd", "nowait", "label", "outcome")
+
+    def __init__(self, kernel: Kernel, index: int, session: int, label: str,
+                 nowait: str = "") -> None:
+        self.kernel = kernel
+        self.index = index
+        self.session = session
+        self.seq = 0
+        self.tags: list[str] = []
+        self.task: Task | None = None
+        self.deadline: float | None = None         # from the call's timeout
+        self.deadlines: list[float | None] = []    # each wait's deadline, for exact re-runs
+        self.replay: list[float | None] = []
+        self.draws = 0
+        self.waiter: Waiter | None = None
+        self.obj: str = ""
+        self.cmd: codec.Invoke | None = None
+        self.nowait = nowait     # why this request may not wait, if it may not
+        self.label = label
+        self.outcome: Any = None
+
+
+_INTERRUPTED = object()
+
+
+class Kernel:
+    def __init__(self, config: Config = Config()) -> None:
+        self.config = config
+        self.index = 0
+        self.now = 0.0
+        self.sessions: dict[int, Session] = {}
+        self.objects: dict[str, ObjectRecord] = {}
+        self._budget = Budget(config.step_budget)
+        self.registry = Registry(self._budget)
+        self._order = 0                  # block sequence number
+        self._waiting = 0                # live waiters
+        self._deadlines: list[tuple[float, int, Waiter]] = []
+        self._ready: deque[tuple[Request, BaseException | None]] = deque()
+        self._out: list[Completion] = []
+        self.checkpoint_index: int | None = None
+        self.checkpoint_blob: bytes | None = None
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            codec.OpenSession: self._open_session,
+            codec.CloseSession: lambda c: self._end_session(c, "closed"),
+            codec.ExpireSession: lambda c: self._end_session(c, "expired"),
+            codec.RegisterClass: self._register_class,
+            codec.CreateObject: self._create_object,
+            codec.Invoke: self._invoke,
+            codec.DeleteObject: self._delete_object,
+            codec.Tick: lambda c: None,
+            codec.Checkpoint: self._checkpoint,
+            codec.Query: self._query,
+        }
+
+    # -- the entry point ---------------------------------------------------------------------
+
+    def apply(self, index: int, command: bytes | Command) -> list[Completion]:
+        """Apply one committed command at log `index`; returns the completions it caused."""
+        if index <= self.index:
+            raise ValueError(f"log index {index} is not after {self.index}")
+        self.index = index
+        out = self._out = []
+        if isinstance(command, Command):
+            cmd = command
+        else:
+            try:
+                cmd = codec.decode(command)
+            except codec.DecodeError as e:
+                log.error("log entry %d is not a command: %s", index, e)
+                return out
+        ts = cmd.ts
+        if isinstance(ts, (int, float)) and ts > self.now:
+            self.now = ts
+        if self._deadlines and self._deadlines[0][0] <= self.now:
+            self._expire_due()
+            self._drain()
+        try:
+            self._handlers[type(cmd)](cmd)
+        except KernelError as e:
+            self._complete(cmd.tag, None, e.error)
+        except (TypeError, ValueError, AttributeError) as e:   # a malformed field
+            self._complete(cmd.tag, None, Error(Code.INVALID_ARGUMENT,
+                                                f"{type(cmd).__name__}: {e}"))
+        self._drain()
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which a wait times out (the leader proposes a Tick then)."""
+        while self._deadlines and not self._deadlines[0][2].live:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def _open_session(self, cmd: codec.OpenSession) -> None:
+        ttl = cmd.ttl
+        if type(ttl) not in (int, float) or not 0 < ttl <= 3600:
+            raise KernelError(Code.INVALID_ARGUMENT,
+                              f"session ttl must be in (0, 3600] seconds, not {ttl!r}")
+        self.sessions[self.index] = Session(self.index, float(ttl))
+        self._complete(cmd.tag, self.index)
+
+    def _session(self, sid: Any) -> Session:
+        s = self.sessions.get(sid) if type(sid) is int else None
+        if s is None:
+            raise KernelError(Code.ABORTED, f"session {sid} is not open (expired or closed)",
+                              "SessionExpired")
+        return s
+
+    def _end_session(self, cmd: codec.CloseSession | codec.ExpireSession, how: str) -> None:
+        s = self._session(cmd.session)
+        for req in sorted(s.inflight.values(), key=lambda r: r.waiter.order if r.waiter else 0):
+            self._abort(req, SessionEnded(f"session {s.id} {how} while waiting"))
+        self._drain()
+        del self.sessions[s.id]
+        for name in s.touched:
+            rec = self.objects.get(name)
+            if rec is not None and hasattr(rec.cls.cls, "_on_session_end"):
+                self._run_hook(rec, s.id)
+                self._drain()
+        self._complete(cmd.tag, True)
+
+    def _run_hook(self, rec: ObjectRecord, sid: int) -> None:
+        req = Request(self, self.index, sid, f"{rec.cls.name} {rec.name!r} session hook",
+                      nowait="a session hook may not wait")
+        hook = rec.instance._on_session_end
+        req.task = Task(lambda: self._body(req, hook, (sid,), {}))
+        req.task.kernel = self
+        req.task.request = req
+        self._run(req)
+
+    # -- classes and objects -------------------------------------------------------------------
+
+    def _register_class(self, cmd: codec.RegisterClass) -> None:
+        if type(cmd.source) is not str:
+            raise KernelError(Code.INVALID_ARGUMENT, "class source must be a string")
+        self._complete(cmd.tag, self.registry.register(cmd.source))
+
+    def _create_object(self, cmd: codec.CreateObject) -> None:
+        name = cmd.name
+        if type(name) is not str or not name or len(name) > 256:
+            raise KernelError(Code.INVALID_ARGUMENT,
+                              f"object name must be a non-empty string of at most 256 "
+                              f"characters, not {name!r}")
+        rec = self.objects.get(name)
+        if rec is not None:
+            if rec.cls.name != cmd.class_name:
+                raise KernelError(Code.ALREADY_EXISTS,
+                                  f"object {name!r} exists with class {rec.cls.name}, "
+                                  f"not {cmd.class_name}")
+            self._complete(cmd.tag, {"created": False, "version": rec.cls.version})
+            return
+        cls = self.registry.latest(cmd.class_name)
+        if cls is None:
+            raise KernelError(Code.NOT_FOUND, f"no class named {cmd.class_name!r}")
+        args, kwargs = _args(cmd.args, cmd.kwargs)
+        try:
+            sig = inspect.signature(cls.cls)
+        except (TypeError, ValueError):
+            sig = None
+        if sig is not None:
+            _bind_sig(sig, cls.name, tuple(args), kwargs)
+        req = Request(self, self.index, cmd.session if type(cmd.session) is int else 0,
+                      f"{cls.name}()", nowait="a constructor may not wait")
+        made: list[Any] = []
+
+        def construct() -> None:
+            made.append(cls.cls(*args, **kwargs))
+
+        req.obj = name
+        req.task = Task(lambda: self._body(req, construct, (), {}))
+        req.task.kernel = self
+        req.task.request = req
+        self._run(req)
+        error = req.outcome[1]
+        if error is not None:
+            raise KernelError(error.code, error.message, error.type)
+        self.objects[name] = ObjectRecord(name, cls, made[0])
+        self._complete(cmd.tag, {"created": True, "version": cls.version})
+
+    def _delete_object(self, cmd: codec.DeleteObject) -> None:
+        rec = self.objects.get(cmd.name)
+        if rec is None:
+            raise KernelError(Code.NOT_FOUND, f"no object named {cmd.name!r}")
+        for req in self._blocked(lambda r: r.obj == cmd.name):
+            self._abort(req, Aborted(f"object {cmd.name!r} was deleted"))
+        self._drain()
+        del self.objects[cmd.name]
+        self._complete(cmd.tag, True)
+
+    # -- invoke --------------------------------------------------------------------------------
+
+    def _invoke(self, cmd: codec.Invoke) -> None:
+        s = self._session(cmd.session)
+        seq, ack = cmd.seq, cmd.ack
+        if type(seq) is not int or type(ack) is not int or seq < 1:
+            raise KernelError(Code.INVALID_ARGUMENT, "seq must be an int >= 1 and ack an int")
+        if ack > s.acked:
+            s.acked = ack
+            for old in [k for k in s.results if k <= ack]:
+                del s.results[old]
+        done = s.results.get(seq)
+        if done is not None:                          # a retry of a finished call
+            self._complete(cmd.tag, done[0], done[1])
+            return
+        req = s.inflight.get(seq)
+        if req is not None:                           # a retry of a call still waiting
+            if cmd.tag:
+                req.tags.append(cmd.tag)
+            return
+        if seq <= s.acked:
+            raise KernelError(Code.INVALID_ARGUMENT,
+                              f"seq {seq} is at or below the acknowledged mark {s.acked}")
+        self._start(cmd, s, self.index, [cmd.tag] if cmd.tag else [], None, ())
+
+    def _start(self, cmd: codec.Invoke, s: Session, index: int, tags: list[str],
+               deadline: float | None, replay: tuple[float | None, ...],
+               rerun: bool = False) -> None:
+        rec = self.objects.get(cmd.name)
+        if rec is None:
+            raise KernelError(Code.NOT_FOUND, f"no object named {cmd.name!r}")
+        if cmd.class_name and cmd.class_name != rec.cls.name:
+            raise KernelError(Code.INVALID_ARGUMENT,
+                              f"object {cmd.name!r} is a {rec.cls.name}, not a {cmd.class_name}")
+        found = rec.cls.method(cmd.method) if type(cmd.method) is str else None
+        if found is None:
+            raise KernelError(Code.NOT_FOUND,
+                              f"{rec.cls.name} has no method {cmd.method!r} "
+                              f"(methods: {', '.join(rec.cls.methods())})")
+        fn, sig = found
+        args, kwargs = _args(cmd.args, cmd.kwargs)
+        _bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
+        timeout = cmd.timeout
+        if timeout is not None and (type(timeout) not in (int, float) or timeout < 0):
+            raise KernelError(Code.INVALID_ARGUMENT, f"timeout must be >= 0, not {timeout!r}")
+        req = Request(self, index, s.id, f"{rec.cls.name} {cmd.name!r}.{cmd.method}",
+                      nowait="would wait, and the call's timeout is 0" if timeout == 0 else "")
+        req.seq = cmd.seq
+        req.tags = tags
+        req.obj = cmd.name
+        req.cmd = cmd
+        req.replay = list(replay)
+        if rerun:
+            req.deadline = deadline
+        elif timeout:
+            req.deadline = self.now + timeout
+        s.touched[cmd.name] = None
+        s.inflight[cmd.seq] = req
+        req.task = Task(lambda: self._body(req, fn, (rec.instance, *args), kwargs))
+        req.task.kernel = self
+        req.task.request = req
+        self._run(req)
+
+    # -- running requests ----------------------------------------------------------------------
+
+    def _body(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        """Runs inside the request's greenlet; returns (value, error) or _INTERRUPTED."""
+        budget = self._budget
+        try:
+            value = fn(*args, **kwargs)
+            if budget.steps > budget.limit:
+                raise BudgetExceeded(budget.limit)
+            return codec.plain_copy(value, "result"), None
+        except BudgetExceeded:
+            return None, Error(Code.RESOURCE_EXHAUSTED,
+                               f"{req.label} exceeded its budget of {budget.limit} steps",
+                               "BudgetExceeded")
+        except Interrupted:
+            return _INTERRUPTED
+        except Timeout as e:
+            return None, Error(Code.TIMEOUT, f"{req.label}: {e or 'timed out'}", "Timeout")
+        except SessionEnded as e:
+            return None, Error(Code.ABORTED, f"{req.label}: {e}", "SessionExpired")
+        except Aborted as e:
+            return None, Error(Code.ABORTED, f"{req.label}: {e}", "Aborted")
+        except KernelError as e:
+            return None, e.error
+        except TypeError as e:
+            if str(e).endswith("is not a plain value") or "map key" in str(e):
+                return None, Error(Code.APPLICATION, f"{req.label} returned {e}", "TypeError")
+            return None, Error(Code.APPLICATION, str(e), "TypeError")
+        except Exception as e:
+            return None, Error(Code.APPLICATION, str(e), type(e).__name__)
+
+    def _run(self, req: Request, throw: BaseException | None = None) -> None:
+        task = req.task
+        assert task is not None
+        self._budget.steps = 0
+        if throw is None:
+            outcome = task.switch()
+        else:
+            outcome = task.throw(throw)
+        if task.dead:
+            self._finish(req, outcome)
+
+    def _finish(self, req: Request, outcome: Any) -> None:
+        req.task = None
+        s = self.sessions.get(req.session)
+        if s is not None and req.cmd is not None:
+            s.inflight.pop(req.seq, None)
+        if outcome is _INTERRUPTED:
+            if req.cmd is None:
+                raise RuntimeError(f"{req.label} cannot be interrupted")
+            self._pending.append(PendingCall(req.index, req.cmd, tuple(req.tags),
+                                             req.deadline, tuple(req.deadlines)))
+            return
+        req.outcome = outcome
+        value, error = outcome
+        if req.cmd is not None:
+            if s is not None:
+                s.results[req.seq] = (value, error)
+                if len(s.results) > self.config.max_results:
+                    del s.results[next(iter(s.results))]
+        elif error is not None and req.nowait.startswith("a session hook"):
+            log.warning("%s failed: %s", req.label, error)
+        for tag in req.tags:
+            self._out.append(Completion(tag, value, error))
+
+    def _block(self, req: Request, sem: Semaphore, timeout: float | None) -> bool:
+        """Called by Semaphore.acquire inside `req`'s greenlet: wait for a permit."""
+        if req.replay:                                  # re-run after a checkpoint
+            deadline = req.replay.pop(0)
+        else:
+            if req.nowait:
+                if req.cmd is None:
+                    raise RuntimeError(req.nowait)
+                raise Timeout(req.nowait)
+            if timeout == 0:
+                raise Timeout("would wait, and acquire's timeout is 0")
+            deadline = req.deadline
+            if timeout is not None:
+                if type(timeout) not in (int, float) or timeout < 0:
+                    raise ValueError(f"timeout must be a number >= 0, not {timeout!r}")
+                own = self.now + timeout
+                deadline = own if deadline is None else min(deadline, own)
+            if deadline is not None and deadline <= self.now:
+                raise Timeout("deadline passed")
+            if self._waiting >= self.config.max_waiters:
+                raise KernelError(Code.RESOURCE_EXHAUSTED,
+                                  f"too many waiting requests ({self._waiting})")
+        req.deadlines.append(deadline)
+        self._order += 1
+        w = Waiter(req, sem, deadline, self._order)
+        sem._enqueue(w)
+        req.waiter = w
+        self._waiting += 1
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, w.order, w))
+        assert req.task is not None and req.task.parent is not None
+        return req.task.parent.switch()
+
+    def _wake(self, w: Waiter) -> None:
+        """Semaphore.release handed a permit to `w`: run it after the current request."""
+        req = w.request
+        req.waiter = None
+        self._waiting -= 1
+        self._ready.append((req, None))
+
+    def _abort(self, req: Request, exc: BaseException) -> None:
+        w = req.waiter
+        if w is not None and w.live:
+            w.semaphore._drop(w)
+            req.waiter = None
+            self._waiting -= 1
+            self._ready.append((req, exc))
+
+    def _expire_due(self) -> None:
+        dl = self._deadlines
+        while dl and dl[0][0] <= self.now:
+            _, _, w = heapq.heappop(dl)
+            if w.live:
+                self._abort(w.request, Timeout(f"no result within the timeout"))
+        if len(dl) > 64 and len(dl) > 2 * self._waiting:
+            self._deadlines = [e for e in dl if e[2].live]
+            heapq.heapify(self._deadlines)
+
+    def _drain(self) -> None:
+        ready = self._ready
+        while ready:
+            req, exc = ready.popleft()
+            if exc is None:
+                task = req.task
+                assert task is not None
+                self._budget.steps = 0
+                outcome = task.switch(True)
+                if task.dead:
+                    self._finish(req, outcome)
+            else:
+                self._run(req, exc)
+
+    def _blocked(self, pred: Callable[[Request], bool] = lambda r: True) -> list[Request]:
+        """Requests in flight that satisfy `pred`, oldest block first."""
+        reqs = [r for s in self.sessions.values() for r in s.inflight.values()
+                if r.waiter is not None and pred(r)]
+        reqs.sort(key=lambda r: r.waiter.order)  # type: ignore[union-attr]
+        return reqs
+
+    def _complete(self, tag: str, value: Any, error: Error | None = None) -> None:
+        if tag:
+            self._out.append(Completion(tag, value, error))
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    _pending: list[PendingCall]
+
+    def _checkpoint(self, cmd: codec.Checkpoint) -> None:
+        blocked = self._blocked()
+        for req in blocked:                  # detach first: no handler can wake another waiter
+            w = req.waiter
+            assert w is not None
+            w.semaphore._drop(w)
+            req.waiter = None
+            self._waiting -= 1
+        self._deadlines = []
+        self._pending = []
+        for req in blocked:
+            self._run(req, Interrupted("checkpoint"))
+            if req.task is not None:         # it caught Interrupted and waited again
+                raise RuntimeError(f"{req.label} waited again after a checkpoint interrupt")
+        assert not self._ready and self._waiting == 0
+        pending, self._pending = self._pending, []
+        self.checkpoint_blob = self._dump(pending)
+        self.checkpoint_index = self.index
+        self._rerun(pending)
+        self._complete(cmd.tag, self.index)
+
+    def _rerun(self, pending: list[PendingCall]) -> None:
+        for p in pending:
+            s = self.sessions[p.cmd.session]
+            self._start(p.cmd, s, p.index, list(p.tags), p.deadline, p.deadlines, rerun=True)
+            self._drain()
+
+    def _state(self) -> dict[str, Any]:
+        return {"format": CHECKPOINT_FORMAT, "index": self.index, "now": self.now,
+                "order": self._order, "sessions": self.sessions,
+                "objects": [(n, r.cls.name, r.cls.version, r.instance)
+                            for n, r in self.objects.items()]}
+
+    def _dump(self, pending: list[PendingCall]) -> bytes:
+        buf = io.BytesIO()
+        pickle.dump(self.registry.dump(), buf, protocol=5)
+        p = pickle.Pickler(buf, protocol=5)
+        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+        p.dump((self._state(), pending))
+        return buf.getvalue()
+
+    @classmethod
+    def restore(cls, blob: bytes, config: Config = Config()) -> Kernel:
+        """A kernel in the state right after the checkpoint that made `blob`."""
+        k = cls(config)
+        buf = io.BytesIO(blob)
+        k.registry.load(pickle.load(buf))
+        up = pickle.Unpickler(buf)
+        up.persistent_load = k.registry.persistent_load  # type: ignore[method-assign]
+        state, pending = up.load()
+        if state["format"] != CHECKPOINT_FORMAT:
+            raise ValueError(f"checkpoint format {state['format']} is not supported")
+        k.index, k.now, k._order = state["index"], state["now"], state["order"]
+        k.sessions = state["sessions"]
+        k.objects = {name: ObjectRecord(name, k.registry.get(cname, ver), inst)  # type: ignore
+                     for name, cname, ver, inst in state["objects"]}
+        k.checkpoint_index, k.checkpoint_blob = k.index, blob
+        k._out = []
+        k._rerun(pending)
+        return k
+
+    def state_digest(self) -> str:
+        """A hash of the whole state, waiters included: equal on replicas that applied the
+        same log. Pickled without a memo, so that which objects happen to be shared (an
+        interned string, say) does not change the bytes; state with reference cycles
+        cannot be digested this way and raises ValueError."""
+        buf = io.BytesIO()
+        pickle.dump(self.registry.dump(), buf, protocol=5)
+        p = pickle.Pickler(buf, protocol=5)
+        p.fast = True
+        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+        waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
+                 for r in self._blocked()]
+        p.dump((self._state(), waits))
+        return hashlib.sha256(buf.getvalue()).hexdigest()
+
+    # -- reads through the log ---------------------------------------------------------------
+
+    def _query(self, cmd: codec.Query) -> None:
+        what = cmd.what
+        if what == "classes":
+            value: Any = [{"name": n, "version": vs[-1].version, "methods": vs[-1].methods()}
+                          for n, vs in self.registry.versions.items()]
+        elif what == "class":
+            name, version = (cmd.arg + [None])[:2] if isinstance(cmd.arg, list) else (cmd.arg,
+                                                                                     None)
+            cv = (self.registry.get(name, version) if version else self.registry.latest(name))
+            if cv is None:
+                raise KernelError(Code.NOT_FOUND, f"no class {name!r} version {version}")
+            value = {"name": cv.name, "version": cv.version,
+                     "source": self.registry.sources[cv.module]}
+        elif what == "objects":
+            waiting: dict[str, int] = {}
+            for r in self._blocked():
+                waiting[r.obj] = waiting.get(r.obj, 0) + 1
+            value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
+                      "waiters": waiting.get(n, 0)} for n, r in self.objects.items()]
+        elif what == "sessions":
+            value = [[s.id, s.ttl] for s in self.sessions.values()]
+        elif what == "stats":
+            value = {"index": self.index, "now": self.now, "sessions": len(self.sessions),
+                     "objects": len(self.objects), "waiters": self._waiting,
+                     "classes": len(self.registry.versions),
+                     "checkpoint_index": self.checkpoint_index}
+        else:
+            raise KernelError(Code.INVALID_ARGUMENT, f"unknown query {what!r}")
+        self._complete(cmd.tag, value)
+
+
+def _args(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    if type(args) is not list or type(kwargs) is not dict:
+        raise KernelError(Code.INVALID_ARGUMENT, "args must be a list and kwargs a map")
+    return args, kwargs
+
+
+def _bind_sig(sig: Any, label: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise KernelError(Code.INVALID_ARGUMENT, f"{label}(): {e}") from None

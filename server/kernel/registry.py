@@ -1,0 +1,153 @@
+"""Registered classes and their versions.
+
+The log carries class source; registering compiles it in the dialect and runs its top level.
+Each class the source defines gets a version: registering the same source again changes
+nothing; a new source for a class name makes a new version; an existing object keeps the
+version it was created with. A version is a pair (class name, version number) and is how
+instances are pickled in checkpoints: by the source text that made them, never by import path.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import dialect
+from .errors import Code, KernelError
+from .sched import BudgetExceeded
+
+_MODULE_PREFIX = "gesmas_user_"
+
+
+@dataclass
+class ClassVersion:
+    name: str
+    version: int
+    module: int                      # index of the source in Registry.sources
+    cls: type
+    _methods: dict[str, tuple[Callable[..., Any], inspect.Signature] | None] = field(
+        default_factory=dict)
+
+    def method(self, name: str) -> tuple[Callable[..., Any], inspect.Signature] | None:
+        """The public method `name` with its signature, or None if there is none."""
+        try:
+            return self._methods[name]
+        except KeyError:
+            pass
+        found = None
+        if not name.startswith("_"):
+            fn = inspect.getattr_static(self.cls, name, None)
+            if inspect.isfunction(fn):
+                found = (fn, inspect.signature(fn))
+        self._methods[name] = found
+        return found
+
+    def methods(self) -> list[str]:
+        return [n for n, v in vars(self.cls).items()
+                if not n.startswith("_") and inspect.isfunction(v)]
+
+
+class Registry:
+    def __init__(self, budget: dialect.Budget) -> None:
+        self._budget = budget
+        self.sources: list[str] = []
+        self._by_hash: dict[str, int] = {}
+        self._namespaces: list[dict[str, Any]] = []
+        self.versions: dict[str, list[ClassVersion]] = {}
+
+    def register(self, source: str) -> dict[str, int]:
+        """Compile and register `source`; returns {class name: version} for its classes."""
+        digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+        module = self._by_hash.get(digest)
+        if module is None:
+            ns = self._load(source, len(self.sources))
+            classes = self._classes(ns)
+            if not classes:
+                raise KernelError(Code.INVALID_ARGUMENT, "the source defines no class")
+            module = len(self.sources)
+            self.sources.append(source)
+            self._by_hash[digest] = module
+            self._namespaces.append(ns)
+        return self._bind(module)
+
+    def _bind(self, module: int) -> dict[str, int]:
+        out = {}
+        for name, cls in self._classes(self._namespaces[module]).items():
+            versions = self.versions.setdefault(name, [])
+            if not versions or versions[-1].module != module:
+                versions.append(ClassVersion(name, len(versions) + 1, module, cls))
+            out[name] = versions[-1].version
+        return out
+
+    def _load(self, source: str, module: int) -> dict[str, Any]:
+        filename = f"<class source {module}>"
+        try:
+            code = dialect.compile_source(source, filename)
+        except dialect.DialectError as e:
+            raise KernelError(Code.INVALID_ARGUMENT, f"bad class source: {e}") from None
+        except SyntaxError as e:
+            raise KernelError(Code.INVALID_ARGUMENT,
+                              f"bad class source: line {e.lineno}: {e.msg}") from None
+        ns = dialect.make_globals(self._budget, f"{_MODULE_PREFIX}{module}")
+        self._budget.steps = 0
+        try:
+            exec(code, ns)
+        except (Exception, BudgetExceeded) as e:
+            line = dialect.line_of(e, filename)
+            where = f"line {line}: " if line else ""
+            raise KernelError(Code.INVALID_ARGUMENT,
+                              f"bad class source: {where}{type(e).__name__}: {e}") from None
+        return ns
+
+    @staticmethod
+    def _classes(ns: dict[str, Any]) -> dict[str, type]:
+        mod = ns["__name__"]
+        return {k: v for k, v in ns.items()
+                if isinstance(v, type) and v.__module__ == mod and not k.startswith("_")
+                and not issubclass(v, BaseException)}
+
+    def latest(self, name: str) -> ClassVersion | None:
+        versions = self.versions.get(name)
+        return versions[-1] if versions else None
+
+    def get(self, name: str, version: int) -> ClassVersion | None:
+        versions = self.versions.get(name)
+        if versions and 0 < version <= len(versions):
+            return versions[version - 1]
+        return None
+
+    # -- checkpoints: by source, never by import path ------------------------------------------
+
+    def dump(self) -> dict[str, Any]:
+        return {"sources": list(self.sources),
+                "versions": {n: [v.module for v in vs] for n, vs in self.versions.items()}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        for i, source in enumerate(state["sources"]):
+            ns = self._load(source, i)
+            self.sources.append(source)
+            self._by_hash[hashlib.sha256(
+                source.encode("utf-8", "surrogatepass")).hexdigest()] = i
+            self._namespaces.append(ns)
+        for name, modules in state["versions"].items():
+            self.versions[name] = [
+                ClassVersion(name, n + 1, m, self._namespaces[m][name])
+                for n, m in enumerate(modules)]
+
+    def persistent_id(self, obj: Any) -> Any:
+        """A picklable reference for classes and functions defined by registered sources."""
+        if isinstance(obj, type) or inspect.isfunction(obj):
+            mod = getattr(obj, "__module__", None)
+            if isinstance(mod, str) and mod.startswith(_MODULE_PREFIX):
+                return (int(mod[len(_MODULE_PREFIX):]), obj.__qualname__)
+        return None
+
+    def persistent_load(self, pid: Any) -> Any:
+        module, qualname = pid
+        obj: Any = self._namespaces[module]
+        first, *rest = qualname.split(".")
+        obj = obj[first]
+        for part in rest:
+            obj = getattr(obj, part)
+        return obj

@@ -1,0 +1,222 @@
+"""The one blocking primitive: a FIFO semaphore, and what a running request can see.
+
+Every wait in gesmas goes through `Semaphore.acquire` (P). Invariants, asserted in tests:
+
+  I1. A waiter exists only while the semaphore has no permit: `value > 0` implies no live
+      waiter. `release` hands permits to waiters directly, oldest first (no barging).
+  I2. `release` (V) never switches coroutines: it moves the woken requests to the tail of the
+      kernel's ready queue and returns. The kernel runs them after the current coroutine blocks
+      or ends, in that order (GESMAS Algorithm 1).
+  I3. A waiter leaves its queue exactly once: granted (by V), timed out (by a command whose time
+      passes its deadline), aborted (its session ended, its object was deleted), or interrupted
+      (a checkpoint). The last three are delivered as exceptions raised by `acquire`.
+
+A request is a greenlet of class `Task`; it carries its kernel, so this module needs no global
+state and several kernels can live in one process.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import greenlet
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kernel import Kernel, Request
+
+_M64 = (1 << 64) - 1
+
+
+# -- exceptions delivered at the blocking point --------------------------------------------------
+
+class WaitError(Exception):
+    """Base of the exceptions `Semaphore.acquire` raises instead of returning."""
+
+
+class Timeout(WaitError):
+    """The wait reached its deadline (the call's timeout, or acquire's own)."""
+
+
+class Aborted(WaitError):
+    """The wait was abandoned for good: the caller's session ended or the object was deleted."""
+
+
+class SessionEnded(Aborted):
+    """The calling session expired or was closed while waiting."""
+
+
+class Interrupted(WaitError):
+    """A checkpoint interrupts every waiter; the request is re-run right after, in the same
+    order. A method that changed state before it blocked must undo that change here."""
+
+
+class BudgetExceeded(BaseException):
+    """The request used more steps than its budget. A BaseException so that `except Exception`
+    in object code does not swallow it; every later step raises it again."""
+
+
+class Task(greenlet.greenlet):
+    """The greenlet that runs one request."""
+
+    __slots__ = ("kernel", "request")
+
+
+def current_task() -> Task:
+    g = greenlet.getcurrent()
+    if not isinstance(g, Task):
+        raise RuntimeError("this operation is only available inside a gesmas request")
+    return g
+
+
+# -- the primitive ------------------------------------------------------------------------------
+
+class Waiter:
+    __slots__ = ("request", "semaphore", "deadline", "order", "live")
+
+    def __init__(self, request: Request, semaphore: Semaphore, deadline: float | None,
+                 order: int) -> None:
+        self.request = request
+        self.semaphore = semaphore
+        self.deadline = deadline
+        self.order = order      # kernel-wide block sequence number: who blocked first
+        self.live = True
+
+    def __lt__(self, other: Waiter) -> bool:  # deadline-heap tie-break
+        return self.order < other.order
+
+
+class Semaphore:
+    """A counting semaphore with a FIFO wait queue.
+
+    acquire(timeout=None): take a permit, blocking server-side while there is none. `timeout`
+      (seconds) is capped by the calling request's own timeout; 0 means do not block. Raises
+      Timeout, SessionEnded / Aborted, or Interrupted instead of returning.
+    try_acquire(): take a permit if one is free now; returns bool, never blocks.
+    release(n=1): add n permits, handing each to the oldest waiter first.
+    value / waiters: free permits / number of requests waiting.
+    """
+
+    __slots__ = ("_value", "_queue", "_live")
+
+    def __init__(self, value: int = 1) -> None:
+        if type(value) is not int or value < 0:
+            raise ValueError(f"semaphore value must be an int >= 0, not {value!r}")
+        self._value = value
+        self._queue: deque[Waiter] = deque()   # may hold dead waiters, skipped lazily
+        self._live = 0
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    @property
+    def waiters(self) -> int:
+        return self._live
+
+    def try_acquire(self) -> bool:
+        if self._value > 0:
+            self._value -= 1
+            return True
+        return False
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        if self._value > 0:                      # I1: value > 0 means nobody is waiting
+            self._value -= 1
+            return True
+        task = current_task()
+        return task.kernel._block(task.request, self, timeout)
+
+    def release(self, n: int = 1) -> None:
+        if type(n) is not int or n < 1:
+            raise ValueError(f"release count must be an int >= 1, not {n!r}")
+        self._value += n
+        q = self._queue
+        while self._value and self._live:
+            w = q.popleft()
+            if not w.live:
+                continue
+            self._value -= 1
+            self._live -= 1
+            w.live = False
+            w.request.kernel._wake(w)
+
+    # kernel side -------------------------------------------------------------------------------
+
+    def _enqueue(self, w: Waiter) -> None:
+        self._queue.append(w)
+        self._live += 1
+
+    def _drop(self, w: Waiter) -> None:
+        """Remove a live waiter that leaves without a permit (timeout, abort, interrupt)."""
+        w.live = False
+        self._live -= 1
+        if len(self._queue) > 32 and len(self._queue) > 2 * self._live:
+            self._queue = deque(x for x in self._queue if x.live)
+
+    def _live_waiters(self) -> list[Waiter]:
+        return [w for w in self._queue if w.live]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A checkpoint pickles only a quiescent kernel (no waiters). The state digest pickles
+        # live kernels too, so waiters are described by who they are, in queue order.
+        return {"value": self._value,
+                "waiting": [w.request.index for w in self._queue if w.live]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state["waiting"]:
+            raise ValueError("cannot restore a semaphore that had waiters")
+        self._value = state["value"]
+        self._queue = deque()
+        self._live = 0
+
+    def __repr__(self) -> str:
+        return f"<Semaphore value={self._value} waiters={self._live}>"
+
+
+# -- what object code can ask -------------------------------------------------------------------
+
+class Context:
+    """What a method may know about the call it runs in. Obtained with `context()`.
+
+    session     the calling session id (for a session hook: the session that ended)
+    request     the log index of the command that started this call
+    index       the log index of the command being applied right now (a lock grant's fence)
+    now()       kernel time in seconds: command timestamps, made monotonic
+    random()    a float in [0, 1), the same on every replica
+    """
+
+    __slots__ = ("_task",)
+
+    def __init__(self, task: Task) -> None:
+        self._task = task
+
+    @property
+    def session(self) -> int:
+        return self._task.request.session
+
+    @property
+    def request(self) -> int:
+        return self._task.request.index
+
+    @property
+    def index(self) -> int:
+        return self._task.kernel.index
+
+    def now(self) -> float:
+        return self._task.kernel.now
+
+    def random(self) -> float:
+        req = self._task.request
+        req.draws += 1
+        return _splitmix64((req.index << 20) + req.draws) / 18446744073709551616.0
+
+
+def context() -> Context:
+    return Context(current_task())
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)

@@ -1,0 +1,388 @@
+"""The wire contract: Value conversions, the error table, and errors through gRPC metadata."""
+from __future__ import annotations
+
+import ast
+import enum
+import math
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gesmas.client import errors as client_errors
+from gesmas.server import wire
+from gesmas.server.kernel.errors import Code, Error
+from gesmas.v1 import gesmas_pb2 as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def roundtrip(x):
+    v = wire.to_value(x)
+    again = pb.Value.FromString(v.SerializeToString())  # through the bytes, as on the wire
+    return wire.from_value(again)
+
+
+# --- values -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        42,
+        1.5,
+        -0.0,
+        float("inf"),
+        "",
+        "héllo ✓",
+        b"",
+        b"\x00\xff",
+        [],
+        {},
+        [1, "a", None, [2, [3, []]], {"k": b"v"}],
+        {"a": {"b": {"c": [True, 1, 1.0, "1", b"1"]}}, "": None},
+    ],
+    ids=repr,
+)
+def test_round_trip(x):
+    assert roundtrip(x) == x
+    assert _types(roundtrip(x)) == _types(x)
+
+
+def _types(x):
+    """A structure of the exact types, so True == 1 and 'a' vs b'a' cannot hide."""
+    if isinstance(x, list):
+        return [_types(i) for i in x]
+    if isinstance(x, dict):
+        return {k: _types(i) for k, i in x.items()}
+    return type(x)
+
+
+def test_nan_round_trips():
+    assert math.isnan(roundtrip(float("nan")))
+
+
+def test_bool_and_int_stay_distinct():
+    assert wire.to_value(True).WhichOneof("kind") == "bool_value"
+    assert wire.to_value(1).WhichOneof("kind") == "int_value"
+    assert type(roundtrip(True)) is bool
+    assert type(roundtrip(1)) is int
+    assert roundtrip([True, 1, False, 0]) == [True, 1, False, 0]
+    assert [type(i) for i in roundtrip([True, 1])] == [bool, int]
+
+
+def test_bytes_and_str_stay_distinct():
+    assert wire.to_value("a").WhichOneof("kind") == "string_value"
+    assert wire.to_value(b"a").WhichOneof("kind") == "bytes_value"
+    assert type(roundtrip("a")) is str
+    assert type(roundtrip(b"a")) is bytes
+
+
+def test_empty_containers_are_not_null():
+    assert wire.to_value([]).WhichOneof("kind") == "list_value"
+    assert wire.to_value({}).WhichOneof("kind") == "map_value"
+    assert wire.to_value(None).WhichOneof("kind") == "null_value"
+
+
+def test_unset_value_reads_as_none():
+    assert wire.from_value(pb.Value()) is None
+
+
+def test_tuple_becomes_list():
+    assert roundtrip((1, (2, 3))) == [1, [2, 3]]
+
+
+def test_plain_type_subclasses_are_sent_as_base_type():
+    class Color(enum.IntEnum):
+        RED = 1
+
+    class Name(str):
+        pass
+
+    out = roundtrip(OrderedDict([(Name("k"), Color.RED), ("s", Name("x"))]))
+    assert out == {"k": 1, "s": "x"}
+    assert type(out["k"]) is int and type(out["s"]) is str
+    assert [type(k) for k in out] == [str, str]
+
+
+def test_map_keys_come_back_sorted():
+    keys = [f"k{i}" for i in range(50, 0, -1)]
+    assert list(roundtrip(dict.fromkeys(keys, 1))) == sorted(keys)
+
+
+@pytest.mark.parametrize("n", [-(2**63), 2**63 - 1, -(2**31) - 1, 2**32])
+def test_int64_limits_round_trip(n):
+    assert roundtrip(n) == n
+
+
+@pytest.mark.parametrize("n", [2**63, -(2**63) - 1, 10**30])
+def test_ints_outside_int64_are_rejected(n):
+    with pytest.raises(ValueError, match=r"^value: int .* outside the int64 range"):
+        wire.to_value(n)
+
+
+@pytest.mark.parametrize(
+    "x, message",
+    [
+        ({1, 2}, "value: type set is not a plain value"),
+        (object(), "value: type object is not a plain value"),
+        (bytearray(b"x"), "value: type bytearray is not a plain value"),
+        ([1, [2, 3, {"x": {1}}]], "value[1][2]['x']: type set is not a plain value"),
+        ({"a": {1: "b"}}, "value['a']: key 1 of type int is not a str"),
+        ({"a": [0, 2**64]}, "value['a'][1]: int 18446744073709551616 is outside the int64"),
+        (["ok", "\ud800"], "value[1]: str is not valid Unicode text"),
+    ],
+    ids=["set", "object", "bytearray", "nested", "key", "bigint", "surrogate"],
+)
+def test_rejected_values_name_their_path(x, message):
+    with pytest.raises(ValueError) as info:
+        wire.to_value(x)
+    assert str(info.value).startswith(message)
+
+
+def test_args_and_kwargs_helpers_name_their_path():
+    request = pb.InvokeRequest()
+    with pytest.raises(ValueError, match=r"^args\[1\]\['x'\]: type set is not a plain value$"):
+        wire.to_values([0, {"x": set()}], request.args)
+    with pytest.raises(ValueError, match=r"^kwargs\['k'\]\[0\]: type frozenset"):
+        wire.to_value_map({"k": [frozenset()]}, request.kwargs)
+    with pytest.raises(ValueError, match=r"^ctor_kwargs: key 3 of type int is not a str"):
+        wire.to_value_map({3: 1}, path="ctor_kwargs")
+
+
+def test_args_and_kwargs_helpers_round_trip():
+    request = pb.InvokeRequest()
+    wire.to_values([1, "a", [None]], request.args)
+    wire.to_value_map({"b": {"c": b"d"}, "a": True}, request.kwargs)
+    request = pb.InvokeRequest.FromString(request.SerializeToString())
+    assert wire.from_values(request.args) == [1, "a", [None]]
+    assert wire.from_value_map(request.kwargs) == {"a": True, "b": {"c": b"d"}}
+    built = pb.CreateObjectRequest(args=wire.to_values((1, 2)), kwargs=wire.to_value_map({"x": 3}))
+    assert wire.from_values(built.args) == [1, 2]
+    assert wire.from_value_map(built.kwargs) == {"x": 3}
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+def test_error_codes_match_the_proto():
+    proto_codes = {
+        name.removeprefix("ERROR_CODE_"): number for name, number in pb.ErrorCode.items()
+    }
+    assert proto_codes == {c.name: c.value for c in Code}
+
+
+def test_every_code_has_a_grpc_status():
+    assert set(wire.GRPC_STATUS) == set(Code)
+    assert wire.GRPC_STATUS[Code.TIMEOUT] is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wire.GRPC_STATUS[Code.APPLICATION] is grpc.StatusCode.FAILED_PRECONDITION
+    failures = [c for c in Code if c is not Code.OK]
+    assert grpc.StatusCode.OK not in {wire.GRPC_STATUS[c] for c in failures}
+    assert len({wire.GRPC_STATUS[c] for c in failures}) == len(failures)  # invertible
+
+
+def test_every_code_has_a_client_exception():
+    for code in Code:
+        if code is Code.OK:
+            assert code.value not in client_errors.ERROR_CLASSES
+            continue
+        cls = client_errors.ERROR_CLASSES[code.value]
+        assert issubclass(cls, client_errors.GesmasError)
+        assert cls.code == code.value
+        assert cls(message="m").code_name == code.name
+
+
+def test_metadata_key_is_shared():
+    assert client_errors.ERROR_METADATA_KEY == wire.ERROR_METADATA_KEY
+    assert wire.ERROR_METADATA_KEY.endswith("-bin")
+
+
+def test_ok_is_not_an_error():
+    with pytest.raises(ValueError):
+        wire.error_to_status(Error(Code.OK, "fine"))
+
+
+class FakeRpcError(grpc.RpcError, grpc.Call):
+    """What a failed unary call raises on the client, built from a server's abort."""
+
+    def __init__(self, code, details, trailing=()):
+        self._code, self._details, self._trailing = code, details, tuple(trailing)
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return self._trailing
+
+    def initial_metadata(self):
+        return ()
+
+    def is_active(self):
+        return False
+
+    def time_remaining(self):
+        return None
+
+    def cancel(self):
+        return False
+
+    def add_callback(self, callback):
+        return False
+
+
+def through_grpc(error, leader_hint=""):
+    status, details, metadata = wire.error_to_status(error, leader_hint)
+    return status, client_errors.error_from_rpc(FakeRpcError(status, details, metadata))
+
+
+EXPECTED_CLASS = {
+    Code.NOT_FOUND: client_errors.NotFound,
+    Code.INVALID_ARGUMENT: client_errors.InvalidArgument,
+    Code.TIMEOUT: client_errors.Timeout,
+    Code.ABORTED: client_errors.Aborted,
+    Code.APPLICATION: client_errors.ApplicationError,
+    Code.UNAVAILABLE: client_errors.Unavailable,
+    Code.RESOURCE_EXHAUSTED: client_errors.ResourceExhausted,
+    Code.ALREADY_EXISTS: client_errors.AlreadyExists,
+    Code.INTERNAL: client_errors.Internal,
+}
+
+
+@pytest.mark.parametrize("code", list(EXPECTED_CLASS), ids=lambda c: c.name)
+def test_error_detail_round_trip(code):
+    status, exc = through_grpc(Error(code, "went wrong", "SomeType"), leader_hint="h:1")
+    assert status is wire.GRPC_STATUS[code]
+    assert type(exc) is EXPECTED_CLASS[code]
+    assert (exc.code, exc.message, exc.type, exc.leader_hint) == (
+        code.value,
+        "went wrong",
+        "SomeType",
+        "h:1",
+    )
+
+
+def test_application_error_carries_remote_type():
+    _, exc = through_grpc(Error(Code.APPLICATION, "not the owner", "LockNotOwned"))
+    assert isinstance(exc, client_errors.ApplicationError)
+    assert exc.type == "LockNotOwned"
+    assert str(exc) == "APPLICATION (LockNotOwned): not the owner"
+
+
+def test_session_expired_is_an_aborted_with_that_type():
+    _, exc = through_grpc(Error(Code.ABORTED, "session 7 expired", "SessionExpired"))
+    assert type(exc) is client_errors.SessionExpired
+    assert isinstance(exc, client_errors.Aborted)
+    _, exc = through_grpc(Error(Code.ABORTED, "object deleted", "ObjectDeleted"))
+    assert type(exc) is client_errors.Aborted
+    # the rule is the code and the type together
+    _, exc = through_grpc(Error(Code.NOT_FOUND, "no session", "SessionExpired"))
+    assert type(exc) is client_errors.NotFound
+
+
+def test_unavailable_carries_leader_hint():
+    _, exc = through_grpc(Error(Code.UNAVAILABLE, "not the leader"), leader_hint="10.0.0.2:7000")
+    assert isinstance(exc, client_errors.Unavailable)
+    assert exc.leader_hint == "10.0.0.2:7000"
+    assert "10.0.0.2:7000" in str(exc)
+
+
+@pytest.mark.parametrize(
+    "status, cls",
+    [
+        (grpc.StatusCode.UNAVAILABLE, client_errors.Unavailable),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, client_errors.Timeout),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, client_errors.ResourceExhausted),
+        (grpc.StatusCode.CANCELLED, client_errors.Aborted),
+        (grpc.StatusCode.UNKNOWN, client_errors.Internal),
+        (grpc.StatusCode.UNIMPLEMENTED, client_errors.Internal),
+    ],
+    ids=lambda x: getattr(x, "name", ""),
+)
+def test_without_detail_the_status_code_decides(status, cls):
+    exc = client_errors.error_from_rpc(FakeRpcError(status, "failed to connect"))
+    assert type(exc) is cls
+    assert exc.message == "failed to connect"
+
+
+def test_corrupt_or_empty_detail_falls_back_to_status():
+    for raw in (b"\xff\xff\xff", pb.ErrorDetail().SerializeToString()):
+        metadata = ((wire.ERROR_METADATA_KEY, raw),)
+        exc = client_errors.error_from_rpc(FakeRpcError(grpc.StatusCode.NOT_FOUND, "x", metadata))
+        assert type(exc) is client_errors.NotFound
+
+
+def test_bare_rpc_error_is_unavailable():
+    assert type(client_errors.error_from_rpc(grpc.RpcError())) is client_errors.Unavailable
+
+
+def test_client_errors_pickle():
+    import pickle
+
+    exc = client_errors.SessionExpired("gone", "SessionExpired", "h:1")
+    again = pickle.loads(pickle.dumps(exc))
+    assert type(again) is client_errors.SessionExpired
+    assert (again.message, again.type, again.leader_hint) == ("gone", "SessionExpired", "h:1")
+
+
+def test_client_errors_do_not_import_the_server():
+    tree = ast.parse((ROOT / "client" / "errors.py").read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    assert not {m for m in imported if m.startswith(("gesmas.server", "."))}, imported
+
+
+# --- generated code ---------------------------------------------------------------------
+
+
+def test_generated_code_is_up_to_date():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "protos" / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_error_through_a_real_grpc_call():
+    """One end-to-end check that the metadata survives a real server's abort."""
+    from concurrent import futures
+
+    from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+    class Servicer(pb_grpc.GesmasServicer):
+        def Status(self, request, context):
+            status, details, metadata = wire.error_to_status(
+                Error(Code.UNAVAILABLE, "no leader"), leader_hint="127.0.0.1:9"
+            )
+            context.set_trailing_metadata(metadata)
+            context.abort(status, details)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    pb_grpc.add_GesmasServicer_to_server(Servicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                pb_grpc.GesmasStub(channel).Status(pb.StatusRequest(), timeout=10)
+        exc = client_errors.error_from_rpc(info.value)
+        assert type(exc) is client_errors.Unavailable
+        assert (exc.message, exc.leader_hint) == ("no leader", "127.0.0.1:9")
+    finally:
+        server.stop(None)
