@@ -254,9 +254,22 @@ class Query(Command):
     arg: Any = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Cancel(Command):
+    """The caller that waits for (session, seq) under `call_tag` went away (its RPC was
+    cancelled). Its tag is dropped; if no other caller waits for the call (a retry through
+    another replica joins it with its own tag) and the call still waits, it is withdrawn and
+    forgotten, so a later retry of the same (session, seq) runs it afresh. If the call already
+    finished, nothing happens and a retry gets the stored result."""
+    CODE: ClassVar[int] = 11
+    session: int = 0
+    seq: int = 0
+    call_tag: str = ""
+
+
 COMMANDS: dict[int, type[Command]] = {
     c.CODE: c for c in (OpenSession, CloseSession, ExpireSession, RegisterClass, CreateObject,
-                        Invoke, DeleteObject, Tick, Checkpoint, Query)
+                        Invoke, DeleteObject, Tick, Checkpoint, Query, Cancel)
 }
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()

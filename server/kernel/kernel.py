@@ -164,6 +164,7 @@ class Kernel:
             codec.Tick: lambda c: None,
             codec.Checkpoint: self._checkpoint,
             codec.Query: self._query,
+            codec.Cancel: self._cancel,
         }
 
     # -- the entry point ---------------------------------------------------------------------
@@ -300,6 +301,17 @@ class Kernel:
             self._abort(req, Aborted(f"object {cmd.name!r} was deleted"))
         self._drain()
         del self.objects[cmd.name]
+        self._complete(cmd.tag, True)
+
+    def _cancel(self, cmd: codec.Cancel) -> None:
+        s = self.sessions.get(cmd.session) if type(cmd.session) is int else None
+        req = s.inflight.get(cmd.seq) if s is not None else None
+        if req is not None and cmd.call_tag in req.tags:
+            req.tags.remove(cmd.call_tag)
+        if req is not None and req.waiter is not None and not req.tags:
+            self._abort(req, Aborted("cancelled by the caller"))
+            self._drain()
+            s.results.pop(cmd.seq, None)    # as if it never ran: a retry runs it afresh
         self._complete(cmd.tag, True)
 
     # -- invoke --------------------------------------------------------------------------------

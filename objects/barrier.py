@@ -1,0 +1,91 @@
+"""Barrier (cyclic) and DoubleBarrier (enter / leave, as in ZooKeeper's recipe).
+
+Barrier(parties): `wait()` blocks until `parties` callers are waiting, then releases them all
+  together and resets for the next round. It returns the caller's arrival index in the round
+  (0 for the first). One request per party, one wake-up per party: no herd. A party that times
+  out or whose session ends leaves the round; the others keep waiting.
+DoubleBarrier(parties): `enter()` blocks until `parties` callers have entered, `leave()` blocks
+  until every party of the round has called leave. A party whose session ends counts as left.
+
+Both count arrivals with the semaphore's waiter count, so a waiting party has changed nothing
+and a checkpoint needs no undo.
+"""
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gesmas.server.kernel.dialect import Semaphore, context
+
+
+class Barrier:
+    def __init__(self, parties):
+        if type(parties) is not int or parties < 1:
+            raise ValueError("parties must be a positive int")
+        self.parties = parties
+        self._gate = Semaphore(0)
+        self.rounds = 0
+
+    def wait(self):
+        arrived = self._gate.waiters
+        if arrived + 1 >= self.parties:
+            self.rounds += 1
+            if arrived:
+                self._gate.release(arrived)
+            return arrived
+        self._gate.acquire()
+        return arrived
+
+    def waiting(self):
+        return self._gate.waiters
+
+
+class DoubleBarrier:
+    def __init__(self, parties):
+        if type(parties) is not int or parties < 1:
+            raise ValueError("parties must be a positive int")
+        self.parties = parties
+        self._enter = Semaphore(0)
+        self._leave = Semaphore(0)
+        self._inside = {}                 # session -> parties it has inside
+
+    def enter(self):
+        waiting = self._enter.waiters
+        if waiting + 1 >= self.parties:
+            if waiting:
+                self._enter.release(waiting)
+        else:
+            self._enter.acquire()
+        me = context().session
+        self._inside[me] = self._inside.get(me, 0) + 1
+        return True
+
+    def leave(self):
+        me = context().session
+        if not self._inside.get(me):
+            raise RuntimeError("this session has not entered the barrier")
+        waiting = self._leave.waiters
+        if waiting + 1 >= self._count():
+            if waiting:
+                self._leave.release(waiting)
+        else:
+            self._leave.acquire()
+        self._drop(me)
+        return True
+
+    def inside(self):
+        return self._count()
+
+    def _count(self):
+        return sum(self._inside.values())
+
+    def _drop(self, session):
+        n = self._inside.get(session, 0)
+        if n <= 1:
+            self._inside.pop(session, None)
+        else:
+            self._inside[session] = n - 1
+
+    def _on_session_end(self, session):
+        self._inside.pop(session, None)
+        waiting = self._leave.waiters
+        if waiting and waiting >= self._count():
+            self._leave.release(waiting)
