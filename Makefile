@@ -1,0 +1,28 @@
+# The two commands: `make run` (a local 3-node cluster with a demo) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test bench protos clean
+
+run: $(VENV)/.installed
+	$(PY) -m gesmas.server.demo
+
+test: $(VENV)/.installed
+	$(PY) protos/generate.py --check
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: $(VENV)/.installed
+	$(PY) bench/kernel_bench.py
+
+protos: $(VENV)/.installed
+	$(PY) protos/generate.py
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info

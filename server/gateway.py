@@ -1,0 +1,204 @@
+"""The gRPC servicer: validate, build a command, await its completion, convert the reply.
+
+Nothing here decides anything: every RPC becomes one command through the Raft log (reads
+too), proposed by `Node.call`, which resolves when this replica applies the command and the
+kernel answers under the call's tag. Only the replica that accepted a call answers it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from gesmas.v1 import gesmas_pb2 as pb
+from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+from . import wire
+from .kernel import codec
+from .kernel.errors import Code, Error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .node import Node
+
+log = logging.getLogger(__name__)
+
+MAX_NAME = 256
+
+
+class CallFailed(Exception):
+    def __init__(self, error: Error, leader_hint: str = "") -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.leader_hint = leader_hint
+
+
+def _invalid(message: str) -> CallFailed:
+    return CallFailed(Error(Code.INVALID_ARGUMENT, message))
+
+
+def _name(kind: str, value: str) -> str:
+    if not value or len(value) > MAX_NAME:
+        raise _invalid(f"{kind} must be 1 to {MAX_NAME} characters, got {len(value)}")
+    return value
+
+
+class Gateway(pb_grpc.GesmasServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def _answer(self, context: grpc.aio.ServicerContext, cmd: codec.Command) -> Any:
+        """Propose `cmd` and return the kernel's value, or abort the RPC with its error."""
+        c = await self.node.call(cmd)
+        if c.error is not None:
+            await self._abort(context, c.error)
+        return c.value
+
+    async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
+                     leader_hint: str = "") -> None:
+        status, details, trailers = wire.error_to_status(error, leader_hint)
+        context.set_trailing_metadata(trailers)
+        await context.abort(status, details)
+
+    def _cmd(self, cls: type[codec.Command], **fields: Any) -> codec.Command:
+        return cls(ts=time.time(), tag=self.node.new_tag(), **fields)
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def OpenSession(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._open_session, request)
+
+    async def _open_session(self, request: Any, context: Any) -> Any:
+        ttl = request.ttl or self.node.config.default_ttl
+        if not 0 < ttl <= 3600:
+            raise _invalid(f"ttl must be in (0, 3600] seconds, not {ttl}")
+        sid = await self._answer(context, self._cmd(codec.OpenSession, ttl=ttl))
+        return pb.OpenSessionResponse(session=sid, ttl=ttl)
+
+    async def KeepAlive(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._keep_alive, request)
+
+    async def _keep_alive(self, request: Any, context: Any) -> Any:
+        ttl = self.node.keep_alive(request.session)
+        return pb.KeepAliveResponse(ttl=ttl)
+
+    async def CloseSession(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._close_session, request)
+
+    async def _close_session(self, request: Any, context: Any) -> Any:
+        await self._answer(context, self._cmd(codec.CloseSession, session=request.session))
+        return pb.CloseSessionResponse()
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def Invoke(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._invoke, request)
+
+    async def _invoke(self, request: Any, context: Any) -> Any:
+        if request.seq < 1:
+            raise _invalid(f"seq must be >= 1, not {request.seq}")
+        timeout = request.timeout if request.HasField("timeout") else None
+        if timeout is not None and not timeout >= 0:
+            raise _invalid(f"timeout must be >= 0, not {timeout}")
+        if request.create:
+            raise _invalid("create=true is not supported on Invoke: call CreateObject first")
+        cmd = self._cmd(
+            codec.Invoke, session=request.session, seq=request.seq, ack=request.ack,
+            class_name=request.class_name, name=_name("object_name", request.object_name),
+            method=_name("method", request.method),
+            args=wire.from_values(request.args), kwargs=wire.from_value_map(request.kwargs),
+            timeout=timeout)
+        value = await self._answer(context, cmd)
+        return pb.InvokeResponse(result=wire.to_value(value, "result"))
+
+    async def CreateObject(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._create_object, request)
+
+    async def _create_object(self, request: Any, context: Any) -> Any:
+        cmd = self._cmd(
+            codec.CreateObject, session=request.session,
+            class_name=_name("class_name", request.class_name),
+            name=_name("object_name", request.object_name),
+            args=wire.from_values(request.args), kwargs=wire.from_value_map(request.kwargs))
+        value = await self._answer(context, cmd)
+        return pb.CreateObjectResponse(created=bool(value["created"]))
+
+    async def DeleteObject(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._delete_object, request)
+
+    async def _delete_object(self, request: Any, context: Any) -> Any:
+        await self._answer(context, self._cmd(
+            codec.DeleteObject, name=_name("object_name", request.object_name)))
+        return pb.DeleteObjectResponse()
+
+    # -- classes -------------------------------------------------------------------------------
+
+    async def RegisterClass(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._register_class, request)
+
+    async def _register_class(self, request: Any, context: Any) -> Any:
+        if not request.source.strip():
+            raise _invalid("class source is empty")
+        value = await self._answer(context, self._cmd(codec.RegisterClass,
+                                                      source=request.source))
+        return pb.RegisterClassResponse(classes=[
+            pb.ClassInfo(name=n, version=v) for n, v in sorted(value.items())])
+
+    async def ListClasses(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._list_classes, request)
+
+    async def _list_classes(self, request: Any, context: Any) -> Any:
+        value = await self._answer(context, self._cmd(codec.Query, what="classes"))
+        return pb.ListClassesResponse(classes=[
+            pb.ClassInfo(name=c["name"], version=c["version"])
+            for c in sorted(value, key=lambda c: c["name"])])
+
+    async def GetClass(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._get_class, request)
+
+    async def _get_class(self, request: Any, context: Any) -> Any:
+        version = request.version if request.HasField("version") else None
+        value = await self._answer(context, self._cmd(
+            codec.Query, what="class", arg=[_name("name", request.name), version]))
+        return pb.GetClassResponse(name=value["name"], version=value["version"],
+                                   source=value["source"])
+
+    async def ListObjects(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._list_objects, request)
+
+    async def _list_objects(self, request: Any, context: Any) -> Any:
+        value = await self._answer(context, self._cmd(codec.Query, what="objects"))
+        return pb.ListObjectsResponse(objects=[
+            pb.ObjectInfo(name=o["name"], class_name=o["class"], class_version=o["version"],
+                          waiters=o["waiters"])
+            for o in sorted(value, key=lambda o: o["name"])])
+
+    # -- status --------------------------------------------------------------------------------
+
+    async def Status(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._status, request)
+
+    async def _status(self, request: Any, context: Any) -> Any:
+        stats = await self._answer(context, self._cmd(codec.Query, what="stats"))
+        st = self.node.status()
+        return pb.StatusResponse(
+            node_id=st["node_id"], leader_address=st["leader_address"] or "",
+            is_leader=st["is_leader"], term=st["term"], commit_index=st["commit_index"],
+            last_applied=st["last_applied"],
+            nodes=[pb.NodeHealth(node_id=n["node_id"], address=n["address"],
+                                 connected=n["connected"], match_index=n["match_index"])
+                   for n in st["nodes"]],
+            object_count=stats["objects"], waiter_count=stats["waiters"],
+            session_count=stats["sessions"])
+
+    # -- errors --------------------------------------------------------------------------------
+
+    async def _guard(self, context: Any, handler: Any, request: Any) -> Any:
+        """Run `handler`; turn gesmas failures into the documented status codes."""
+        try:
+            return await handler(request, context)
+        except CallFailed as e:
+            await self._abort(context, e.error, e.leader_hint)
+        except (ValueError, TypeError) as e:     # a value the wire conversion refused
+            await self._abort(context, Error(Code.INVALID_ARGUMENT, str(e)))

@@ -1,0 +1,413 @@
+"""One replica = one process: a Raft node (replication.Replica), the kernel on its apply thread,
+a grpc.aio gateway on the event loop, and the leader's duties.
+
+Threads: pysyncobj's thread applies committed commands to the kernel (`StateMachine.apply`)
+and hands completions to the event loop with one `call_soon_threadsafe` per command; the
+event loop runs the gateway and the duties. A blocked call costs a pending future, no thread.
+
+Leader duties, each done by proposing a command, never by touching state directly:
+- Tick when the earliest wait deadline is due;
+- ExpireSession when a session's TTL passes without keep-alive (keep-alives go to the leader,
+  which tracks them in memory; a new leader grants every session a fresh TTL, as etcd does);
+- Checkpoint every `checkpoint_every` commands, so snapshots stay small;
+- RegisterClass of the standard classes when the cluster has none of them yet.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from gesmas.objects import standard_sources
+from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+from .gateway import CallFailed, Gateway
+from .kernel import Kernel, codec
+from .kernel.errors import Code, Error
+from .kernel.kernel import Completion
+
+log = logging.getLogger(__name__)
+
+HASH_SEED = "0"
+MAX_MESSAGE = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: int
+    client_addr: str                       # host:port of the gRPC gateway
+    raft_addr: str                         # host:port of this node's Raft endpoint
+    peers: tuple[tuple[str, str], ...]     # (raft addr, client addr or "") of the others
+    data_dir: str
+    secret: str | None = None
+    fsync: bool = True
+    default_ttl: float = 10.0
+    commit_timeout: float = 5.0            # a proposal not applied by then fails UNAVAILABLE
+    checkpoint_every: int = 20_000         # commands between checkpoints
+    duty_period: float = 0.05              # seconds between two rounds of leader duties
+
+
+class StateMachine:
+    """What the Replica drives: the kernel plus node-local bookkeeping on the apply thread."""
+
+    def __init__(self, node: Node, kernel: Kernel) -> None:
+        self.node = node
+        self.kernel = kernel
+        self.deliver = True
+
+    @property
+    def checkpoint_index(self) -> int | None:
+        return self.kernel.checkpoint_index
+
+    @property
+    def checkpoint_blob(self) -> bytes | None:
+        return self.kernel.checkpoint_blob
+
+    def apply(self, index: int, data: bytes) -> list[Completion]:
+        try:
+            cmd = codec.decode(data)
+        except codec.DecodeError as e:
+            log.error("log entry %d is not a command: %s", index, e)
+            return []
+        out = self.kernel.apply(index, cmd)
+        self.node._applied(index, cmd, out, self.kernel, self.deliver)
+        return out
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self._tags = itertools.count(1)
+        self._prefix = f"{config.node_id}:"
+        self._pending: dict[str, list[Any]] = {}        # tag -> [future, applied, proposed at]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # node-local view of sessions, kept on the apply thread, read by the duties
+        self._lock = threading.Lock()
+        self._sessions: dict[int, float] = {}            # session id -> ttl
+        self._last_seen: dict[int, float] = {}           # leader's keep-alive times
+        self._expiring: dict[int, float] = {}
+        self._next_deadline: float | None = None
+        self._applied_index = 0
+        self._since_checkpoint = 0
+        self._has_standard = False
+        self._was_leader = False
+        self._leader_ready = False        # leader, and its state machine is up to date
+        self._last_tick = 0.0
+        self._checkpoint_proposed = 0.0
+        self._standard_proposed = 0.0
+        self.replica: Any = None
+
+    # -- the state machine side (apply thread) --------------------------------------------------
+
+    def make_state_machine(self, kernel: Kernel | None = None) -> StateMachine:
+        kernel = kernel or Kernel()
+        with self._lock:
+            self._sessions = {s.id: s.ttl for s in kernel.sessions.values()}
+            now = time.monotonic()
+            self._last_seen = {sid: now for sid in self._sessions}
+            self._has_standard = kernel.registry.latest("Queue") is not None
+        return StateMachine(self, kernel)
+
+    def restore_state_machine(self, blob: bytes) -> StateMachine:
+        return self.make_state_machine(Kernel.restore(blob))
+
+    def _applied(self, index: int, cmd: codec.Command, out: list[Completion], kernel: Kernel,
+                 deliver: bool) -> None:
+        t = type(cmd)
+        if t is codec.OpenSession:
+            session = kernel.sessions.get(index)
+            if session is not None:
+                with self._lock:
+                    self._sessions[index] = session.ttl
+                    self._last_seen[index] = time.monotonic()
+        elif t is codec.CloseSession or t is codec.ExpireSession:
+            with self._lock:
+                self._sessions.pop(cmd.session, None)
+                self._last_seen.pop(cmd.session, None)
+                self._expiring.pop(cmd.session, None)
+        elif t is codec.RegisterClass and not self._has_standard:
+            self._has_standard = kernel.registry.latest("Queue") is not None
+        elif t is codec.Checkpoint:
+            self._since_checkpoint = 0
+        self._since_checkpoint += 1
+        self._applied_index = index
+        self._next_deadline = kernel.next_deadline()
+        tag = cmd.tag
+        if deliver and self._loop is not None and (out or tag.startswith(self._prefix)):
+            self._loop.call_soon_threadsafe(self._deliver, out, tag)
+
+    # -- the gateway side (event loop) ------------------------------------------------------
+
+    def new_tag(self) -> str:
+        return f"{self._prefix}{next(self._tags)}"
+
+    def _deliver(self, out: list[Completion], applied_tag: str) -> None:
+        p = self._pending.get(applied_tag)
+        if p is not None:
+            p[1] = True
+        for c in out:
+            p = self._pending.get(c.tag)
+            if p is not None and not p[0].done():
+                p[0].set_result(c)
+
+    async def call(self, cmd: codec.Command) -> Completion:
+        """Propose `cmd` and wait for its completion on this replica."""
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._pending[cmd.tag] = [fut, False, time.monotonic()]
+        try:
+            self._propose(cmd)
+            return await fut
+        except asyncio.CancelledError:
+            if isinstance(cmd, codec.Invoke):     # the caller went away: withdraw its wait
+                try:
+                    self._propose(codec.Cancel(ts=time.time(), session=cmd.session,
+                                               seq=cmd.seq, call_tag=cmd.tag))
+                except CallFailed:
+                    pass
+            raise
+        finally:
+            self._pending.pop(cmd.tag, None)
+
+    def _propose(self, cmd: codec.Command) -> None:
+        from .replication import NotLeader, Overloaded, ReplicaStopped
+        data = codec.encode(cmd)
+        try:
+            self.replica.propose(data, self._failed(cmd.tag) if cmd.tag else None)
+        except NotLeader:
+            raise CallFailed(Error(Code.UNAVAILABLE, "no leader is known; retry", "NoLeader"),
+                             self.leader_client_addr() or "") from None
+        except (Overloaded, ReplicaStopped) as e:
+            raise CallFailed(Error(Code.UNAVAILABLE, f"replica cannot take commands: {e}",
+                                   type(e).__name__), self.leader_client_addr() or "") from None
+        except ValueError as e:
+            raise CallFailed(Error(Code.RESOURCE_EXHAUSTED, f"request too large: {e}",
+                                   "TooLarge")) from None
+
+    def _failed(self, tag: str) -> Any:
+        """on_failure for a proposal: called on the apply thread if it surely did not commit."""
+        def on_failure(f: Any) -> None:
+            if not f.maybe_applied and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._deliver, [Completion(tag, None, Error(
+                    Code.UNAVAILABLE, f"the command was not committed ({f.reason}); retry",
+                    "NotCommitted"))], "")
+        return on_failure
+
+    def _role_changed(self, is_leader: bool, leader: str | None) -> None:
+        self._leader_ready = is_leader
+
+    def _fail_stale(self) -> None:
+        """Fail calls whose command was not applied in time (lost in a leader change)."""
+        limit = time.monotonic() - self.config.commit_timeout
+        for tag, (fut, applied, at) in list(self._pending.items()):
+            if not applied and at < limit and not fut.done():
+                fut.set_result(Completion(tag, None, Error(
+                    Code.UNAVAILABLE, "the command was not committed in time; retry",
+                    "NotCommitted")))
+
+    # -- sessions and leadership -----------------------------------------------------------
+
+    def keep_alive(self, session: int) -> float:
+        if not self.replica.is_leader():
+            raise CallFailed(Error(Code.UNAVAILABLE, "keep-alives go to the leader",
+                                   "NotLeader"), self.leader_client_addr() or "")
+        with self._lock:
+            ttl = self._sessions.get(session)
+            if ttl is None:
+                if session <= self._applied_index:
+                    raise CallFailed(Error(Code.NOT_FOUND,
+                                           f"session {session} is not open (expired or closed)",
+                                           "SessionExpired"))
+                ttl = self.config.default_ttl
+            self._last_seen[session] = time.monotonic()
+        return ttl
+
+    def leader_client_addr(self) -> str | None:
+        leader = self.replica.leader() if self.replica else None
+        if leader is None:
+            return None
+        if leader == self.config.raft_addr:
+            return self.config.client_addr
+        for raft, client in self.config.peers:
+            if raft == leader:
+                return client or None
+        return None
+
+    def status(self) -> dict[str, Any]:
+        st = self.replica.status()
+        nodes = [{"node_id": self.config.raft_addr, "address": self.config.client_addr,
+                  "connected": True, "match_index": st.get("last_applied", 0)}]
+        peer_state = st.get("peers", {})
+        for raft, client in self.config.peers:
+            p = peer_state.get(raft, {})
+            nodes.append({"node_id": raft, "address": client,
+                          "connected": bool(p.get("connected")),
+                          "match_index": int(p.get("match_index") or 0)})
+        return {"node_id": self.config.raft_addr, "leader_address": self.leader_client_addr(),
+                "is_leader": self.replica.is_leader(), "term": int(st.get("term", 0)),
+                "commit_index": int(st.get("commit_index", 0)),
+                "last_applied": int(st.get("last_applied", 0)), "nodes": nodes}
+
+    async def duties(self) -> None:
+        """The leader's time-based work, each done by proposing a command."""
+        while True:
+            await asyncio.sleep(self.config.duty_period)
+            self._fail_stale()
+            try:
+                self._duty_round()
+            except CallFailed:
+                pass
+            except Exception:
+                log.exception("leader duty failed")
+
+    def _duty_round(self) -> None:
+        leader = self._leader_ready and self.replica.is_leader()
+        now = time.monotonic()
+        if leader and not self._was_leader:          # new leader: fresh TTL for everyone
+            with self._lock:
+                self._last_seen = {sid: now for sid in self._sessions}
+                self._expiring.clear()
+            log.info("%s is the leader", self.config.raft_addr)
+        self._was_leader = leader
+        if not leader:
+            return
+        wall = time.time()
+        d = self._next_deadline
+        if d is not None and d <= wall and now - self._last_tick > 0.05:
+            self._last_tick = now
+            self._propose(codec.Tick(ts=wall))
+        with self._lock:
+            due = [sid for sid, ttl in self._sessions.items()
+                   if now - self._last_seen.get(sid, now) > ttl
+                   and now - self._expiring.get(sid, 0.0) > 2.0]
+            for sid in due:
+                self._expiring[sid] = now
+        for sid in due:
+            log.info("session %d expired", sid)
+            self._propose(codec.ExpireSession(ts=wall, session=sid))
+        if (self._since_checkpoint >= self.config.checkpoint_every
+                and now - self._checkpoint_proposed > 5.0):
+            self._checkpoint_proposed = now
+            self._propose(codec.Checkpoint(ts=wall))
+        if not self._has_standard and now - self._standard_proposed > 5.0:
+            self._standard_proposed = now
+            for _, source in standard_sources():
+                self._propose(codec.RegisterClass(ts=wall, source=source))
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        from .replication import Replica
+        self._loop = asyncio.get_running_loop()
+        c = self.config
+        self.replica = Replica(
+            self_addr=c.raft_addr, peer_addrs=[p[0] for p in c.peers], data_dir=c.data_dir,
+            fresh=self.make_state_machine, restore=self.restore_state_machine,
+            on_completions=lambda out: None, on_role_change=self._role_changed,
+            password=c.secret, fsync=c.fsync)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                                          ("grpc.max_send_message_length", MAX_MESSAGE),
+                                          ("grpc.so_reuseport", 0)])
+        pb_grpc.add_GesmasServicer_to_server(Gateway(self), server)
+        server.add_insecure_port(c.client_addr)
+        await server.start()
+        duties = asyncio.create_task(self.duties())
+        log.info("node %d serving clients on %s, raft on %s", c.node_id, c.client_addr,
+                 c.raft_addr)
+        print(f"gesmas node {c.node_id} ready: clients {c.client_addr}, raft {c.raft_addr}",
+              flush=True)
+        try:
+            await stop.wait()
+        finally:
+            duties.cancel()
+            await server.stop(grace=1.0)
+            self.replica.destroy()
+
+
+# -- entry points used by the CLI ---------------------------------------------------------------
+
+def ensure_hash_seed() -> None:
+    """Re-execute this process with a fixed PYTHONHASHSEED (DESIGN §3.3): string hashing
+    must be the same on every replica."""
+    if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        env = dict(os.environ, PYTHONHASHSEED=HASH_SEED)
+        os.execve(sys.executable,
+                  [sys.executable, "-m", "gesmas.client.cli", *sys.argv[1:]], env)
+
+
+def _is_loopback(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def config_from_args(args: Any) -> NodeConfig:
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        with open(args.config, encoding="utf-8") as f:
+            values = json.load(f)
+    def pick(name: str, default: Any = None) -> Any:
+        v = getattr(args, name, None)
+        return v if v not in (None, "") else values.get(name, default)
+    peers = pick("peers", "")
+    if isinstance(peers, str):
+        peers = [p for p in peers.split(",") if p.strip()]
+    pairs = []
+    for p in peers:
+        raft, _, client = p.strip().partition("=")
+        pairs.append((raft, client))
+    node_id = pick("id")
+    if node_id is None or pick("client_addr") is None or pick("raft_addr") is None:
+        raise SystemExit("gesmas server: --id, --client-addr and --raft-addr are required "
+                         "(or a --config file with id, client_addr, raft_addr, peers, data_dir)")
+    secret = pick("secret") or os.environ.get("GESMAS_CLUSTER_SECRET") or None
+    addrs = [pick("raft_addr"), *(r for r, _ in pairs)]
+    if secret is None and not all(_is_loopback(a) for a in addrs):
+        raise SystemExit("gesmas server: a cluster secret (--secret or GESMAS_CLUSTER_SECRET) is "
+                         "required when any Raft address is not loopback: replicas exchange "
+                         "pickled messages, so an open Raft port would run anyone's code")
+    data_dir = pick("data_dir") or f"gesmas-data-{node_id}"
+    return NodeConfig(node_id=int(node_id), client_addr=pick("client_addr"),
+                      raft_addr=pick("raft_addr"), peers=tuple(pairs), data_dir=data_dir,
+                      secret=secret, fsync=not bool(pick("unsafe_no_fsync", False)))
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("GESMAS_LOG", "WARNING").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def run_server(args: Any) -> int:
+    ensure_hash_seed()
+    _setup_logging()
+    config = config_from_args(args)
+    os.makedirs(config.data_dir, exist_ok=True)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await Node(config).serve(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def run_up(args: Any) -> int:
+    from .cluster import run_up as up
+    return up(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print("run a replica with `gesmas server ...`", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,215 @@
+"""End-to-end tests against 3 real replica processes (DESIGN §9: few, strong)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from gesmas.client import (AlreadyExists, ApplicationError, Client, InvalidArgument, NotFound,
+                           ResourceExhausted, Timeout)
+
+pytestmark = pytest.mark.cluster
+
+WORKER = os.path.join(os.path.dirname(__file__), "cluster_worker.py")
+
+
+def wait_for(pred, timeout=30.0, what="condition"):
+    """Poll a server-side condition through the API until it holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def waiters(c: Client, name: str) -> int:
+    for o in c.list_objects():
+        if o["name"] == name:
+            return o["waiters"]
+    return 0
+
+
+def addr(cluster, i):
+    return cluster.members[i].client_addr
+
+
+def test_produce_on_one_replica_consume_on_another(cluster):
+    with Client(addr(cluster, 0)) as a, Client(addr(cluster, 1)) as b:
+        a.queue("t1").produce(b"hello")
+        a.queue("t1").produce({"n": 1, "tags": ["x", "y"]})
+        assert b.queue("t1").consume(timeout=10) == b"hello"
+        assert b.queue("t1").consume(timeout=10) == {"n": 1, "tags": ["x", "y"]}
+        assert b.queue("t1").try_consume() is None
+
+
+def test_blocked_consumer_released_by_produce_on_other_replica(cluster):
+    with Client(addr(cluster, 1)) as consumer, Client(addr(cluster, 2)) as producer:
+        q = consumer.queue("t2")
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("item", q.consume(timeout=30)))
+        t.start()
+        wait_for(lambda: waiters(producer, "t2") == 1, what="the consumer to block")
+        assert "item" not in got
+        producer.queue("t2").produce("wake")
+        t.join(30)
+        assert got["item"] == "wake"
+
+
+def test_200_blocked_consumers_released_in_fifo_order(cluster):
+    n = 200
+    with Client(addr(cluster, 0)) as c, Client(addr(cluster, 2)) as p:
+        q = c.queue("t3")
+        results = [None] * n
+        threads = []
+        for i in range(n):
+            def consume(i=i):
+                results[i] = q.consume(timeout=120)
+            t = threading.Thread(target=consume)
+            t.start()
+            threads.append(t)
+            wait_for(lambda i=i: waiters(p, "t3") == i + 1, what=f"consumer {i} to block")
+        pq = p.queue("t3")
+        for i in range(n):
+            pq.produce(i)
+        for t in threads:
+            t.join(60)
+        assert results == list(range(n))
+
+
+def test_barrier_of_three_clients_on_three_replicas(cluster):
+    clients = [Client(addr(cluster, i)) for i in range(3)]
+    try:
+        out = {}
+        def party(i):
+            out[i] = clients[i].barrier("t4", parties=3).wait(timeout=30)
+        threads = [threading.Thread(target=party, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: waiters(clients[2], "t4") == 2, what="two parties at the barrier")
+        assert out == {}
+        party(2)
+        for t in threads:
+            t.join(30)
+        assert sorted(out.values()) == [0, 1, 2]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_lock_mutual_exclusion_8_processes_increasing_fences(cluster):
+    procs = [subprocess.Popen([sys.executable, WORKER, "lock_loop", addr(cluster, i % 3), "15"],
+                              stdout=subprocess.PIPE, text=True) for i in range(8)]
+    try:
+        outs = [json.loads(p.communicate(timeout=240)[0]) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs)
+    records = [r for out in outs for r in out]
+    assert len(records) == 8 * 15
+    assert all(r["inside"] == 1 for r in records), "two holders inside at once"
+    fences = [r["fence"] for r in records]
+    assert len(set(fences)) == len(fences), "a fence was granted twice"
+    for out in outs:                           # each process sees its fences increase
+        own = [r["fence"] for r in out]
+        assert own == sorted(own)
+
+
+def test_custom_class_uploaded_via_one_replica_called_via_another(cluster):
+    source = '''
+import heapq
+
+class PriorityQueue:
+    """Items come out lowest priority first; get() waits while empty."""
+    def __init__(self, limit):
+        self.limit = limit
+        self.heap = []
+        self.ready = Semaphore(0)
+
+    def put(self, priority, item):
+        if len(self.heap) >= self.limit:
+            raise OverflowError("priority queue is full")
+        heapq.heappush(self.heap, [priority, item])
+        self.ready.release()
+
+    def get(self):
+        self.ready.acquire()
+        return heapq.heappop(self.heap)[1]
+'''
+    with Client(addr(cluster, 0)) as a, Client(addr(cluster, 1)) as b:
+        assert a.register_class(source) == {"PriorityQueue": 1}
+        assert a.register_class(source) == {"PriorityQueue": 1}      # same source: no-op
+        pq = b.object("PriorityQueue", "urgent", 10)
+        pq.put(5, "low")
+        pq.put(1, "high")
+        assert pq.get(timeout=10) == "high"
+        assert pq.get(timeout=10) == "low"
+        with pytest.raises(Timeout):
+            pq.get(timeout=0.3)
+
+
+def test_bad_inputs_get_their_codes_and_cluster_stays_healthy(cluster):
+    with Client(addr(cluster, 2)) as c:
+        with pytest.raises(NotFound, match="no class"):
+            c.object("NoSuchClass", "x")
+        with pytest.raises(NotFound, match="no object"):
+            c.delete_object("never-made")
+        q = c.queue("t7")
+        with pytest.raises(NotFound, match="no method"):
+            q.fly()
+        with pytest.raises(InvalidArgument, match="argument"):
+            q.produce()                                   # missing argument
+        with pytest.raises(InvalidArgument):
+            c.queue("t7b", capacity="ten")                # constructor refuses the type
+        with pytest.raises(AlreadyExists):
+            c.lock("t7")                                  # t7 is a Queue
+        with pytest.raises(InvalidArgument, match="line 2"):
+            c.register_class("class Broken:\n    def f(self)\n        return 1\n")
+        with pytest.raises(InvalidArgument, match="not allowed"):
+            c.register_class("import os\nclass Evil:\n    pass\n")
+        c.register_class("class Thrower:\n    def boom(self):\n"
+                         "        raise KeyError('no such thing')\n")
+        with pytest.raises(ApplicationError) as e:
+            c.object("Thrower", "t7t").boom()
+        assert e.value.type == "KeyError" and "no such thing" in str(e.value)
+        with pytest.raises((ResourceExhausted, InvalidArgument)):
+            q.produce(b"x" * (20 * 1024 * 1024))          # over the 16 MiB message limit
+        c.register_class("class Spinner:\n    def spin(self):\n        while True:\n"
+                         "            pass\n")
+        with pytest.raises(ResourceExhausted, match="budget"):
+            c.object("Spinner", "t7s").spin()
+        q.produce("still fine")                            # the cluster is healthy
+        assert q.consume(timeout=10) == "still fine"
+        st = c.status()
+        assert st["leader_address"]
+
+
+def test_killed_lock_holder_loses_lock_after_ttl(cluster):
+    holder = subprocess.Popen([sys.executable, WORKER, "hold_lock", addr(cluster, 0)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(holder.stdout.readline())["fence"]
+        with Client(addr(cluster, 1), session_ttl=5.0) as c:
+            lock = c.lock("doomed")
+            got = {}
+            t = threading.Thread(target=lambda: got.setdefault("fence", lock.acquire(timeout=60)))
+            t.start()
+            wait_for(lambda: waiters(c, "doomed") == 1, what="the second client to wait")
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.wait(10)
+            t.join(60)
+            assert got["fence"] > first
+            assert lock.is_owner()
+            lock.release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
