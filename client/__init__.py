@@ -1,0 +1,63 @@
+"""gesmas client library: ``Client``, object proxies and the typed errors.
+
+    from gesmas.client import Client
+    with Client("127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103") as c:
+        q = c.queue("jobs", capacity=100)
+        q.produce(b"job-1")
+        item = q.consume(timeout=5.0)
+        with c.lock("schema") as fence:
+            ...
+"""
+from gesmas.client.client import (
+    DEFAULT_CLUSTER,
+    ClassSource,
+    Client,
+    ClientClosed,
+    LeaderElectionProxy,
+    LockProxy,
+    NodeHealth,
+    ObjectInfo,
+    ObjectProxy,
+    ReadWriteLockProxy,
+    SemaphoreProxy,
+    Status,
+)
+from gesmas.client.errors import (
+    Aborted,
+    AlreadyExists,
+    ApplicationError,
+    GesmasError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SessionExpired,
+    Timeout,
+    Unavailable,
+)
+
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "Aborted",
+    "AlreadyExists",
+    "ApplicationError",
+    "ClassSource",
+    "Client",
+    "ClientClosed",
+    "GesmasError",
+    "Internal",
+    "InvalidArgument",
+    "LeaderElectionProxy",
+    "LockProxy",
+    "NodeHealth",
+    "NotFound",
+    "ObjectInfo",
+    "ObjectProxy",
+    "ReadWriteLockProxy",
+    "ResourceExhausted",
+    "SemaphoreProxy",
+    "SessionExpired",
+    "Status",
+    "Timeout",
+    "Unavailable",
+]

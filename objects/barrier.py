@@ -23,16 +23,21 @@ class Barrier:
         self.parties = parties
         self._gate = Semaphore(0)
         self.rounds = 0
+        self._handed = 0                  # indices given to the woken parties of the round
 
     def wait(self):
         arrived = self._gate.waiters
         if arrived + 1 >= self.parties:
             self.rounds += 1
+            self._handed = 0
             if arrived:
                 self._gate.release(arrived)
             return arrived
         self._gate.acquire()
-        return arrived
+        # Woken in arrival order, right after the last party: number the survivors
+        index = self._handed
+        self._handed += 1
+        return index
 
     def waiting(self):
         return self._gate.waiters

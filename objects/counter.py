@@ -1,20 +1,30 @@
-"""Counter: an integer with atomic add, set and compare-and-set. Never blocks."""
+"""Counter: an integer with atomic add, set and compare-and-set. Never blocks.
+
+The value stays within int64 (the wire's integer): a call that would leave that range raises
+OverflowError and changes nothing."""
+
+_MIN, _MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _int64(v, what):
+    if type(v) is not int:
+        raise ValueError(f"{what} must be an int")
+    if not _MIN <= v <= _MAX:
+        raise OverflowError(f"{what} {v} is outside the int64 range")
+    return v
 
 
 class Counter:
     def __init__(self, initial=0):
-        if type(initial) is not int:
-            raise ValueError("initial must be an int")
-        self._value = initial
+        self._value = _int64(initial, "initial")
 
     def get(self):
         return self._value
 
     def add(self, delta=1):
         """Add `delta`; returns the new value."""
-        if type(delta) is not int:
-            raise ValueError("delta must be an int")
-        self._value += delta
+        _int64(delta, "delta")
+        self._value = _int64(self._value + delta, "the result")
         return self._value
 
     def increment(self):
@@ -24,15 +34,12 @@ class Counter:
         return self.add(-1)
 
     def set(self, value):
-        if type(value) is not int:
-            raise ValueError("value must be an int")
-        self._value = value
+        self._value = _int64(value, "value")
         return value
 
     def compare_and_set(self, expect, value):
         """Set to `value` if the counter equals `expect`; returns whether it did."""
-        if type(value) is not int:
-            raise ValueError("value must be an int")
+        _int64(value, "value")
         if self._value != expect:
             return False
         self._value = value

@@ -59,7 +59,7 @@ class ReadWriteLock:
             raise PermissionError("this session does not hold the write lock")
         self._writer = None
         self._writing = False
-        self._hand_over()
+        self._hand_over(readers_first=True)
         return True
 
     def state(self):
@@ -74,19 +74,20 @@ class ReadWriteLock:
             self._readers.pop(session, None)
         self._admitted -= n
         if self._admitted == 0:
-            self._hand_over()
+            self._hand_over(readers_first=False)
 
-    def _hand_over(self):
-        """The lock is free of writers: admit the waiting readers, else one writer."""
+    def _hand_over(self, readers_first):
+        """The lock is free. After a writer: admit the waiting readers, else one writer.
+        After the last reader: one waiting writer, else the waiting readers."""
         if self._writing or self._admitted:
             return
         n = self._readq.waiters
-        if n:
-            self._admitted += n
-            self._readq.release(n)
-        elif self._writeq.waiters:
+        if self._writeq.waiters and not (readers_first and n):
             self._writing = True
             self._writeq.release()
+        elif n:
+            self._admitted += n
+            self._readq.release(n)
 
     def _after_writer_left(self):
         # A waiting writer gave up: readers held back only because it waited may go now.
@@ -102,4 +103,4 @@ class ReadWriteLock:
         if self._writer == session:
             self._writer = None
             self._writing = False
-            self._hand_over()
+            self._hand_over(readers_first=True)

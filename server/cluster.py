@@ -178,5 +178,8 @@ def run_up(args: Any) -> int:
     except KeyboardInterrupt:
         print("\nstopping ...", flush=True)
         return 0
+    except (RuntimeError, TimeoutError) as e:
+        print(f"gesmas up: the cluster did not start: {e}", file=sys.stderr)
+        return 1
     finally:
         cluster.stop()

@@ -317,7 +317,11 @@ class Node:
             password=c.secret, fsync=c.fsync)
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                                           ("grpc.max_send_message_length", MAX_MESSAGE),
-                                          ("grpc.so_reuseport", 0)])
+                                          ("grpc.so_reuseport", 0),
+                                          # clients ping every 5 s during long waits so that
+                                          # they notice a hung replica: allow it
+                                          ("grpc.http2.min_ping_interval_without_data_ms", 4000),
+                                          ("grpc.http2.max_ping_strikes", 0)])
         pb_grpc.add_GesmasServicer_to_server(Gateway(self), server)
         server.add_insecure_port(c.client_addr)
         await server.start()

@@ -163,7 +163,8 @@ def make_globals(budget: Budget, module_name: str) -> dict[str, Any]:
                  "any", "all", "enumerate", "zip", "map", "filter", "reversed", "iter", "next",
                  "isinstance", "issubclass", "object", "property", "staticmethod",
                  "classmethod", "super", "type", "bytes", "bytearray", "hasattr",
-                 "NotImplemented", "StopIteration"):
+                 "NotImplemented", "StopIteration", "PermissionError", "RecursionError",
+                 "TimeoutError", "ConnectionError", "NotImplementedError"):
         b[name] = getattr(builtins, name)
     b["getattr"] = safer_getattr
     b["__import__"] = _import_

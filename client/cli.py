@@ -1,0 +1,351 @@
+"""The ``gesmas`` command: call methods, upload classes, inspect and run a cluster.
+
+Client commands (call, upload, status, objects, classes) talk to ``--cluster``. Server
+commands (up, server) only parse their arguments here and hand the Namespace to
+``gesmas.server.node``, imported when they run. Errors are one line on stderr:
+exit 2 for usage mistakes, 1 for errors from (or reaching) the cluster.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from gesmas.client.client import DEFAULT_CLUSTER, Client
+from gesmas.client.errors import GesmasError
+
+__all__ = ["main"]
+
+BYTES_KEY = "$bytes"
+
+VALUES_HELP = f"""\
+values: each ARG is parsed as JSON (42, 1.5, true, null, "text", [1, 2], {{"k": "v"}});
+  a word that is not valid JSON is taken as a string (so  produce hello  sends "hello",
+  but  produce 42  sends the number: write '"42"' for the string). Bytes are written
+  {{"{BYTES_KEY}": "<base64>"}} both in arguments and in printed results.
+"""
+
+
+class UsageError(Exception):
+    """A mistake in the command line, reported with exit status 2."""
+
+
+# --- JSON <-> plain values ---------------------------------------------------------------
+
+
+def _decode(x: Any) -> Any:
+    """JSON-decoded data -> plain values: {"$bytes": b64} becomes bytes."""
+    if isinstance(x, dict):
+        if len(x) == 1 and BYTES_KEY in x and isinstance(x[BYTES_KEY], str):
+            try:
+                return base64.b64decode(x[BYTES_KEY], validate=True)
+            except binascii.Error as e:
+                raise UsageError(f"{BYTES_KEY}: not valid base64: {e}") from None
+        return {k: _decode(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_decode(v) for v in x]
+    return x
+
+
+def _encode(x: Any) -> Any:
+    """Plain values -> JSON-encodable data: bytes become {"$bytes": b64}."""
+    if isinstance(x, bytes):
+        return {BYTES_KEY: base64.b64encode(x).decode("ascii")}
+    if isinstance(x, dict):
+        return {k: _encode(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_encode(v) for v in x]
+    return x
+
+
+def parse_arg(text: str) -> Any:
+    """One command-line value: JSON, or else the text itself as a string."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    return _decode(data)
+
+
+def _parse_json(text: str, what: str, types: tuple[type, ...]) -> Any:
+    try:
+        data = _decode(json.loads(text))
+    except ValueError as e:
+        raise UsageError(f"{what}: not valid JSON: {e}") from None
+    if not isinstance(data, types):
+        kinds = " or ".join("a JSON list" if t is list else "a JSON object" for t in types)
+        raise UsageError(f"{what}: expected {kinds}, got {text!r}")
+    return data
+
+
+def _dump(x: Any) -> str:
+    return json.dumps(_encode(x), ensure_ascii=False)
+
+
+# --- client commands ---------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, session: bool = False) -> Client:
+    try:
+        return Client(args.cluster, retry_timeout=args.retry_timeout, connect=session)
+    except ValueError as e:  # a malformed --cluster
+        raise UsageError(f"--cluster: {e}") from None
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    positional = [parse_arg(a) for a in args.args]
+    kwargs = _parse_json(args.kwargs, "--kwargs", (dict,)) if args.kwargs else {}
+    ctor = None
+    if args.create is not None:
+        ctor = _parse_json(args.create, "--create", (list, dict))
+    if args.timeout is not None and args.timeout < 0:
+        raise UsageError("--timeout must be >= 0")
+    with _client(args, session=True) as c:
+        if ctor is None:
+            result = c.invoke(args.cls, args.object, args.method, *positional,
+                              timeout=args.timeout, **kwargs)
+        else:
+            ctor_args, ctor_kwargs = (ctor, {}) if isinstance(ctor, list) else ([], ctor)
+            proxy = c.object(args.cls, args.object, *ctor_args, **ctor_kwargs)
+            result = proxy.invoke(args.method, *positional, timeout=args.timeout, **kwargs)
+    print(_dump(result))
+    return 0
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {args.file}: {e}") from None
+    with _client(args) as c:
+        print(_dump(c.register_class(source)))
+    return 0
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows
+    )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        st = c.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(f"leader     {st['leader_address'] or '(none known)'}   term {st['term']}")
+    print(f"commit     {st['commit_index']}   "
+          f"(applied {st['last_applied']} on {st['address']})")
+    print(f"objects    {st['object_count']}   waiters {st['waiter_count']}   "
+          f"sessions {st['session_count']}")
+    if st["nodes"]:
+        rows = [["NODE", "ADDRESS", "ROLE", "CONNECTED", "MATCH INDEX"]]
+        for n in st["nodes"]:
+            leads = n["address"] and n["address"] == st["leader_address"]
+            rows.append([n["node_id"], n["address"], "leader" if leads else "follower",
+                         "yes" if n["connected"] else "NO", str(n["match_index"])])
+        print()
+        print(_table(rows))
+    return 0
+
+
+def cmd_objects(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        objects = c.list_objects()
+    if args.json:
+        print(json.dumps(objects, indent=2))
+    elif objects:
+        rows = [["NAME", "CLASS", "VERSION", "WAITERS"]]
+        rows += [[o["name"], o["class_name"], str(o["class_version"]), str(o["waiters"])]
+                 for o in objects]
+        print(_table(rows))
+    return 0
+
+
+def cmd_classes(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        classes = c.list_classes()
+    if args.json:
+        print(json.dumps(classes, indent=2))
+    elif classes:
+        print(_table([["CLASS", "VERSION"]] + [[k, str(v)] for k, v in classes.items()]))
+    return 0
+
+
+# --- server commands ---------------------------------------------------------------------
+
+SERVER_KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret",
+               "unsafe_no_fsync")
+
+
+def _comma_list(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _load_config(args: argparse.Namespace) -> None:
+    """Fill the flags not given on the command line from the --config JSON file (keys as
+    the flags, with '_' or '-': id, client_addr, raft_addr, peers, data_dir, secret,
+    unsafe_no_fsync), then apply the defaults."""
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--config {args.config}: {e}") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"--config {args.config}: expected a JSON object")
+        for key, value in config.items():
+            attr = key.replace("-", "_")
+            if attr not in SERVER_KEYS:
+                raise UsageError(f"--config {args.config}: unknown key {key!r}")
+            if attr == "peers" and isinstance(value, str):
+                value = _comma_list(value)
+            if attr == "id" and not isinstance(value, int):
+                raise UsageError(f"--config {args.config}: id must be an integer")
+            if getattr(args, attr) is None:
+                setattr(args, attr, value)
+    if args.secret is None:
+        args.secret = os.environ.get("GESMAS_CLUSTER_SECRET") or None
+    if args.unsafe_no_fsync is None:
+        args.unsafe_no_fsync = False
+    if args.peers is None:
+        args.peers = []
+
+
+def _node() -> Any:
+    try:
+        return importlib.import_module("gesmas.server.node")
+    except ImportError as e:
+        raise GesmasError(f"the server is not available in this installation: {e}") from None
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise UsageError("--nodes must be >= 1")
+    return int(_node().run_up(args) or 0)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    _load_config(args)
+    return int(_node().run_server(args) or 0)
+
+
+# --- parser ------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see: {self.prog} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--cluster", default=os.environ.get("GESMAS_CLUSTER") or DEFAULT_CLUSTER,
+        help="comma-separated client addresses (default: env GESMAS_CLUSTER, else %(default)s)",
+    )
+    common.add_argument("--retry-timeout", type=float, default=10.0, metavar="S",
+                        help="give up after S seconds without a reachable leader "
+                             "(default %(default)s)")
+    as_json = _Parser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON")
+
+    parser = _Parser(prog="gesmas", description="gesmas: a replicated coordination server.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser(
+        "call", parents=[common], help="invoke a method on an object",
+        description="Invoke METHOD on OBJECT of class CLASS and print the result as JSON.",
+        epilog=VALUES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("cls", metavar="CLASS")
+    p.add_argument("object", metavar="OBJECT")
+    p.add_argument("method", metavar="METHOD")
+    p.add_argument("args", metavar="ARG", nargs="*", help="positional arguments (see values)")
+    p.add_argument("--kwargs", metavar="JSON", help="keyword arguments as a JSON object")
+    p.add_argument("--create", metavar="JSON", nargs="?", const="[]",
+                   help="create OBJECT first if it does not exist, with these constructor "
+                        "arguments: a JSON list (positional) or object (keyword); "
+                        "--create alone: none")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="wait at most S seconds (0: do not wait; default: no limit)")
+    p.set_defaults(func=cmd_call)
+
+    p = sub.add_parser("upload", parents=[common], help="register the classes of a .py file",
+                       description="Upload FILE (restricted-dialect Python) and print "
+                                   '{"Class": version, ...}.')
+    p.add_argument("file", metavar="FILE.py")
+    p.set_defaults(func=cmd_upload)
+
+    for name, func, text in (
+        ("status", cmd_status, "leader, term, commit index, nodes, objects, waiters"),
+        ("objects", cmd_objects, "list the live objects"),
+        ("classes", cmd_classes, "list the registered classes"),
+    ):
+        p = sub.add_parser(name, parents=[common, as_json], help=text, description=text)
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("up", help="run a local cluster in the foreground",
+                       description="Start NODES server processes on 127.0.0.1 and wait.")
+    p.add_argument("--nodes", type=int, default=3, help="number of nodes (default %(default)s)")
+    p.add_argument("--base-port", type=int, default=7100,
+                   help="node i (1..NODES) serves clients on BASE+i (default %(default)s)")
+    p.add_argument("--data-dir", metavar="DIR", help="where the nodes keep their data")
+    p.add_argument("--unsafe-no-fsync", action="store_true",
+                   help="do not fsync the journal (fast, loses data on power failure)")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("server", help="run one server node",
+                       description="Run one node. Flags override the --config file.")
+    p.add_argument("--id", type=int, help="node id")
+    p.add_argument("--config", metavar="FILE",
+                   help="JSON object with the same keys as the flags (client_addr, ...)")
+    p.add_argument("--client-addr", metavar="HOST:PORT", help="gRPC address for clients")
+    p.add_argument("--raft-addr", metavar="HOST:PORT", help="Raft address of this node")
+    p.add_argument("--peers", type=_comma_list, metavar="RAFT=CLIENT,...",
+                   help="the OTHER nodes, comma-separated, each RAFT-ADDR=CLIENT-ADDR (the "
+                        "client address lets this node tell clients where the leader is)")
+    p.add_argument("--data-dir", metavar="DIR", help="journal and snapshot directory")
+    p.add_argument("--secret", help="cluster secret (default: env GESMAS_CLUSTER_SECRET)")
+    p.add_argument("--unsafe-no-fsync", action="store_true", default=None,
+                   help="do not fsync the journal (fast, loses data on power failure)")
+    p.set_defaults(func=cmd_server)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupt)."""
+    parser = build_parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help
+            return e.code if isinstance(e.code, int) else 0
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except UsageError as e:
+        print(f"gesmas: {e}", file=sys.stderr)
+        return 2
+    except GesmasError as e:
+        print(f"gesmas: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # e.g. a server command's port is taken
+        print(f"gesmas: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gesmas: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,707 @@
+"""The gesmas client: one session, retries with (session, seq), and object proxies.
+
+Theory of operation
+-------------------
+A ``Client`` holds the cluster's client addresses, one lazily created gRPC channel per
+address, and one *session* (OpenSession on connect, CloseSession on close). A daemon thread
+renews the session every ttl/3 seconds with KeepAlive, which must reach the leader: an
+UNAVAILABLE answer names the leader in ``leader_hint`` and the thread follows it. When the
+server reports the session gone, the client is marked expired and every later call raises
+``SessionExpired``.
+
+Every Invoke carries ``(session, seq)``: ``seq`` comes from a thread-safe counter starting
+at 1 and is kept across retries, which makes a call exactly-once; the server answers a
+retry with the stored result or joins the same wait. ``ack`` is the highest n such that
+every call with seq <= n has ended (a reply, an error, or given up: the client never asks
+about it again), so the server may forget those results.
+
+Retries. A call is resent, with the same request, when its replica answers UNAVAILABLE or
+the transport fails (connection refused or reset, the replica died or hung while the call
+waited, or the client's own gRPC deadline passed): to ``leader_hint`` when there is one,
+else to the next address round-robin, after a small exponential backoff (capped at 1 s).
+It gives up, raising the last error, after ``retry_timeout`` seconds of failing without a
+break (a long-lived attempt that then fails starts a new period), and a call with a timeout
+never retries past ``timeout + retry_timeout`` from its start. Application errors and all
+other answers are never retried. A blocked call whose replica dies therefore re-attaches
+elsewhere and still returns its result.
+
+Timeouts. ``timeout=None`` leaves InvokeRequest.timeout unset (wait as long as it takes);
+``timeout=0`` means "do not wait"; otherwise the server times the wait out in log time and
+the gRPC deadline is ``timeout + DEADLINE_MARGIN`` so the server's answer wins.
+
+Channels send gRPC keepalive pings every 5 s during calls, so a hung replica (SIGSTOP, a
+partition) is detected within ~10 s even when a call waits without a deadline. The server
+must accept them: ``grpc.http2.min_ping_interval_without_data_ms`` <= 5000 and
+``grpc.http2.max_ping_strikes`` = 0 (else it answers "too many pings": the call is retried
+and still correct, but noisily).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypedDict, TypeVar
+
+import grpc
+
+from gesmas.client import convert
+from gesmas.client.errors import (
+    ERROR_METADATA_KEY,
+    GesmasError,
+    NotFound,
+    SessionExpired,
+    Unavailable,
+    error_from_rpc,
+)
+from gesmas.v1 import gesmas_pb2 as pb
+from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "ClassSource",
+    "Client",
+    "ClientClosed",
+    "LeaderElectionProxy",
+    "LockProxy",
+    "NodeHealth",
+    "ObjectInfo",
+    "ObjectProxy",
+    "ReadWriteLockProxy",
+    "SemaphoreProxy",
+    "Status",
+    "parse_cluster",
+]
+
+log = logging.getLogger(__name__)
+
+#: The cluster used when neither an argument nor GESMAS_CLUSTER names one.
+DEFAULT_CLUSTER = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+#: Extra seconds the gRPC deadline of a call with a timeout allows beyond it.
+DEADLINE_MARGIN = 10.0
+#: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
+RPC_TIMEOUT = 10.0
+MAX_MESSAGE = 16 * 1024 * 1024
+BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
+#: An attempt that lasted this long before failing had reached a replica: the failure
+#: starts a new retry period instead of counting against the current one.
+_ATTACHED = 3.0
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    # Reconnect to a restarted replica quickly (the default backoff grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    # Detect a dead or hung replica while a call waits on it.
+    ("grpc.keepalive_time_ms", 5000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.ping_timeout_ms", 5000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+# Failures without an ErrorDetail that mean "the call may not have reached a working
+# replica": safe to resend (same seq for Invoke).
+_TRANSPORT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,  # our own deadline: the replica hung
+    grpc.StatusCode.CANCELLED,  # the server shut down ("Cancelling all calls")
+}
+
+T = TypeVar("T")
+
+
+def parse_cluster(cluster: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """The addresses of ``cluster`` ("h:p,h:p" or a list); None reads GESMAS_CLUSTER,
+    falling back to ``DEFAULT_CLUSTER``."""
+    if cluster is None:
+        cluster = os.environ.get("GESMAS_CLUSTER") or DEFAULT_CLUSTER
+    parts = cluster.split(",") if isinstance(cluster, str) else list(cluster)
+    addresses = [a.strip() for a in parts if a.strip()]
+    if not addresses:
+        raise ValueError(f"no address in cluster {cluster!r}")
+    return list(dict.fromkeys(addresses))  # drop duplicates, keep order
+
+
+# --- results of the admin calls (plain dicts, JSON-ready) ---------------------------------
+
+
+class ObjectInfo(TypedDict):
+    name: str
+    class_name: str
+    class_version: int
+    waiters: int  # calls blocked on it
+
+
+class ClassSource(TypedDict):
+    name: str
+    version: int
+    source: str
+
+
+class NodeHealth(TypedDict):
+    node_id: str  # Raft address
+    address: str  # client address
+    connected: bool  # as the answering replica sees it
+    match_index: int  # leader's view, else 0
+
+
+class Status(TypedDict):
+    address: str  # the client address of the replica that answered
+    node_id: str
+    leader_address: str
+    is_leader: bool
+    term: int
+    commit_index: int
+    last_applied: int
+    object_count: int
+    waiter_count: int
+    session_count: int
+    nodes: list[NodeHealth]
+
+
+# --- the client ---------------------------------------------------------------------------
+
+
+class ClientClosed(SessionExpired):
+    """The client was closed (and with it its session); make a new Client."""
+
+    def __init__(self, message: str = "the client is closed", type: str = "SessionExpired",
+                 leader_hint: str = "") -> None:
+        super().__init__(message, type, leader_hint)
+
+
+class _Failure(Exception):
+    """An attempt failed in a way that may be retried elsewhere."""
+
+    def __init__(self, error: GesmasError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Client:
+    """A connection to a gesmas cluster with one session; safe to share between threads.
+
+    ``cluster`` is "host:port,host:port,..." or a list (default: env GESMAS_CLUSTER, else
+    ``DEFAULT_CLUSTER``). ``session_ttl`` is the requested session lease in seconds;
+    ``retry_timeout`` bounds how long a call keeps retrying while no replica can serve it.
+    With ``connect=False`` the session is opened on first use instead of now (the admin
+    calls — classes, objects, status — need none).
+    """
+
+    def __init__(
+        self,
+        cluster: str | list[str] | None = None,
+        *,
+        session_ttl: float = 10.0,
+        retry_timeout: float = 30.0,
+        connect: bool = True,
+    ) -> None:
+        if not session_ttl > 0:
+            raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
+        self._addresses = parse_cluster(cluster)
+        self._preferred = 0  # index of the address to try first
+        self._ttl = float(session_ttl)
+        self._retry_timeout = float(retry_timeout)
+        self._lock = threading.Lock()  # addresses, preferred, channels
+        self._session_lock = threading.Lock()  # opening the session
+        self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
+        self._channels_closed = False
+        self._session = 0
+        self._granted_ttl = self._ttl
+        self._expired: SessionExpired | None = None
+        self._closed = threading.Event()
+        self._keepalive: threading.Thread | None = None
+        self._seq_lock = threading.Lock()
+        self._next_seq = 1
+        self._ack = 0
+        self._ended: set[int] = set()  # ended seqs above the ack mark
+        if connect:
+            try:
+                self.session
+            except BaseException:
+                self.close()
+                raise
+
+    # --- context manager, session ---------------------------------------------------------
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({','.join(self._addresses)!r}, session={self._session})"
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._addresses)
+
+    @property
+    def session(self) -> int:
+        """The session id, opening the session (and starting keep-alives) if needed."""
+        self._check_usable()
+        if self._session:
+            return self._session
+        with self._session_lock:
+            if self._session:
+                return self._session
+            resp = self._call("OpenSession", pb.OpenSessionRequest(ttl=self._ttl))
+            self._session, self._granted_ttl = resp.session, resp.ttl or self._ttl
+            self._keepalive = threading.Thread(
+                target=self._keepalive_loop, name=f"gesmas-keepalive-{resp.session}", daemon=True
+            )
+            self._keepalive.start()
+            return self._session
+
+    @property
+    def expired(self) -> bool:
+        return self._expired is not None
+
+    def close(self) -> None:
+        """Close the session (its waiters are aborted, its locks released) and the channels.
+        Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._keepalive is not None and self._keepalive is not threading.current_thread():
+            self._keepalive.join(timeout=RPC_TIMEOUT)
+        if self._session and self._expired is None:
+            try:
+                self._call("CloseSession", pb.CloseSessionRequest(session=self._session),
+                           retry_timeout=min(self._retry_timeout, 5.0), closing=True)
+            except GesmasError as e:  # it expires on its own
+                log.warning("gesmas: could not close session %d: %s", self._session, e)
+        with self._lock:
+            stubs, self._stubs, self._channels_closed = self._stubs, {}, True
+        for channel, _ in stubs.values():
+            channel.close()
+
+    def _check_usable(self) -> None:
+        if self._expired is not None:
+            raise SessionExpired(self._expired.message, self._expired.type)
+        if self._closed.is_set():
+            raise ClientClosed()
+
+    def _mark_expired(self, error: GesmasError) -> None:
+        if self._expired is None:
+            log.warning("gesmas: session %d is gone: %s", self._session, error)
+            self._expired = SessionExpired(
+                f"session {self._session} expired: {error.message}", "SessionExpired"
+            )
+
+    def _keepalive_loop(self) -> None:
+        interval = max(self._granted_ttl / 3.0, 0.05)
+        wait = interval
+        while not self._closed.wait(wait):
+            try:
+                resp = self._call(
+                    "KeepAlive", pb.KeepAliveRequest(session=self._session),
+                    rpc_timeout=max(interval, 1.0), retry_timeout=interval,
+                )
+            except ClientClosed:
+                return
+            except (NotFound, SessionExpired) as e:
+                self._mark_expired(e)
+                return
+            except GesmasError as e:  # nobody reachable this round: try again sooner
+                log.debug("gesmas: keep-alive of session %d failed: %s", self._session, e)
+                wait = min(interval / 3.0, 1.0)
+                continue
+            if resp.ttl > 0:
+                interval = max(resp.ttl / 3.0, 0.05)
+            wait = interval
+
+    # --- transport and retries -----------------------------------------------------------
+
+    def _stub(self, address: str) -> pb_grpc.GesmasStub:
+        with self._lock:
+            entry = self._stubs.get(address)
+            if entry is None:
+                if self._channels_closed:
+                    raise ClientClosed()
+                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                stub = pb_grpc.GesmasStub(channel)  # type: ignore[no-untyped-call]
+                entry = self._stubs[address] = (channel, stub)
+            return entry[1]
+
+    def _next_address(self, failed: str, hint: str) -> str:
+        """Where to go after ``failed`` answered ``hint`` (maybe empty); becomes preferred."""
+        with self._lock:
+            if hint and hint != failed:
+                if hint not in self._addresses:
+                    self._addresses.append(hint)  # a replica the cluster list lacked
+                self._preferred = self._addresses.index(hint)
+            elif failed in self._addresses:
+                self._preferred = (self._addresses.index(failed) + 1) % len(self._addresses)
+            return self._addresses[self._preferred]
+
+    def _attempt(self, address: str, method: str, request: Any, deadline: float | None) -> Any:
+        try:
+            return getattr(self._stub(address), method)(request, timeout=deadline)
+        except grpc.RpcError as e:
+            error = error_from_rpc(e)
+            if _has_detail(e):
+                if isinstance(error, Unavailable):
+                    raise _Failure(error) from e
+            elif e.code() in _TRANSPORT:
+                raise _Failure(Unavailable(f"{address}: {error.message}")) from e
+            raise error from e
+        except ValueError as e:  # "Cannot invoke RPC on closed channel!"
+            if self._closed.is_set():
+                raise ClientClosed() from e
+            raise
+
+    def _call(self, method: str, request: Any, **options: Any) -> Any:
+        return self._send(method, request, **options)[1]
+
+    def _send(
+        self,
+        method: str,
+        request: Any,
+        *,
+        rpc_timeout: float | None = RPC_TIMEOUT,
+        retry_timeout: float | None = None,
+        cap: float | None = None,
+        closing: bool = False,
+        on_retry: Callable[[], None] | None = None,
+    ) -> tuple[str, Any]:
+        """Send ``request`` until a replica serves it; see "Retries" in the module doc.
+        Returns (the address that answered, the response). ``cap`` is a monotonic time past
+        which no retry starts; ``closing`` lets the call run while the client closes."""
+        budget = self._retry_timeout if retry_timeout is None else retry_timeout
+        address = self._addresses[self._preferred]
+        period_start: float | None = None
+        delay, followed_hint = BACKOFF_FIRST, False
+        while True:
+            started = time.monotonic()
+            try:
+                return address, self._attempt(address, method, request, rpc_timeout)
+            except _Failure as failure:
+                error = failure.error
+            now = time.monotonic()
+            if period_start is None:
+                period_start = started
+            elif now - started >= _ATTACHED:  # it had reached a replica: a new period
+                period_start = now
+            give_up = period_start + budget if cap is None else min(period_start + budget, cap)
+            if self._closed.is_set() and not closing:
+                raise ClientClosed() from None
+            if now >= give_up:
+                raise error
+            previous, address = address, self._next_address(address, error.leader_hint)
+            log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error, address)
+            hint = bool(error.leader_hint) and address == error.leader_hint
+            if hint and not followed_hint:
+                pause = 0.0  # a fresh hint: go at once
+            else:
+                pause, delay = min(delay, give_up - now), min(delay * 2, BACKOFF_MAX)
+            followed_hint = hint
+            if closing:
+                time.sleep(pause)
+            elif self._closed.wait(pause):
+                raise ClientClosed() from None
+            if on_retry is not None:
+                on_retry()
+
+    # --- sequence numbers --------------------------------------------------------------------
+
+    def _new_seq(self) -> int:
+        with self._seq_lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            return seq
+
+    def _end_seq(self, seq: int) -> None:
+        with self._seq_lock:
+            self._ended.add(seq)
+            while self._ack + 1 in self._ended:
+                self._ack += 1
+                self._ended.discard(self._ack)
+
+    def _current_ack(self) -> int:
+        with self._seq_lock:
+            return self._ack
+
+    # --- objects -------------------------------------------------------------------------------
+
+    def invoke(
+        self,
+        class_name: str,
+        object_name: str,
+        method: str,
+        *args: Any,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``method`` on the existing object ``object_name`` of class ``class_name``;
+        blocks while the method waits, up to ``timeout`` seconds (None: no limit, 0: do
+        not wait). Exactly-once: retries reuse the call's (session, seq)."""
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
+        request = pb.InvokeRequest(class_name=class_name, object_name=object_name, method=method)
+        convert.fill_values(request.args, args)
+        convert.fill_map(request.kwargs, kwargs)
+        if timeout is not None:
+            request.timeout = float(timeout)
+        request.session = self.session
+        request.seq = self._new_seq()
+        try:
+            request.ack = self._current_ack()
+
+            def refresh_ack() -> None:
+                request.ack = self._current_ack()
+
+            start = time.monotonic()
+            try:
+                resp = self._call(
+                    "Invoke",
+                    request,
+                    rpc_timeout=None if timeout is None else timeout + DEADLINE_MARGIN,
+                    cap=None if timeout is None else start + timeout + self._retry_timeout,
+                    on_retry=refresh_ack,
+                )
+            except SessionExpired as e:
+                if not isinstance(e, ClientClosed):
+                    self._mark_expired(e)
+                raise
+            return convert.from_value(resp.result)
+        finally:
+            self._end_seq(request.seq)
+
+    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
+        """Get or create the object ``name`` of class ``class_name`` (constructor arguments
+        are used only if it is new) and return a proxy for it. Raises AlreadyExists if the
+        name is taken by an object of another class."""
+        request = pb.CreateObjectRequest(class_name=class_name, object_name=name)
+        convert.fill_values(request.args, args)
+        convert.fill_map(request.kwargs, kwargs)
+        request.session = self.session
+        self._call("CreateObject", request)
+        return PROXIES.get(class_name, ObjectProxy)(self, class_name, name)
+
+    def queue(self, name: str, **kwargs: Any) -> ObjectProxy:
+        """A FIFO queue: ``produce(item)``, ``consume()``; ``capacity=None`` bounds it."""
+        return self.object("Queue", name, **kwargs)
+
+    def lock(self, name: str, **kwargs: Any) -> LockProxy:
+        """A lock (``reentrant=False``): ``with c.lock(n) as fence: ...``."""
+        return self._typed("Lock", name, LockProxy, kwargs)
+
+    def semaphore(self, name: str, **kwargs: Any) -> SemaphoreProxy:
+        """A counting semaphore (``permits=``)."""
+        return self._typed("Semaphore", name, SemaphoreProxy, kwargs)
+
+    def barrier(self, name: str, **kwargs: Any) -> ObjectProxy:
+        """A cyclic barrier (``parties=``): ``wait()``."""
+        return self.object("Barrier", name, **kwargs)
+
+    def double_barrier(self, name: str, **kwargs: Any) -> ObjectProxy:
+        """A double barrier (``parties=``): ``enter()`` / ``leave()``."""
+        return self.object("DoubleBarrier", name, **kwargs)
+
+    def latch(self, name: str, **kwargs: Any) -> ObjectProxy:
+        """A count-down latch (``count=``): ``count_down()``, ``wait()``."""
+        return self.object("CountDownLatch", name, **kwargs)
+
+    def rwlock(self, name: str, **kwargs: Any) -> ReadWriteLockProxy:
+        """A readers-writer lock: ``with rw.read(): ...`` / ``with rw.write(): ...``."""
+        return self._typed("ReadWriteLock", name, ReadWriteLockProxy, kwargs)
+
+    def election(self, name: str, **kwargs: Any) -> LeaderElectionProxy:
+        """A leader election: ``campaign()``, ``resign()``, ``leader()``, ``observe()``."""
+        return self._typed("LeaderElection", name, LeaderElectionProxy, kwargs)
+
+    def counter(self, name: str, **kwargs: Any) -> ObjectProxy:
+        """A counter (``initial=0``)."""
+        return self.object("Counter", name, **kwargs)
+
+    def _typed(self, class_name: str, name: str, cls: type[T], kwargs: dict[str, Any]) -> T:
+        proxy = self.object(class_name, name, **kwargs)
+        assert isinstance(proxy, cls)
+        return proxy
+
+    def delete_object(self, name: str) -> None:
+        """Delete the object ``name``; calls waiting on it fail with Aborted."""
+        retried = False
+
+        def note_retry() -> None:
+            nonlocal retried
+            retried = True
+
+        try:
+            self._call("DeleteObject", pb.DeleteObjectRequest(object_name=name),
+                       on_retry=note_retry)
+        except NotFound:
+            if not retried:  # on a retry, an earlier attempt may have deleted it
+                raise
+
+    def list_objects(self) -> list[ObjectInfo]:
+        """Every live object: [{"name", "class_name", "class_version", "waiters"}, ...]."""
+        resp = self._call("ListObjects", pb.ListObjectsRequest())
+        return [ObjectInfo(name=o.name, class_name=o.class_name, class_version=o.class_version,
+                           waiters=o.waiters) for o in resp.objects]
+
+    # --- classes -------------------------------------------------------------------------------
+
+    def register_class(self, source: str) -> dict[str, int]:
+        """Upload Python source defining classes; returns {class name: version}."""
+        resp = self._call("RegisterClass", pb.RegisterClassRequest(source=source))
+        return {c.name: c.version for c in resp.classes}
+
+    def list_classes(self) -> dict[str, int]:
+        """{class name: newest version}."""
+        resp = self._call("ListClasses", pb.ListClassesRequest())
+        return {c.name: c.version for c in resp.classes}
+
+    def get_class(self, name: str, version: int | None = None) -> ClassSource:
+        """{"name", "version", "source"} of a class (default: its newest version)."""
+        request = pb.GetClassRequest(name=name)
+        if version is not None:
+            request.version = version
+        resp = self._call("GetClass", request)
+        return ClassSource(name=resp.name, version=resp.version, source=resp.source)
+
+    # --- cluster ---------------------------------------------------------------------------
+
+    def status(self) -> Status:
+        """The cluster as the leader sees it (or, without a known leader, any replica): a
+        dict with the StatusResponse fields, ``address`` (who answered) and ``nodes``."""
+        address, resp = self._send("Status", pb.StatusRequest())
+        leader = resp.leader_address
+        if not resp.is_leader and leader and leader != address:
+            try:
+                resp = self._attempt(leader, "Status", pb.StatusRequest(), RPC_TIMEOUT)
+                address = leader
+            except (_Failure, GesmasError) as e:
+                log.debug("gesmas: status from leader %s failed: %s", leader, e)
+        nodes = [NodeHealth(node_id=n.node_id, address=n.address, connected=n.connected,
+                            match_index=n.match_index) for n in resp.nodes]
+        return Status(
+            address=address, node_id=resp.node_id, leader_address=resp.leader_address,
+            is_leader=resp.is_leader, term=resp.term, commit_index=resp.commit_index,
+            last_applied=resp.last_applied, object_count=resp.object_count,
+            waiter_count=resp.waiter_count, session_count=resp.session_count, nodes=nodes,
+        )
+
+
+def _has_detail(e: grpc.RpcError) -> bool:
+    trailing = getattr(e, "trailing_metadata", None)
+    metadata = trailing() if callable(trailing) else None
+    return any(key == ERROR_METADATA_KEY for key, _ in metadata or ())
+
+
+# --- proxies -------------------------------------------------------------------------------
+
+
+class ObjectProxy:
+    """A named object on the cluster. Any public method is invoked remotely:
+    ``proxy.method(*args, timeout=None, **kwargs)``. ``timeout`` is reserved: it bounds how
+    long the call may wait (None: no limit, 0: do not wait) and is not passed to the method.
+    """
+
+    def __init__(self, client: Client, class_name: str, object_name: str) -> None:
+        self.client = client
+        self.class_name = class_name
+        self.object_name = object_name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.class_name} {self.object_name!r}>"
+
+    def invoke(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Invoke ``method`` by name (also for methods whose name a proxy attribute hides)."""
+        return self.client.invoke(
+            self.class_name, self.object_name, method, *args, timeout=timeout, **kwargs
+        )
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+            return self.invoke(method, *args, timeout=timeout, **kwargs)
+
+        call.__name__ = call.__qualname__ = method
+        return call
+
+
+class LockProxy(ObjectProxy):
+    """``with client.lock(name) as fence:`` acquires, yields the fencing token, releases."""
+
+    def acquire(self, timeout: float | None = None) -> int:
+        """Take the lock; returns the fencing token (the log index of the grant)."""
+        fence: int = self.invoke("acquire", timeout=timeout)
+        return fence
+
+    def release(self) -> None:
+        self.invoke("release")
+
+    def is_owner(self) -> bool:
+        return bool(self.invoke("is_owner"))
+
+    def __enter__(self) -> int:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class SemaphoreProxy(ObjectProxy):
+    """``with client.semaphore(name, permits=4): ...`` holds one permit."""
+
+    def __enter__(self) -> Any:
+        return self.invoke("acquire")
+
+    def __exit__(self, *exc: object) -> None:
+        self.invoke("release")
+
+
+class ReadWriteLockProxy(ObjectProxy):
+    """``with rw.read(): ...`` (shared) and ``with rw.write(): ...`` (exclusive)."""
+
+    @contextmanager
+    def read(self, timeout: float | None = None) -> Iterator[Any]:
+        token = self.invoke("acquire_read", timeout=timeout)
+        try:
+            yield token
+        finally:
+            self.invoke("release_read")
+
+    @contextmanager
+    def write(self, timeout: float | None = None) -> Iterator[Any]:
+        token = self.invoke("acquire_write", timeout=timeout)
+        try:
+            yield token
+        finally:
+            self.invoke("release_write")
+
+
+class LeaderElectionProxy(ObjectProxy):
+    """Campaign to lead, resign, ask who leads, or wait for a change."""
+
+    def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
+        """Block until this session leads (or ``timeout``); ``value`` is published."""
+        return self.invoke("campaign", value, timeout=timeout)
+
+    def resign(self) -> Any:
+        return self.invoke("resign")
+
+    def leader(self) -> Any:
+        return self.invoke("leader")
+
+    def observe(self, known_term: Any = None, timeout: float | None = None) -> Any:
+        """Block until the leadership differs from ``known_term``; returns the new one."""
+        return self.invoke("observe", known_term, timeout=timeout)
+
+
+#: Standard class name -> proxy class that ``Client.object`` returns for it.
+PROXIES: dict[str, type[ObjectProxy]] = {
+    "Lock": LockProxy,
+    "Semaphore": SemaphoreProxy,
+    "ReadWriteLock": ReadWriteLockProxy,
+    "LeaderElection": LeaderElectionProxy,
+}

@@ -1,0 +1,516 @@
+"""The client library and CLI against fake in-process gRPC servers (no real cluster).
+
+Each fake replica is a real grpc server on 127.0.0.1 with a scripted servicer, so the
+client's channels, retries, deadlines and error metadata are exercised for real. Tests
+synchronise with threading.Event and bounded waits, never with sleeps.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import types
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+
+from gesmas.client import (
+    AlreadyExists,
+    ApplicationError,
+    Client,
+    InvalidArgument,
+    LockProxy,
+    NotFound,
+    ObjectProxy,
+    SessionExpired,
+    Unavailable,
+    cli,
+    convert,
+)
+from gesmas.client.errors import ERROR_METADATA_KEY
+from gesmas.v1 import gesmas_pb2 as pb
+from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+WAIT = 5.0  # upper bound of every wait for an event: a failure, never a delay
+SESSION = 7
+
+
+def fail(context: grpc.ServicerContext, status: grpc.StatusCode, code: int, message: str,
+         type: str = "", hint: str = "") -> None:
+    """Abort the RPC the way the real gateway does: status + ErrorDetail in the trailers."""
+    detail = pb.ErrorDetail(code=code, message=message, type=type, leader_hint=hint)
+    context.set_trailing_metadata(((ERROR_METADATA_KEY, detail.SerializeToString()),))
+    context.abort(status, message)
+
+
+def unavailable(hint: str = "") -> Callable[..., Any]:
+    def handler(request: Any, context: grpc.ServicerContext) -> Any:
+        fail(context, grpc.StatusCode.UNAVAILABLE, pb.ERROR_CODE_UNAVAILABLE,
+             "not the leader", hint=hint)
+    return handler
+
+
+class Fake(pb_grpc.GesmasServicer):
+    """A scripted replica: records every request, answers from ``handlers`` or a default."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, float | None]] = []  # (rpc, request, time left)
+        self.handlers: dict[str, Callable[[Any, grpc.ServicerContext], Any]] = {}
+        self.lock = threading.Lock()
+
+    def seen(self, rpc: str) -> list[Any]:
+        with self.lock:
+            return [r for name, r, _ in self.calls if name == rpc]
+
+    def _serve(self, rpc: str, request: Any, context: grpc.ServicerContext, default: Any) -> Any:
+        with self.lock:
+            self.calls.append((rpc, request, context.time_remaining()))
+        handler = self.handlers.get(rpc)
+        return handler(request, context) if handler else default
+
+    def OpenSession(self, request, context):  # noqa: N802 (gRPC names)
+        return self._serve("OpenSession", request, context,
+                           pb.OpenSessionResponse(session=SESSION, ttl=request.ttl))
+
+    def KeepAlive(self, request, context):  # noqa: N802
+        return self._serve("KeepAlive", request, context, pb.KeepAliveResponse(ttl=10.0))
+
+    def CloseSession(self, request, context):  # noqa: N802
+        return self._serve("CloseSession", request, context, pb.CloseSessionResponse())
+
+    def Invoke(self, request, context):  # noqa: N802
+        result = pb.Value(string_value=f"{request.method}#{request.seq}")
+        return self._serve("Invoke", request, context, pb.InvokeResponse(result=result))
+
+    def CreateObject(self, request, context):  # noqa: N802
+        return self._serve("CreateObject", request, context, pb.CreateObjectResponse(created=True))
+
+    def DeleteObject(self, request, context):  # noqa: N802
+        return self._serve("DeleteObject", request, context, pb.DeleteObjectResponse())
+
+    def RegisterClass(self, request, context):  # noqa: N802
+        resp = pb.RegisterClassResponse(classes=[pb.ClassInfo(name="PQ", version=2)])
+        return self._serve("RegisterClass", request, context, resp)
+
+    def ListClasses(self, request, context):  # noqa: N802
+        resp = pb.ListClassesResponse(classes=[pb.ClassInfo(name="Lock", version=1)])
+        return self._serve("ListClasses", request, context, resp)
+
+    def ListObjects(self, request, context):  # noqa: N802
+        resp = pb.ListObjectsResponse(objects=[pb.ObjectInfo(
+            name="jobs", class_name="Queue", class_version=1, waiters=2)])
+        return self._serve("ListObjects", request, context, resp)
+
+    def Status(self, request, context):  # noqa: N802
+        return self._serve("Status", request, context, pb.StatusResponse(node_id="n"))
+
+
+class Replica:
+    def __init__(self) -> None:
+        self.fake = Fake()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        pb_grpc.add_GesmasServicer_to_server(self.fake, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+@pytest.fixture
+def replicas() -> Iterator[list[Replica]]:
+    started = [Replica() for _ in range(3)]
+    yield started
+    for r in started:
+        r.stop()
+
+
+def closed_port() -> str:
+    """An address nobody listens on: connecting is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def cluster(replicas: list[Replica]) -> str:
+    return ",".join(r.address for r in replicas)
+
+
+def invokes(r: Replica) -> list[tuple[int, int, int]]:
+    return [(q.session, q.seq, q.ack) for q in r.fake.seen("Invoke")]
+
+
+# --- sessions, seq and ack -------------------------------------------------------------
+
+
+def test_session_seq_and_ack(replicas):
+    a = replicas[0]
+    with Client(cluster(replicas)) as c:
+        assert c.session == SESSION
+        q = c.object("Queue", "jobs")
+        assert [q.produce(b"x"), q.produce(b"y"), q.consume()] == [
+            "produce#1", "produce#2", "consume#3"]
+        assert invokes(a) == [(SESSION, 1, 0), (SESSION, 2, 1), (SESSION, 3, 2)]
+
+        # seq 4 blocks; seq 5 completes meanwhile: the ack mark waits for 4.
+        arrived, release = threading.Event(), threading.Event()
+
+        def blocking(request, context):
+            if request.seq == 4:
+                arrived.set()
+                release.wait(WAIT)
+            return pb.InvokeResponse(result=pb.Value(int_value=request.seq))
+
+        a.fake.handlers["Invoke"] = blocking
+        results: list[Any] = []
+        t = threading.Thread(target=lambda: results.append(q.consume()))
+        t.start()
+        assert arrived.wait(WAIT)
+        assert q.size() == 5
+        release.set()
+        t.join(WAIT)
+        assert results == [4]
+        assert q.size() == 6
+        assert invokes(a)[3:] == [(SESSION, 4, 3), (SESSION, 5, 3), (SESSION, 6, 5)]
+    assert [r.session for r in a.fake.seen("CloseSession")] == [SESSION]
+    assert len(a.fake.seen("OpenSession")) == 1
+
+
+def test_failed_call_still_advances_ack(replicas):
+    a = replicas[0]
+    a.fake.handlers["Invoke"] = lambda request, context: fail(
+        context, grpc.StatusCode.NOT_FOUND, pb.ERROR_CODE_NOT_FOUND, "no object named 'x'")
+    with Client(cluster(replicas)) as c:
+        with pytest.raises(NotFound):
+            c.invoke("Queue", "x", "consume")
+        with pytest.raises(NotFound):
+            c.invoke("Queue", "x", "consume")
+    assert invokes(a) == [(SESSION, 1, 0), (SESSION, 2, 1)]
+
+
+def test_bad_argument_is_refused_before_sending(replicas):
+    with Client(cluster(replicas)) as c:
+        with pytest.raises(InvalidArgument, match=r"args\[1\]\['k'\]: type set"):
+            c.invoke("Queue", "q", "produce", 1, {"k": {1}})
+        with pytest.raises(InvalidArgument, match="int64"):
+            c.invoke("Queue", "q", "produce", 2**63)
+        c.invoke("Queue", "q", "produce", 1)
+    assert invokes(replicas[0]) == [(SESSION, 1, 0)]  # no seq was used up
+
+
+# --- retries ---------------------------------------------------------------------------
+
+
+def test_unavailable_moves_to_next_address_with_same_seq(replicas):
+    a, b, _ = replicas
+    a.fake.handlers["Invoke"] = unavailable()
+    with Client(cluster(replicas)) as c:
+        assert c.invoke("Queue", "q", "produce", 1) == "produce#1"
+        assert invokes(a) == [(SESSION, 1, 0)]
+        assert invokes(b) == [(SESSION, 1, 0)]
+        assert c.invoke("Queue", "q", "produce", 2) == "produce#2"  # b is now preferred
+        assert invokes(a) == [(SESSION, 1, 0)]
+        assert invokes(b) == [(SESSION, 1, 0), (SESSION, 2, 1)]
+
+
+def test_unavailable_follows_leader_hint(replicas):
+    a, b, c_ = replicas
+    a.fake.handlers["Invoke"] = unavailable(hint=c_.address)
+    with Client(cluster(replicas)) as c:
+        assert c.invoke("Queue", "q", "produce", 1) == "produce#1"
+    assert invokes(b) == []
+    assert invokes(c_) == [(SESSION, 1, 0)]
+
+
+def test_connection_refused_moves_on(replicas):
+    with Client(f"{closed_port()},{replicas[1].address}") as c:  # OpenSession retried too
+        assert c.invoke("Queue", "q", "produce", 1) == "produce#1"
+    assert invokes(replicas[1]) == [(SESSION, 1, 0)]
+
+
+def test_blocked_call_reattaches_when_its_replica_dies(replicas):
+    a, b, _ = replicas
+    arrived, release = threading.Event(), threading.Event()
+
+    def block(request, context):
+        arrived.set()
+        release.wait(WAIT)
+        return pb.InvokeResponse()
+
+    a.fake.handlers["Invoke"] = block
+    b.fake.handlers["Invoke"] = lambda request, context: pb.InvokeResponse(
+        result=pb.Value(bytes_value=b"job-1"))
+    try:
+        with Client(cluster(replicas)) as c:
+            results: list[Any] = []
+            t = threading.Thread(target=lambda: results.append(c.queue("jobs").consume()))
+            t.start()
+            assert arrived.wait(WAIT)
+            a.stop()  # the replica dies while the call waits on it
+            t.join(WAIT)
+            assert results == [b"job-1"]
+    finally:
+        release.set()
+    assert invokes(a) == invokes(b) == [(SESSION, 1, 0)]
+
+
+def test_application_errors_are_not_retried(replicas):
+    a, b, _ = replicas
+    a.fake.handlers["Invoke"] = lambda request, context: fail(
+        context, grpc.StatusCode.FAILED_PRECONDITION, pb.ERROR_CODE_APPLICATION,
+        "not the owner", type="LockNotOwned")
+    with Client(cluster(replicas)) as c:
+        with pytest.raises(ApplicationError) as info:
+            c.lock("L").release()
+    assert info.value.type == "LockNotOwned"
+    assert len(invokes(a)) == 1 and invokes(b) == []
+
+
+def test_gives_up_after_retry_timeout(replicas):
+    for r in replicas:
+        r.fake.handlers["Invoke"] = unavailable()
+    with Client(cluster(replicas), retry_timeout=0.3) as c:
+        with pytest.raises(Unavailable):
+            c.invoke("Queue", "q", "produce", 1)
+    seqs = {q.seq for r in replicas for q in r.fake.seen("Invoke")}
+    assert seqs == {1} and sum(len(invokes(r)) for r in replicas) >= 3
+
+
+# --- timeouts ----------------------------------------------------------------------------
+
+
+def test_timeout_field_and_grpc_deadline(replicas):
+    a = replicas[0]
+    with Client(cluster(replicas)) as c:
+        q = c.queue("q")
+        q.consume()
+        q.consume(timeout=0)
+        q.consume(timeout=2.5)
+        q.wait(timeout=1, kind="x")  # `timeout` is the call's; other kwargs are the method's
+    reqs = a.fake.seen("Invoke")
+    assert [r.HasField("timeout") for r in reqs] == [False, True, True, True]
+    assert [r.timeout for r in reqs] == [0.0, 0.0, 2.5, 1.0]
+    assert "timeout" not in reqs[3].kwargs and convert.from_value(reqs[3].kwargs["kind"]) == "x"
+    left = [t for name, _, t in a.fake.calls if name == "Invoke"]
+    assert left[0] is None or left[0] > 3600  # no deadline: may wait forever
+    assert 0 < left[1] <= 10.5  # the margin only (gRPC rounds deadlines up a little)
+    assert 10.5 < left[2] <= 13.0
+
+
+# --- keep-alive --------------------------------------------------------------------------
+
+
+def test_keepalive_runs_and_follows_leader_hint(replicas):
+    a, b, c_ = replicas
+    a.fake.handlers["KeepAlive"] = unavailable(hint=c_.address)
+    renewed = threading.Event()
+
+    def keepalive(request, context):
+        renewed.set()
+        return pb.KeepAliveResponse(ttl=0.3)
+
+    c_.fake.handlers["KeepAlive"] = keepalive
+    with Client(cluster(replicas), session_ttl=0.3):
+        assert renewed.wait(WAIT)
+    assert [r.session for r in c_.fake.seen("KeepAlive")][0] == SESSION
+    assert b.fake.seen("KeepAlive") == []
+
+
+def test_keepalive_not_found_expires_the_client(replicas):
+    a = replicas[0]
+    a.fake.handlers["KeepAlive"] = lambda request, context: fail(
+        context, grpc.StatusCode.NOT_FOUND, pb.ERROR_CODE_NOT_FOUND, "no session 7")
+    c = Client(cluster(replicas), session_ttl=0.3)
+    try:
+        assert c._keepalive is not None
+        c._keepalive.join(WAIT)  # the thread ends once it learns the session is gone
+        assert c.expired
+        with pytest.raises(SessionExpired):
+            c.invoke("Queue", "q", "produce", 1)
+        assert invokes(a) == []
+    finally:
+        c.close()
+    assert a.fake.seen("CloseSession") == []  # nothing left to close
+
+
+def test_invoke_session_expired_expires_the_client(replicas):
+    a = replicas[0]
+    a.fake.handlers["Invoke"] = lambda request, context: fail(
+        context, grpc.StatusCode.ABORTED, pb.ERROR_CODE_ABORTED, "session 7 expired",
+        type="SessionExpired")
+    with Client(cluster(replicas)) as c:
+        with pytest.raises(SessionExpired):
+            c.invoke("Queue", "q", "produce", 1)
+        with pytest.raises(SessionExpired):
+            c.invoke("Queue", "q", "produce", 2)
+    assert len(invokes(a)) == 1
+
+
+# --- objects, proxies, admin -------------------------------------------------------------
+
+
+def test_object_proxies(replicas):
+    a = replicas[0]
+    a.fake.handlers["Invoke"] = lambda request, context: pb.InvokeResponse(
+        result=pb.Value(int_value=41) if request.method == "acquire" else pb.Value())
+    with Client(cluster(replicas)) as c:
+        lock = c.lock("schema", reentrant=True)
+        assert isinstance(lock, LockProxy)
+        with lock as fence:
+            assert fence == 41
+        pq = c.object("PriorityQueue", "urgent", 10, order="max")
+        assert type(pq) is ObjectProxy
+        pq.push(b"x", 3)
+        with pytest.raises(AttributeError):
+            pq._private
+    creates = a.fake.seen("CreateObject")
+    assert [(r.class_name, r.object_name, r.session) for r in creates] == [
+        ("Lock", "schema", SESSION), ("PriorityQueue", "urgent", SESSION)]
+    assert convert.from_value_map(creates[0].kwargs) == {"reentrant": True}
+    assert [convert.from_value(v) for v in creates[1].args] == [10]
+    calls = [(r.class_name, r.object_name, r.method, [convert.from_value(v) for v in r.args])
+             for r in a.fake.seen("Invoke")]
+    assert calls == [("Lock", "schema", "acquire", []), ("Lock", "schema", "release", []),
+                     ("PriorityQueue", "urgent", "push", [b"x", 3])]
+
+
+def test_already_exists(replicas):
+    replicas[0].fake.handlers["CreateObject"] = lambda request, context: fail(
+        context, grpc.StatusCode.ALREADY_EXISTS, pb.ERROR_CODE_ALREADY_EXISTS,
+        "'jobs' is a Lock")
+    with Client(cluster(replicas)) as c:
+        with pytest.raises(AlreadyExists):
+            c.queue("jobs")
+
+
+def test_admin_calls(replicas):
+    a, b, _ = replicas
+    a.fake.handlers["Status"] = lambda request, context: pb.StatusResponse(
+        node_id="r1", leader_address=b.address)
+    b.fake.handlers["Status"] = lambda request, context: pb.StatusResponse(
+        node_id="r2", leader_address=b.address, is_leader=True, term=3, commit_index=9,
+        nodes=[pb.NodeHealth(node_id="r2", address=b.address, connected=True, match_index=9)])
+    with Client(cluster(replicas), connect=False) as c:
+        assert c.register_class("class PQ: ...") == {"PQ": 2}
+        assert c.list_classes() == {"Lock": 1}
+        assert c.list_objects() == [
+            {"name": "jobs", "class_name": "Queue", "class_version": 1, "waiters": 2}]
+        st = c.status()
+        assert (st["address"], st["node_id"], st["term"], st["nodes"][0]["match_index"]) == (
+            b.address, "r2", 3, 9)
+        c.delete_object("jobs")
+    assert a.fake.seen("OpenSession") == []  # connect=False and no call needed one
+
+
+def test_convert_round_trip():
+    x = {"a": [None, True, 1, -2.5, "é", b"\x00", [], {}], "b": {"c": (1, 2)}}
+    back = convert.from_value(convert.to_value(x))
+    assert back == {"a": [None, True, 1, -2.5, "é", b"\x00", [], {}], "b": {"c": [1, 2]}}
+    assert type(back["a"][1]) is bool
+    with pytest.raises(InvalidArgument, match=r"value: key 1 of type int"):
+        convert.to_value({1: 2})
+
+
+# --- CLI ---------------------------------------------------------------------------------
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_call_with_create(replicas, capsys):
+    a = replicas[0]
+    a.fake.handlers["Invoke"] = lambda request, context: pb.InvokeResponse(
+        result=convert.to_value({"got": b"hi", "n": [1]}))
+    rc, out, err = run_cli(capsys, "call", "Queue", "jobs", "produce", "hello", "42",
+                           '{"$bytes": "aGk="}', "--cluster", cluster(replicas),
+                           "--create", "[10]", "--timeout", "3")
+    assert (rc, err) == (0, "")
+    assert json.loads(out) == {"got": {"$bytes": "aGk="}, "n": [1]}
+    create, = a.fake.seen("CreateObject")
+    assert [convert.from_value(v) for v in create.args] == [10]
+    inv, = a.fake.seen("Invoke")
+    assert [convert.from_value(v) for v in inv.args] == ["hello", 42, b"hi"]
+    assert (inv.class_name, inv.object_name, inv.method, inv.timeout) == (
+        "Queue", "jobs", "produce", 3.0)
+    assert len(a.fake.seen("CloseSession")) == 1
+
+
+def test_cli_server_error_is_one_line(replicas, capsys):
+    replicas[0].fake.handlers["Invoke"] = lambda request, context: fail(
+        context, grpc.StatusCode.NOT_FOUND, pb.ERROR_CODE_NOT_FOUND, "no object named 'x'")
+    rc, out, err = run_cli(capsys, "call", "Queue", "x", "consume", "--cluster",
+                           cluster(replicas))
+    assert (rc, out, err) == (1, "", "gesmas: NOT_FOUND: no object named 'x'\n")
+
+
+def test_cli_unreachable_cluster_is_one_line(capsys):
+    rc, out, err = run_cli(capsys, "objects", "--cluster", closed_port(),
+                           "--retry-timeout", "0.2")
+    assert rc == 1 and out == ""
+    assert err.startswith("gesmas: UNAVAILABLE: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["call", "Queue", "q"],
+    ["call", "Queue", "q", "produce", "--create", "[1"],
+    ["call", "Queue", "q", "produce", "--create", "3"],
+    ["call", "Queue", "q", "produce", '{"$bytes": "!!"}'],
+    ["frobnicate"],
+    ["status", "--cluster", ","],
+])
+def test_cli_usage_errors(capsys, argv):
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert err.startswith("gesmas: ") and err.count("\n") == 1
+
+
+def test_cli_tables(replicas, capsys):
+    rc, out, _ = run_cli(capsys, "objects", "--cluster", cluster(replicas))
+    assert rc == 0 and out.split() == ["NAME", "CLASS", "VERSION", "WAITERS", "jobs", "Queue",
+                                       "1", "2"]
+    rc, out, _ = run_cli(capsys, "classes", "--json", "--cluster", cluster(replicas))
+    assert rc == 0 and json.loads(out) == {"Lock": 1}
+    rc, out, _ = run_cli(capsys, "status", "--cluster", cluster(replicas))
+    assert rc == 0 and out.startswith("leader")
+
+
+def test_cli_plain_word_is_a_string():
+    assert cli.parse_arg("hello") == "hello"
+    assert cli.parse_arg('"42"') == "42"
+    assert cli.parse_arg("42") == 42
+    assert cli.parse_arg('{"$bytes": "aGk="}') == b"hi"
+
+
+def test_cli_server_commands_hand_over_their_arguments(monkeypatch, tmp_path, capsys):
+    got: dict[str, Any] = {}
+    node = types.ModuleType("gesmas.server.node")
+    node.run_up = lambda args: got.setdefault("up", args) and 0  # type: ignore[attr-defined]
+    node.run_server = lambda args: got.setdefault("server", args) and 0  # type: ignore
+    monkeypatch.setitem(__import__("sys").modules, "gesmas.server.node", node)
+    monkeypatch.setenv("GESMAS_CLUSTER_SECRET", "s3cret")
+
+    assert cli.main(["up", "--nodes", "5", "--base-port", "8100", "--unsafe-no-fsync"]) == 0
+    up = got["up"]
+    assert (up.nodes, up.base_port, up.data_dir, up.unsafe_no_fsync) == (5, 8100, None, True)
+
+    config = tmp_path / "n2.json"
+    config.write_text(json.dumps({"id": 2, "client_addr": "h:7102", "raft_addr": "h:7202",
+                                  "peers": ["h:7201", "h:7203"], "data-dir": "/d"}))
+    assert cli.main(["server", "--config", str(config), "--client-addr", "0.0.0.0:9"]) == 0
+    s = got["server"]
+    assert (s.id, s.client_addr, s.raft_addr, s.peers, s.data_dir, s.secret,
+            s.unsafe_no_fsync) == (2, "0.0.0.0:9", "h:7202", ["h:7201", "h:7203"], "/d",
+                                   "s3cret", False)
+    del got["server"]
+    assert cli.main(["server", "--id", "1", "--peers", "a:1, b:2"]) == 0
+    assert got["server"].peers == ["a:1", "b:2"]
+
+    config.write_text(json.dumps({"colour": "red"}))
+    rc, _, err = run_cli(capsys, "server", "--config", str(config))
+    assert rc == 2 and "unknown key 'colour'" in err

@@ -1,0 +1,1299 @@
+"""Semantics of the standard objects (objects/*.py), driven through the kernel alone.
+
+Every class is registered from its source through the log (RegisterClass), as the server does,
+and every call goes through encoded Invoke commands. Time moves only by the commands' `ts`
+(Tick); nothing here sleeps or opens a port. Objects covered: Queue, Lock, Semaphore, Barrier,
+DoubleBarrier, CountDownLatch, ReadWriteLock, LeaderElection, Counter, each for: blocking and
+FIFO wake-ups, call timeouts, session end (expired and closed), bad arguments, and a checkpoint
+taken while calls wait, followed by Kernel.restore, giving the same later completions as an
+uninterrupted run.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gesmas.objects import standard_sources
+from gesmas.server.kernel import (CloseSession, Code, Completion, ExpireSession, Kernel,
+                                  Tick)
+
+try:
+    from tests.kernel_harness import H
+except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
+    from kernel_harness import H
+
+ROOT = Path(__file__).resolve().parent.parent
+APP, TIMEOUT, ABORTED = Code.APPLICATION, Code.TIMEOUT, Code.ABORTED
+INVALID, NOT_FOUND = Code.INVALID_ARGUMENT, Code.NOT_FOUND
+
+
+class OH(H):
+    """The shared kernel harness, with the standard classes registered and a few shortcuts."""
+
+    def __init__(self, *, kernel: Kernel | None = None, standard: bool = True) -> None:
+        super().__init__(kernel=kernel)
+        if standard and kernel is None:
+            for module, src in standard_sources():
+                c = self.register(src)
+                assert c.error is None, f"{module}: {c.error}"
+
+    def make(self, cls: str, name: str, *args: Any, **kw: Any) -> None:
+        c = self.create(cls, name, *args, **kw)
+        assert c.error is None, c.error
+        assert c.value["created"] is True
+
+    def sessions(self, n: int, ttl: float = 10.0) -> list[int]:
+        return [self.open_session(ttl) for _ in range(n)]
+
+    def ok(self, session: int, obj: str, method: str, *args: Any, **kw: Any) -> Any:
+        """Call, and expect it to complete at once without error; returns the value."""
+        return self.value(self.call(session, obj, method, *args, **kw))
+
+    def fails(self, session: int, obj: str, method: str, *args: Any, code: Code = APP,
+              type: str | None = None, **kw: Any) -> Any:
+        """Call, and expect it to fail at once with `code` (and exception `type`)."""
+        e = self.error(self.call(session, obj, method, *args, **kw), code)
+        if type is not None:
+            assert e.type == type, e
+        return e
+
+    def waiting(self, *tags: str) -> bool:
+        return not any(self.done(t) for t in tags)
+
+    def end(self, how: str, session: int) -> dict[str, Completion]:
+        cmd = {"expire": ExpireSession, "close": CloseSession}[how]
+        out = self.apply(cmd(ts=self.ts, tag=self.tag("end"), session=session))
+        assert any(c.value is True for c in out.values()), out
+        return out
+
+    def completed(self) -> list[str]:
+        """Tags of every completion so far, in the order the kernel gave them."""
+        return [c.tag for _, cs in self.trace for c in cs]
+
+    def order(self, tags: list[str]) -> list[str]:
+        want = set(tags)
+        return [t for t in self.completed() if t in want]
+
+    def restored(self) -> OH:
+        """A harness over `Kernel.restore` of the last checkpoint, at the same point."""
+        blob = self.kernel.checkpoint_blob
+        assert blob is not None
+        other = OH(kernel=Kernel.restore(blob))
+        assert other.kernel.index == self.index
+        other.ts, other.seqs, other._tags = self.ts, dict(self.seqs), self._tags
+        other.results = dict(self.results)
+        return other
+
+
+def err_of(h: OH, tag: str, code: Code, type: str | None = None) -> Any:
+    e = h.error(tag, code)
+    if type is not None:
+        assert e.type == type, e
+    return e
+
+
+ENDS = ["expire", "close"]
+
+
+# ============================================================================ Queue
+
+def test_queue_fifo_size_peek_try_consume():
+    h = OH()
+    h.make("Queue", "q")
+    s = h.open_session()
+    assert h.ok(s, "q", "size") == 0
+    assert h.ok(s, "q", "peek") is None
+    assert h.ok(s, "q", "try_consume") is None
+    for item in ["a", 2, {"k": [1, b"x"]}, None]:
+        assert h.ok(s, "q", "produce", item) is None
+    assert h.ok(s, "q", "size") == 4
+    assert h.ok(s, "q", "peek") == "a"
+    assert h.ok(s, "q", "size") == 4
+    assert h.ok(s, "q", "consume") == "a"
+    assert h.ok(s, "q", "try_consume") == 2
+    assert h.ok(s, "q", "consume") == {"k": [1, b"x"]}
+    assert h.ok(s, "q", "consume") is None          # a queued None is an item
+    assert h.ok(s, "q", "size") == 0
+    t = h.call(s, "q", "consume")
+    assert h.waiting(t)
+
+
+def test_queue_consume_blocks_until_produce():
+    h = OH()
+    h.make("Queue", "q")
+    c, p = h.sessions(2)
+    t = h.call(c, "q", "consume")
+    assert h.waiting(t)
+    assert h.ok(p, "q", "size") == 0
+    pt = h.call(p, "q", "produce", "x")
+    assert h.value(t) == "x" and h.value(pt) is None
+    assert h.order([pt, t]) == [pt, t]     # the producer ends first, then the woken consumer
+    assert h.ok(p, "q", "size") == 0
+
+
+def test_queue_one_produce_wakes_exactly_one_of_200_consumers_in_fifo_order():
+    h = OH()
+    h.make("Queue", "q")
+    consumers = h.sessions(200)
+    p = h.open_session()
+    tags = [h.call(s, "q", "consume") for s in consumers]
+    assert h.waiting(*tags)
+    for i in range(200):
+        before = set(h.results)
+        h.call(p, "q", "produce", i)
+        woken = [t for t in tags if t in h.results and t not in before]
+        assert woken == [tags[i]], f"produce {i} woke {woken}"
+        assert h.value(tags[i]) == i
+    assert h.order(tags) == tags
+    assert h.ok(p, "q", "size") == 0
+
+
+def test_queue_consume_timeout_by_tick():
+    h = OH()
+    h.make("Queue", "q")
+    a, b, p = h.sessions(3)
+    h.ts = 100.0
+    ta = h.call(a, "q", "consume", timeout=5)
+    tb = h.call(b, "q", "consume")                     # no timeout
+    assert h.kernel.next_deadline() == 105.0
+    assert h.tick(104.9) == {}
+    assert h.waiting(ta, tb)
+    h.tick(105.0)
+    err_of(h, ta, TIMEOUT, "Timeout")
+    assert h.waiting(tb)
+    assert h.kernel.next_deadline() is None
+    h.call(p, "q", "produce", "x")                     # goes to b, not the timed-out a
+    assert h.value(tb) == "x"
+    assert h.ok(p, "q", "size") == 0
+
+
+def test_queue_timeout_is_applied_by_any_later_command_not_only_tick():
+    h = OH()
+    h.make("Queue", "q")
+    a, p = h.sessions(2)
+    ta = h.call(a, "q", "consume", timeout=1)
+    h.ts = 2.0
+    h.call(p, "q", "produce", "x")          # its time is past a's deadline: a times out first
+    err_of(h, ta, TIMEOUT)
+    assert h.ok(p, "q", "size") == 1
+
+
+def test_queue_timeout_zero_never_waits():
+    h = OH()
+    h.make("Queue", "q")
+    s = h.open_session()
+    h.fails(s, "q", "consume", timeout=0, code=TIMEOUT)
+    h.ok(s, "q", "produce", 1)
+    assert h.ok(s, "q", "consume", timeout=0) == 1
+
+
+def test_queue_bounded_produce_blocks_when_full_fifo():
+    h = OH()
+    h.make("Queue", "q", 2)
+    p1, p2, p3, c = h.sessions(4)
+    h.ok(p1, "q", "produce", "a")
+    h.ok(p1, "q", "produce", "b")
+    t2 = h.call(p2, "q", "produce", "c")
+    t3 = h.call(p3, "q", "produce", "d")
+    assert h.waiting(t2, t3)
+    assert h.ok(c, "q", "size") == 2
+    assert h.ok(c, "q", "consume") == "a"             # frees one slot: wakes p2 only
+    assert h.value(t2) is None and h.waiting(t3)
+    assert h.ok(c, "q", "try_consume") == "b"
+    assert h.value(t3) is None
+    assert [h.ok(c, "q", "consume") for _ in range(2)] == ["c", "d"]
+    assert h.ok(c, "q", "size") == 0
+
+
+def test_queue_bounded_producer_timeout_adds_nothing():
+    h = OH()
+    h.make("Queue", "q", 1)
+    p, c = h.sessions(2)
+    h.ok(p, "q", "produce", "a")
+    t = h.call(p, "q", "produce", "b", timeout=2)
+    h.tick(2)
+    err_of(h, t, TIMEOUT)
+    assert h.ok(c, "q", "consume") == "a"
+    assert h.ok(c, "q", "size") == 0
+    h.ok(p, "q", "produce", "c")                       # the slot is free again
+    assert h.ok(c, "q", "peek") == "c"
+
+
+def test_queue_reserve_and_ack():
+    h = OH()
+    h.make("Queue", "q")
+    a, b = h.sessions(2)
+    for x in "xyz":
+        h.ok(a, "q", "produce", x)
+    r1 = h.ok(a, "q", "reserve")
+    r2 = h.ok(a, "q", "reserve")
+    assert r1["item"] == "x" and r2["item"] == "y" and r1["token"] != r2["token"]
+    assert h.ok(a, "q", "size") == 1                   # reserved items are not counted
+    h.fails(b, "q", "ack", r1["token"], type="PermissionError")   # not b's reservation
+    assert h.ok(a, "q", "ack", r1["token"]) is True
+    h.fails(a, "q", "ack", r1["token"], type="KeyError")          # acked already
+    h.fails(a, "q", "ack", 12345, type="KeyError")
+    h.fails(a, "q", "ack", "nope", type="KeyError")
+    assert h.ok(b, "q", "consume") == "z"
+    t = h.call(b, "q", "reserve")                      # waits while empty
+    assert h.waiting(t)
+    h.ok(a, "q", "produce", "w")
+    assert h.value(t)["item"] == "w"
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_queue_unacked_items_of_ended_session_return_in_original_order(how):
+    h = OH()
+    h.make("Queue", "q")
+    a, b, c = h.sessions(3)
+    for x in "abcdef":
+        h.ok(c, "q", "produce", x)
+    ra = h.ok(a, "q", "reserve")                       # a
+    rb = h.ok(b, "q", "reserve")                       # b
+    h.ok(a, "q", "reserve")                            # c
+    h.ok(a, "q", "reserve")                            # d
+    h.ok(a, "q", "ack", ra["token"])                   # a is gone for good
+    assert h.ok(c, "q", "size") == 2                   # e f
+    h.end(how, a)                                      # c d come back, before e f
+    assert h.ok(c, "q", "size") == 4
+    assert [h.ok(c, "q", "consume") for _ in range(4)] == ["c", "d", "e", "f"]
+    h.end(how, b)
+    assert h.ok(c, "q", "consume") == "b"
+    assert h.ok(c, "q", "size") == 0
+    assert rb["item"] == "b"
+
+
+def test_queue_returned_item_wakes_a_blocked_consumer():
+    h = OH()
+    h.make("Queue", "q")
+    a, c1, c2 = h.sessions(3)
+    h.ok(a, "q", "produce", "x")
+    h.ok(a, "q", "produce", "y")
+    h.ok(a, "q", "reserve")
+    h.ok(a, "q", "reserve")
+    t1 = h.call(c1, "q", "consume")
+    t2 = h.call(c2, "q", "consume")
+    assert h.waiting(t1, t2)
+    h.end("expire", a)
+    assert (h.value(t1), h.value(t2)) == ("x", "y")
+    assert h.order([t1, t2]) == [t1, t2]
+
+
+def test_queue_bounded_capacity_counts_reserved_items():
+    h = OH()
+    h.make("Queue", "q", 2)
+    a, p = h.sessions(2)
+    h.ok(p, "q", "produce", 1)
+    h.ok(p, "q", "produce", 2)
+    r = h.ok(a, "q", "reserve")
+    h.ok(a, "q", "consume")                            # 2 consumed: one slot free
+    h.ok(p, "q", "produce", 3)
+    t = h.call(p, "q", "produce", 4)                   # reserved 1 + queued 3: full
+    assert h.waiting(t)
+    h.ok(a, "q", "ack", r["token"])
+    assert h.value(t) is None
+    assert [h.ok(a, "q", "consume") for _ in range(2)] == [3, 4]
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_queue_session_end_aborts_waiting_consumer_without_losing_items(how):
+    h = OH()
+    h.make("Queue", "q")
+    a, b, p = h.sessions(3)
+    ta = h.call(a, "q", "consume")
+    tb = h.call(b, "q", "consume")
+    h.end(how, a)
+    err_of(h, ta, ABORTED, "SessionExpired")
+    h.call(p, "q", "produce", "x")
+    assert h.value(tb) == "x"
+    h.fails(a, "q", "size", code=ABORTED, type="SessionExpired")   # session a is gone
+
+
+@pytest.mark.parametrize("args, kw", [([0], {}), ([-1], {}), (["3"], {}), ([1.5], {}),
+                                      ([True], {}), ([], {"capacity": 0})])
+def test_queue_bad_constructor_arguments(args, kw):
+    h = OH()
+    e = h.error(h.create("Queue", "q", *args, **kw).tag, APP)
+    assert e.type == "ValueError"
+    s = h.open_session()
+    h.fails(s, "q", "size", code=NOT_FOUND)            # nothing was created
+    h.make("Queue", "q", 3)                            # the name is still free
+
+
+def test_queue_bad_method_arguments():
+    h = OH()
+    assert h.error(h.create("Queue", "q", 1, 2).tag, INVALID)            # too many
+    assert h.error(h.create("Queue", "q", size=2).tag, INVALID)          # unknown keyword
+    h.make("Queue", "q")
+    s = h.open_session()
+    h.fails(s, "q", "produce", code=INVALID)                             # missing item
+    h.fails(s, "q", "produce", 1, 2, code=INVALID)
+    h.fails(s, "q", "consume", 1, code=INVALID)
+    h.fails(s, "q", "produce", kwargs={"thing": 1}, code=INVALID)
+    h.fails(s, "q", "pop", code=NOT_FOUND)
+    h.fails(s, "q", "_on_session_end", s, code=NOT_FOUND)               # private
+    h.fails(s, "q", "_items", code=NOT_FOUND)
+    h.fails(s, "q", "capacity", code=NOT_FOUND)                          # an attribute
+    h.fails(s, "q", "size", class_name="Lock", code=INVALID)
+    h.fails(s, "q", "size", timeout=-1, code=INVALID)
+    h.fails(s, "nothere", "size", code=NOT_FOUND)
+    assert h.ok(s, "q", "size") == 0                   # none of this changed the queue
+    assert h.ok(s, "q", "produce", kwargs={"item": "k"}) is None
+    assert h.ok(s, "q", "consume") == "k"
+
+
+def test_queue_create_is_get_or_create():
+    h = OH()
+    h.make("Queue", "q", 1)
+    again = h.create("Queue", "q", 5)
+    assert again.error is None and again.value["created"] is False
+    assert h.error(h.create("Lock", "q").tag, Code.ALREADY_EXISTS)
+    s = h.open_session()
+    h.ok(s, "q", "produce", 1)
+    assert h.waiting(h.call(s, "q", "produce", 2))     # capacity is still 1
+
+
+# ============================================================================ Lock
+
+def test_lock_fifo_handoff_with_strictly_increasing_fences():
+    h = OH()
+    h.make("Lock", "l")
+    ss = h.sessions(5)
+    first = h.call(ss[0], "l", "acquire")
+    fences = [h.value(first)]
+    assert fences[0] == h.index                        # the log index of the grant
+    tags = [h.call(s, "l", "acquire") for s in ss[1:]]
+    assert h.waiting(*tags)
+    assert h.ok(ss[1], "l", "waiters") == 4
+    assert h.ok(ss[0], "l", "holder") == {"session": ss[0], "fence": fences[0]}
+    for i, s in enumerate(ss[:-1]):
+        rel = h.call(s, "l", "release")
+        assert h.value(rel) is True
+        assert h.done(tags[i]) and h.waiting(*tags[i + 1:])   # exactly the next one
+        fence = h.value(tags[i])
+        assert fence == h.index                        # granted by the release's command
+        fences.append(fence)
+        assert h.ok(ss[i + 1], "l", "is_owner") is True
+        assert h.ok(s, "l", "is_owner") is False
+    assert fences == sorted(set(fences))
+    assert h.order(tags) == tags
+    h.ok(ss[-1], "l", "release")
+    assert h.ok(ss[0], "l", "holder") is None
+    assert h.ok(ss[0], "l", "acquire") > fences[-1]
+
+
+def test_lock_release_by_non_owner_is_refused():
+    h = OH()
+    h.make("Lock", "l")
+    a, b = h.sessions(2)
+    h.fails(a, "l", "release", type="PermissionError")          # free lock
+    h.ok(a, "l", "acquire")
+    h.fails(b, "l", "release", type="PermissionError")
+    assert h.ok(a, "l", "is_owner") is True                       # still a's
+    tb = h.call(b, "l", "acquire")
+    h.fails(b, "l", "release", type="PermissionError")           # waiting is not holding
+    assert h.waiting(tb)
+    h.ok(a, "l", "release")
+    assert h.value(tb) > 0
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_lock_holder_session_end_passes_lock_to_next_waiter(how):
+    h = OH()
+    h.make("Lock", "l")
+    a, b, c = h.sessions(3)
+    f1 = h.ok(a, "l", "acquire")
+    tb = h.call(b, "l", "acquire")
+    tc = h.call(c, "l", "acquire")
+    h.end(how, a)
+    assert h.value(tb) == h.index > f1                 # fenced by the expiry's index
+    assert h.waiting(tc)
+    assert h.ok(c, "l", "holder")["session"] == b
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_lock_waiter_whose_session_ended_never_gets_it(how):
+    h = OH()
+    h.make("Lock", "l")
+    a, b, c = h.sessions(3)
+    h.ok(a, "l", "acquire")
+    tb = h.call(b, "l", "acquire")
+    tc = h.call(c, "l", "acquire")
+    h.end(how, b)
+    err_of(h, tb, ABORTED, "SessionExpired")
+    assert h.waiting(tc)
+    assert h.ok(a, "l", "waiters") == 1
+    h.ok(a, "l", "release")
+    assert h.value(tc) == h.index
+    assert h.ok(c, "l", "holder")["session"] == c
+
+
+def test_lock_holder_and_first_waiter_end_together():
+    h = OH()
+    h.make("Lock", "l")
+    a, b, c = h.sessions(3)
+    h.ok(a, "l", "acquire")
+    tb = h.call(b, "l", "acquire")
+    tc = h.call(c, "l", "acquire")
+    h.end("expire", b)
+    h.end("expire", a)
+    err_of(h, tb, ABORTED)
+    assert h.value(tc) == h.index
+    assert h.ok(c, "l", "holder")["session"] == c
+
+
+def test_lock_acquire_timeout_leaves_the_line():
+    h = OH()
+    h.make("Lock", "l")
+    a, b, c = h.sessions(3)
+    h.ok(a, "l", "acquire")
+    tb = h.call(b, "l", "acquire", timeout=1)
+    tc = h.call(c, "l", "acquire")
+    h.tick(1)
+    err_of(h, tb, TIMEOUT)
+    h.ok(a, "l", "release")
+    assert h.done(tc)
+    h.fails(b, "l", "release", type="PermissionError")
+
+
+def test_lock_not_reentrant_by_default():
+    h = OH()
+    h.make("Lock", "l")
+    a, b = h.sessions(2)
+    f = h.ok(a, "l", "acquire")
+    h.fails(a, "l", "acquire", type="RuntimeError")     # an error, not a deadlock
+    assert h.ok(a, "l", "try_acquire") is None
+    assert h.ok(a, "l", "holder") == {"session": a, "fence": f}
+    tb = h.call(b, "l", "acquire")
+    h.ok(a, "l", "release")                             # one release frees it
+    assert h.done(tb)
+
+
+def test_lock_reentrant():
+    h = OH()
+    h.make("Lock", "l", reentrant=True)
+    a, b = h.sessions(2)
+    f = h.ok(a, "l", "acquire")
+    assert h.ok(a, "l", "acquire") == f                 # same hold, same fence
+    assert h.ok(a, "l", "try_acquire") == f
+    tb = h.call(b, "l", "acquire")
+    h.ok(a, "l", "release")
+    h.ok(a, "l", "release")
+    assert h.waiting(tb)                                # one hold left
+    h.ok(a, "l", "release")
+    assert h.value(tb) > f
+    h.fails(a, "l", "release", type="PermissionError")
+
+
+def test_lock_reentrant_holder_session_end_releases_every_hold():
+    h = OH()
+    h.make("Lock", "l", True)
+    a, b = h.sessions(2)
+    for _ in range(3):
+        h.ok(a, "l", "acquire")
+    tb = h.call(b, "l", "acquire")
+    h.end("expire", a)
+    assert h.done(tb)
+    h.ok(b, "l", "release")
+    assert h.ok(b, "l", "holder") is None
+
+
+def test_lock_try_acquire():
+    h = OH()
+    h.make("Lock", "l")
+    a, b = h.sessions(2)
+    f = h.ok(a, "l", "try_acquire")
+    assert f == h.index
+    assert h.ok(b, "l", "try_acquire") is None
+    tb = h.call(b, "l", "acquire")
+    h.ok(a, "l", "release")
+    fb = h.value(tb)
+    assert fb > f
+    assert h.ok(a, "l", "try_acquire") is None
+    h.ok(b, "l", "release")
+    assert h.ok(a, "l", "try_acquire") > fb
+
+
+def test_lock_bad_arguments():
+    h = OH()
+    assert h.error(h.create("Lock", "l", True, 1).tag, INVALID)
+    h.make("Lock", "l")
+    s = h.open_session()
+    h.fails(s, "l", "acquire", 5, code=INVALID)
+    h.fails(s, "l", "unlock", code=NOT_FOUND)
+
+
+# ============================================================================ Semaphore
+
+def test_semaphore_leases_fifo():
+    h = OH()
+    h.make("Semaphore", "s", 2)
+    a, b, c, d = h.sessions(4)
+    assert h.ok(a, "s", "acquire") == 1
+    assert h.ok(a, "s", "acquire") == 2                # permits this session now holds
+    assert h.ok(a, "s", "available") == 0
+    tb = h.call(b, "s", "acquire")
+    tc = h.call(c, "s", "acquire")
+    td = h.call(d, "s", "acquire")
+    assert h.waiting(tb, tc, td)
+    h.ok(a, "s", "release")                            # wakes exactly b
+    assert h.value(tb) == 1 and h.waiting(tc, td)
+    h.ok(b, "s", "release")
+    assert h.value(tc) == 1 and h.waiting(td)
+    assert h.ok(a, "s", "holders") == {str(a): 1, str(c): 1}
+    h.ok(a, "s", "release")
+    assert h.value(td) == 1
+    assert h.order([tb, tc, td]) == [tb, tc, td]
+
+
+def test_semaphore_release_without_lease_is_refused():
+    h = OH()
+    h.make("Semaphore", "s", 1)
+    a, b = h.sessions(2)
+    h.fails(a, "s", "release", type="PermissionError")
+    assert h.ok(a, "s", "available") == 1              # no permit was made up
+    h.ok(a, "s", "acquire")
+    h.fails(b, "s", "release", type="PermissionError")
+    h.ok(a, "s", "release")
+    h.fails(a, "s", "release", type="PermissionError")
+    assert h.ok(a, "s", "available") == 1
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_semaphore_permits_return_when_the_session_ends(how):
+    h = OH()
+    h.make("Semaphore", "s", 3)
+    a, b, c, d = h.sessions(4)
+    h.ok(a, "s", "acquire")
+    h.ok(a, "s", "acquire")
+    h.ok(b, "s", "acquire")
+    tc = h.call(c, "s", "acquire")
+    td = h.call(d, "s", "acquire")
+    te = h.call(d, "s", "acquire")
+    h.end(how, a)                                      # two permits back: c then d
+    assert h.done(tc) and h.done(td) and h.waiting(te)
+    assert h.order([tc, td]) == [tc, td]
+    assert h.ok(b, "s", "holders") == {str(b): 1, str(c): 1, str(d): 1}
+    h.end(how, d)                                      # d's waiting call aborts, its permit returns
+    err_of(h, te, ABORTED, "SessionExpired")
+    assert h.ok(b, "s", "available") == 1
+
+
+def test_semaphore_try_acquire_and_timeout():
+    h = OH()
+    h.make("Semaphore", "s")
+    a, b = h.sessions(2)
+    assert h.ok(a, "s", "try_acquire") is True
+    assert h.ok(b, "s", "try_acquire") is False
+    t = h.call(b, "s", "acquire", timeout=3)
+    h.tick(3)
+    err_of(h, t, TIMEOUT)
+    h.ok(a, "s", "release")
+    assert h.ok(a, "s", "available") == 1
+    assert h.ok(b, "s", "holders") == {}
+
+
+@pytest.mark.parametrize("permits", [0, -2, "1", 1.0, None])
+def test_semaphore_bad_constructor_arguments(permits):
+    h = OH()
+    assert h.error(h.create("Semaphore", "s", permits).tag, APP).type == "ValueError"
+
+
+# ============================================================================ Barrier
+
+def test_barrier_releases_parties_together_with_arrival_indices():
+    h = OH()
+    h.make("Barrier", "b", 3)
+    a, b, c = h.sessions(3)
+    ta = h.call(a, "b", "wait")
+    tb = h.call(b, "b", "wait")
+    assert h.waiting(ta, tb)
+    assert h.ok(c, "b", "waiting") == 2
+    before = len(h.completed())
+    tc = h.call(c, "b", "wait")
+    assert h.completed()[before:] == [tc, ta, tb]      # all three in the same command
+    assert [h.value(t) for t in (ta, tb, tc)] == [0, 1, 2]
+    assert h.ok(c, "b", "waiting") == 0
+
+
+def test_barrier_is_cyclic():
+    h = OH()
+    h.make("Barrier", "b", 2)
+    a, b = h.sessions(2)
+    for _ in range(3):
+        ta = h.call(a, "b", "wait")
+        assert h.waiting(ta)
+        tb = h.call(b, "b", "wait")
+        assert (h.value(ta), h.value(tb)) == (0, 1)
+    h.make("Barrier", "one", 1)
+    assert h.ok(a, "one", "wait") == 0                 # one party: never waits
+
+
+def test_barrier_party_that_times_out_leaves_the_round():
+    h = OH()
+    h.make("Barrier", "b", 3)
+    p = h.sessions(4)
+    t0 = h.call(p[0], "b", "wait", timeout=1)
+    t1 = h.call(p[1], "b", "wait")
+    h.tick(1)
+    err_of(h, t0, TIMEOUT)
+    assert h.ok(p[0], "b", "waiting") == 1
+    t2 = h.call(p[2], "b", "wait")
+    assert h.waiting(t1, t2)                           # the timed-out party does not count
+    t3 = h.call(p[3], "b", "wait")
+    assert h.done(t1) and h.done(t2) and h.done(t3)
+
+
+def test_barrier_arrival_indices_are_distinct_after_a_party_left():
+    # A round releases `parties` callers; their arrival indices must be 0..parties-1,
+    # also when an earlier party of the round timed out.
+    h = OH()
+    h.make("Barrier", "b", 3)
+    p = h.sessions(4)
+    h.call(p[0], "b", "wait", timeout=1)
+    t1 = h.call(p[1], "b", "wait")
+    h.tick(1)
+    t2 = h.call(p[2], "b", "wait")
+    t3 = h.call(p[3], "b", "wait")
+    assert sorted(h.value(t) for t in (t1, t2, t3)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_barrier_party_whose_session_ends_leaves_the_round(how):
+    h = OH()
+    h.make("Barrier", "b", 2)
+    a, b, c = h.sessions(3)
+    ta = h.call(a, "b", "wait")
+    h.end(how, a)
+    err_of(h, ta, ABORTED, "SessionExpired")
+    tb = h.call(b, "b", "wait")
+    assert h.waiting(tb)
+    tc = h.call(c, "b", "wait")
+    assert (h.value(tb), h.value(tc)) == (0, 1)
+
+
+@pytest.mark.parametrize("parties", [0, -1, "2", 2.0])
+def test_barrier_bad_constructor_arguments(parties):
+    h = OH()
+    assert h.error(h.create("Barrier", "b", parties).tag, APP).type == "ValueError"
+    assert h.error(h.create("DoubleBarrier", "d", parties).tag, APP).type == "ValueError"
+    assert h.error(h.create("Barrier", "b").tag, INVALID)          # parties is required
+
+
+# ============================================================================ DoubleBarrier
+
+def test_double_barrier_enter_and_leave():
+    h = OH()
+    h.make("DoubleBarrier", "d", 3)
+    a, b, c = h.sessions(3)
+    ea = h.call(a, "d", "enter")
+    eb = h.call(b, "d", "enter")
+    assert h.waiting(ea, eb)
+    assert h.ok(c, "d", "enter") is True
+    assert h.value(ea) is True and h.value(eb) is True
+    assert h.ok(a, "d", "inside") == 3
+    la = h.call(a, "d", "leave")
+    lc = h.call(c, "d", "leave")
+    assert h.waiting(la, lc)
+    assert h.ok(b, "d", "leave") is True
+    assert h.value(la) is True and h.value(lc) is True
+    assert h.ok(a, "d", "inside") == 0
+    # a second round works the same
+    ea = h.call(a, "d", "enter")
+    eb = h.call(b, "d", "enter")
+    h.ok(c, "d", "enter")
+    assert h.done(ea) and h.done(eb)
+
+
+def test_double_barrier_leave_without_enter_is_refused():
+    h = OH()
+    h.make("DoubleBarrier", "d", 2)
+    a, b = h.sessions(2)
+    h.fails(a, "d", "leave", type="RuntimeError")
+    ea = h.call(a, "d", "enter")
+    h.fails(a, "d", "leave", type="RuntimeError")       # still waiting to enter
+    h.ok(b, "d", "enter")
+    assert h.done(ea)
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_double_barrier_party_whose_session_ends_counts_as_left(how):
+    h = OH()
+    h.make("DoubleBarrier", "d", 3)
+    a, b, c = h.sessions(3)
+    for s in (a, b, c):
+        h.call(s, "d", "enter")
+    la = h.call(a, "d", "leave")
+    lb = h.call(b, "d", "leave")
+    assert h.waiting(la, lb)
+    h.end(how, c)                                      # c was inside and will never leave
+    assert h.value(la) is True and h.value(lb) is True
+    assert h.ok(a, "d", "inside") == 0
+
+
+def test_double_barrier_waiting_leaver_whose_session_ends():
+    h = OH()
+    h.make("DoubleBarrier", "d", 3)
+    a, b, c = h.sessions(3)
+    for s in (a, b, c):
+        h.call(s, "d", "enter")
+    la = h.call(a, "d", "leave")
+    lb = h.call(b, "d", "leave")
+    h.end("expire", a)
+    err_of(h, la, ABORTED)
+    assert h.waiting(lb)
+    h.ok(c, "d", "leave")
+    assert h.value(lb) is True
+
+
+# ============================================================================ CountDownLatch
+
+def test_latch_releases_all_waiters_in_order_and_stays_open():
+    h = OH()
+    h.make("CountDownLatch", "c", 2)
+    ss = h.sessions(4)
+    tags = [h.call(s, "c", "wait") for s in ss[:3]]
+    assert h.waiting(*tags)
+    assert h.ok(ss[3], "c", "count_down") == 1
+    assert h.waiting(*tags)
+    assert h.ok(ss[3], "c", "count") == 1
+    assert h.ok(ss[3], "c", "count_down") == 0
+    assert all(h.value(t) is True for t in tags)
+    assert h.order(tags) == tags
+    assert h.ok(ss[0], "c", "wait") is True            # open for good
+    assert h.ok(ss[0], "c", "count_down") == 0         # never below zero
+
+
+def test_latch_zero_count_and_timeout():
+    h = OH()
+    h.make("CountDownLatch", "z", 0)
+    s, t = h.sessions(2)
+    assert h.ok(s, "z", "wait") is True
+    h.make("CountDownLatch", "c", 1)
+    w = h.call(s, "c", "wait", timeout=2)
+    w2 = h.call(t, "c", "wait")
+    h.tick(2)
+    err_of(h, w, TIMEOUT)
+    h.ok(t, "c", "count_down")
+    assert h.value(w2) is True
+
+
+@pytest.mark.parametrize("count", [-1, "1", 1.5, None])
+def test_latch_bad_constructor_arguments(count):
+    h = OH()
+    assert h.error(h.create("CountDownLatch", "c", count).tag, APP).type == "ValueError"
+
+
+# ============================================================================ ReadWriteLock
+
+def test_rwlock_many_readers_one_writer():
+    h = OH()
+    h.make("ReadWriteLock", "rw")
+    r1, r2, w1, w2 = h.sessions(4)
+    assert h.ok(r1, "rw", "acquire_read") is True
+    assert h.ok(r2, "rw", "acquire_read") is True
+    assert h.ok(r2, "rw", "acquire_read") is True       # a second hold of r2
+    tw = h.call(w1, "rw", "acquire_write")
+    assert h.waiting(tw)
+    assert h.ok(r1, "rw", "state") == {"readers": 3, "writer": None, "waiting_readers": 0,
+                                       "waiting_writers": 1}
+    h.ok(r1, "rw", "release_read")
+    h.ok(r2, "rw", "release_read")
+    assert h.waiting(tw)
+    h.ok(r2, "rw", "release_read")
+    assert h.value(tw) is True
+    tw2 = h.call(w2, "rw", "acquire_write")            # writers exclude each other
+    tr = h.call(r1, "rw", "acquire_read")              # and readers
+    assert h.waiting(tw2, tr)
+    h.ok(w1, "rw", "release_write")
+    assert h.done(tr) and h.waiting(tw2)               # waiting readers go first after a writer
+    h.ok(r1, "rw", "release_read")
+    assert h.value(tw2) is True
+
+
+def test_rwlock_no_writer_starvation():
+    # Readers that arrive while a writer waits wait behind it: when the last reader that
+    # held the lock releases, the waiting writer gets it, not the readers that came later.
+    h = OH()
+    h.make("ReadWriteLock", "rw")
+    r1, w, r2, r3 = h.sessions(4)
+    h.ok(r1, "rw", "acquire_read")
+    tw = h.call(w, "rw", "acquire_write")
+    t2 = h.call(r2, "rw", "acquire_read")
+    assert h.waiting(tw, t2)                           # r2 is held back by the waiting writer
+    h.ok(r1, "rw", "release_read")
+    assert h.done(tw), "the writer must get the lock when the readers before it are done"
+    assert h.waiting(t2)
+    t3 = h.call(r3, "rw", "acquire_read")
+    assert h.waiting(t3)
+    h.ok(w, "rw", "release_write")
+    assert h.done(t2) and h.done(t3)
+
+
+def test_rwlock_phase_fair():
+    # Writer, then the readers waiting at its release, then the next writer, then the
+    # readers that arrived meanwhile: phases alternate.
+    h = OH()
+    h.make("ReadWriteLock", "rw")
+    w1, r1, r2, w2, r3 = h.sessions(5)
+    h.ok(w1, "rw", "acquire_write")
+    t1 = h.call(r1, "rw", "acquire_read")
+    t2 = h.call(r2, "rw", "acquire_read")
+    tw2 = h.call(w2, "rw", "acquire_write")
+    h.ok(w1, "rw", "release_write")
+    assert h.done(t1) and h.done(t2) and h.waiting(tw2)    # the reader phase
+    t3 = h.call(r3, "rw", "acquire_read")                  # behind the waiting writer
+    assert h.waiting(t3)
+    h.ok(r1, "rw", "release_read")
+    h.ok(r2, "rw", "release_read")
+    assert h.done(tw2), "after the reader phase the waiting writer goes"
+    assert h.waiting(t3)
+    h.ok(w2, "rw", "release_write")
+    assert h.done(t3)
+
+
+def test_rwlock_waiting_writer_that_times_out_lets_held_back_readers_in():
+    h = OH()
+    h.make("ReadWriteLock", "rw")
+    r1, w, r2, r3 = h.sessions(4)
+    h.ok(r1, "rw", "acquire_read")
+    tw = h.call(w, "rw", "acquire_write", timeout=5)
+    t2 = h.call(r2, "rw", "acquire_read")
+    t3 = h.call(r3, "rw", "acquire_read")
+    assert h.waiting(t2, t3)
+    h.tick(5)
+    err_of(h, tw, TIMEOUT)
+    assert h.done(t2) and h.done(t3)
+    assert h.order([t2, t3]) == [t2, t3]
+    assert h.ok(r1, "rw", "state")["readers"] == 3
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_rwlock_waiting_writer_whose_session_ends_lets_readers_in(how):
+    h = OH()
+    h.make("ReadWriteLock", "rw")
+    r1, w, r2 = h.sessions(3)
+    h.ok(r1, "rw", "acquire_read")
+    tw = h.call(w, "rw", "acquire_write")
+    t2 = h.call(r2, "rw", "acquire_read")
+    h.end(how, w)
+    err_of(h, tw, ABORTED)
+    assert h.done(t2)
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_rwlock_session_end_releases_holds(how):
+    h = OH()
+    h.make("ReadWriteLock", "rw")
+    r1, w, r2 = h.sessions(3)
+    h.ok(r1, "rw", "acquire_read")
+    h.ok(r1, "rw", "acquire_read")
+    tw = h.call(w, "rw", "acquire_write")
+    h.end(how, r1)                                     # both read holds go
+    assert h.done(tw)
+    t2 = h.call(r2, "rw", "acquire_read")
+    assert h.waiting(t2)
+    h.end(how, w)                                      # the write hold goes
+    assert h.done(t2)
+    assert h.ok(r2, "rw", "state") == {"readers": 1, "writer": None, "waiting_readers": 0,
+                                       "waiting_writers": 0}
+
+
+def test_rwlock_misuse_is_refused():
+    h = OH()
+    h.make("ReadWriteLock", "rw")
+    a, b = h.sessions(2)
+    h.fails(a, "rw", "release_read", type="PermissionError")
+    h.fails(a, "rw", "release_write", type="PermissionError")
+    h.ok(a, "rw", "acquire_write")
+    h.fails(a, "rw", "acquire_write", type="RuntimeError")
+    h.fails(b, "rw", "release_write", type="PermissionError")
+    h.ok(a, "rw", "release_write")
+    assert h.error(h.create("ReadWriteLock", "rw2", 1).tag, INVALID)
+
+
+# ============================================================================ LeaderElection
+
+def test_election_campaign_blocks_until_elected_and_terms_increase():
+    h = OH()
+    h.make("LeaderElection", "e")
+    a, b, c = h.sessions(3)
+    assert h.ok(a, "e", "leader") is None
+    ra = h.ok(a, "e", "campaign", "A")
+    assert ra == {"term": h.index, "value": "A"}
+    assert h.ok(a, "e", "campaign", "A2") == ra         # already leader: same term
+    tb = h.call(b, "e", "campaign", "B")
+    tc = h.call(c, "e", "campaign", kwargs={"value": "C"})
+    assert h.waiting(tb, tc)
+    assert h.ok(c, "e", "leader") == {"session": a, "value": "A", "term": ra["term"]}
+    h.fails(b, "e", "resign", type="PermissionError")   # a candidate is not the leader
+    h.ok(a, "e", "resign")
+    rb = h.value(tb)
+    assert rb == {"term": h.index, "value": "B"} and rb["term"] > ra["term"]
+    assert h.waiting(tc)
+    h.ok(b, "e", "resign")
+    rc = h.value(tc)
+    assert rc["term"] > rb["term"] and rc["value"] == "C"
+    assert h.ok(a, "e", "leader") == {"session": c, "value": "C", "term": rc["term"]}
+    h.ok(c, "e", "resign")
+    assert h.ok(a, "e", "leader") is None
+
+
+@pytest.mark.parametrize("how", ENDS)
+def test_election_leader_session_end_elects_next_candidate(how):
+    h = OH()
+    h.make("LeaderElection", "e")
+    a, b, c = h.sessions(3)
+    ra = h.ok(a, "e", "campaign")
+    tb = h.call(b, "e", "campaign", 1)
+    tc = h.call(c, "e", "campaign", 2)
+    h.end(how, b)                                       # a dead candidate is skipped ...
+    err_of(h, tb, ABORTED)
+    h.end(how, a)                                       # ... when the leader's session ends
+    rc = h.value(tc)
+    assert rc == {"term": h.index, "value": 2} and rc["term"] > ra["term"]
+    assert h.ok(c, "e", "leader")["session"] == c
+
+
+def test_election_observe_long_polls_for_a_change():
+    h = OH()
+    h.make("LeaderElection", "e")
+    a, b, o = h.sessions(3)
+    assert h.ok(o, "e", "observe", 12345) is None       # term differs: at once
+    ra = h.ok(a, "e", "campaign", "A")
+    seen = h.ok(o, "e", "observe", 0)                    # stale term: at once
+    assert seen == {"session": a, "value": "A", "term": ra["term"]}
+    o1 = h.call(o, "e", "observe", ra["term"])
+    o2 = h.call(o, "e", "observe", kwargs={"term": ra["term"]})
+    assert h.waiting(o1, o2)
+    tb = h.call(b, "e", "campaign", "B")
+    assert h.waiting(o1, o2)                             # a candidate is not a change
+    h.ok(a, "e", "resign")
+    rb = h.value(tb)
+    want = {"session": b, "value": "B", "term": rb["term"]}
+    assert h.value(o1) == want and h.value(o2) == want
+    assert h.order([tb, o1, o2]) == [tb, o1, o2]
+    o3 = h.call(o, "e", "observe", rb["term"])
+    h.ok(b, "e", "resign")                               # nobody left: the vacancy is a change
+    assert h.value(o3) is None
+    term = h.index
+    o4 = h.call(o, "e", "observe", term, timeout=1)      # waiting for a change in vain
+    h.tick(1)
+    err_of(h, o4, TIMEOUT)
+
+
+# ============================================================================ Counter
+
+def test_counter():
+    h = OH()
+    h.make("Counter", "c")
+    h.make("Counter", "d", 10)
+    s = h.open_session()
+    assert h.ok(s, "c", "get") == 0 and h.ok(s, "d", "get") == 10
+    assert h.ok(s, "c", "add", 5) == 5
+    assert h.ok(s, "c", "add") == 6
+    assert h.ok(s, "c", "add", -10) == -4
+    assert h.ok(s, "c", "increment") == -3
+    assert h.ok(s, "c", "decrement") == -4
+    assert h.ok(s, "c", "set", 2 ** 61) == 2 ** 61
+    assert h.ok(s, "c", "add", 2 ** 61) == 2 ** 62
+    assert h.ok(s, "c", "compare_and_set", 0, 1) is False
+    assert h.ok(s, "c", "get") == 2 ** 62
+    assert h.ok(s, "c", "compare_and_set", 2 ** 62, 7) is True
+    assert h.ok(s, "c", "compare_and_set", kwargs={"expect": 7, "value": 8}) is True
+    assert h.ok(s, "c", "get") == 8
+
+
+def test_counter_bad_arguments():
+    h = OH()
+    for bad in ["1", 1.5, None]:
+        assert h.error(h.create("Counter", f"c{bad}", bad).tag, APP).type == "ValueError"
+    h.make("Counter", "c", 3)
+    s = h.open_session()
+    h.fails(s, "c", "add", "1", type="ValueError")
+    h.fails(s, "c", "add", 1.5, type="ValueError")
+    h.fails(s, "c", "set", None, type="ValueError")
+    h.fails(s, "c", "compare_and_set", 3, "x", type="ValueError")
+    h.fails(s, "c", "compare_and_set", 3, code=INVALID)
+    h.fails(s, "c", "add", 1, 2, code=INVALID)
+    assert h.ok(s, "c", "get") == 3
+
+
+INT64_MAX, INT64_MIN = 2 ** 63 - 1, -2 ** 63
+
+
+def test_counter_stays_within_int64():
+    # Values cross the wire as int64 (gesmas.v1 Value): an add that would leave that range
+    # must fail without changing the counter, not succeed with a result the gateway cannot
+    # send back (the caller would see an error for an add that took effect).
+    h = OH()
+    h.make("Counter", "c", INT64_MAX - 1)
+    s = h.open_session()
+    assert h.ok(s, "c", "add", 1) == INT64_MAX
+    h.fails(s, "c", "add", 1, code=APP)
+    h.fails(s, "c", "increment", code=APP)
+    assert h.ok(s, "c", "get") == INT64_MAX
+    assert h.ok(s, "c", "set", INT64_MIN) == INT64_MIN
+    h.fails(s, "c", "decrement", code=APP)
+    assert h.ok(s, "c", "get") == INT64_MIN
+    h.fails(s, "c", "compare_and_set", INT64_MIN, 2 ** 63, code=APP)
+    assert h.ok(s, "c", "get") == INT64_MIN
+
+
+# ============================================================================ all objects
+
+@pytest.mark.parametrize("cls, ctor, method, args", [
+    ("Semaphore", [2], "acquire", [1]),
+    ("Semaphore", [2], "release", [1]),
+    ("Barrier", [2], "wait", [1]),
+    ("DoubleBarrier", [2], "enter", [1]),
+    ("DoubleBarrier", [2], "leave", [1]),
+    ("CountDownLatch", [1], "count_down", [1]),
+    ("CountDownLatch", [1], "wait", [1]),
+    ("ReadWriteLock", [], "acquire_read", [1]),
+    ("ReadWriteLock", [], "release_write", [1]),
+    ("LeaderElection", [], "campaign", [1, 2]),
+    ("LeaderElection", [], "resign", [1]),
+    ("LeaderElection", [], "observe", [1, 2]),
+    ("Counter", [], "compare_and_set", [1, 2, 3]),
+    ("Lock", [], "try_acquire", [1]),
+    ("Queue", [], "try_consume", [1]),
+])
+def test_wrong_arity_is_invalid_argument_and_changes_nothing(cls, ctor, method, args):
+    h = OH()
+    assert h.error(h.create(cls, "o", *ctor, 1, 2, 3).tag, INVALID)     # too many ctor args
+    h.make(cls, "o", *ctor)
+    s = h.open_session()
+    e = h.fails(s, "o", method, *args, code=INVALID)
+    assert method in e.message
+    h.fails(s, "o", method, kwargs={"bogus": 1}, code=INVALID)
+    h.fails(s, "o", "no_such_method", code=NOT_FOUND)
+    h.fails(s, "o", "_on_session_end", s, code=NOT_FOUND)
+    assert h.kernel._waiting == 0
+
+
+# ============================================================================ checkpoints
+
+# Each scenario: setup(h) leaves calls waiting and returns what `after` needs; after(h, ctx)
+# drives them on. The run with a checkpoint (kept going, and restored from its blob) must give
+# exactly the completions of the run without one (a Tick at the same index instead).
+
+def _q_setup(h):
+    h.make("Queue", "q", 2)
+    a, b, c, p = h.sessions(4)
+    h.ok(p, "q", "produce", 1)
+    r = h.ok(a, "q", "reserve")
+    h.ok(p, "q", "produce", 2)
+    tp = h.call(p, "q", "produce", 3, timeout=5)      # full: waits, with a deadline
+    tp2 = h.call(p, "q", "produce", 4)
+    h.make("Queue", "q2")
+    tr = h.call(a, "q2", "reserve")                    # a reserve waits too
+    return a, b, c, p, r, tp, tp2, tr
+
+
+def _q_after(h, ctx):
+    a, b, c, p, r, tp, tp2, tr = ctx
+    h.ok(p, "q2", "produce", "r")
+    h.ok(a, "q2", "produce", "s")
+    h.tick(5)                                          # tp times out
+    h.ok(b, "q", "consume")                            # 2 out: tp2 gets the slot
+    tb = h.call(b, "q", "consume")                     # 4
+    tc = h.call(c, "q", "consume", timeout=10)         # waits
+    h.end("expire", a)                                 # 1 comes back: c gets it
+    h.ok(p, "q", "produce", 5)
+    h.ok(b, "q", "consume")
+    return [h.value(tb), h.value(tc), h.error(tp).code, h.value(tp2), h.value(tr),
+            h.ok(b, "q2", "consume"), h.ok(b, "q2", "consume")]     # r came back first
+
+
+def _lock_setup(h):
+    h.make("Lock", "l")
+    ss = h.sessions(5)
+    h.ok(ss[0], "l", "acquire")
+    tags = [h.call(s, "l", "acquire", timeout=(3 if i == 1 else None))
+            for i, s in enumerate(ss[1:])]
+    return ss, tags
+
+
+def _lock_after(h, ctx):
+    ss, tags = ctx
+    h.tick(3)                                          # ss[2] gives up
+    h.ok(ss[0], "l", "release")                        # -> ss[1]
+    h.end("expire", ss[3])                             # a waiter dies
+    h.end("close", ss[1])                              # the holder goes -> ss[4]
+    return [h.results[t].value if h.done(t) else None for t in tags]
+
+
+def _sem_setup(h):
+    h.make("Semaphore", "s", 2)
+    ss = h.sessions(4)
+    h.ok(ss[0], "s", "acquire")
+    h.ok(ss[0], "s", "acquire")
+    return ss, [h.call(s, "s", "acquire") for s in ss[1:]]
+
+
+def _sem_after(h, ctx):
+    ss, tags = ctx
+    h.ok(ss[0], "s", "release")
+    h.end("expire", ss[0])
+    return [h.value(t) for t in tags[:2]], h.waiting(tags[2])
+
+
+def _barrier_setup(h):
+    h.make("Barrier", "b", 3)
+    h.make("DoubleBarrier", "d", 2)
+    h.make("DoubleBarrier", "d2", 2)
+    ss = h.sessions(4)
+    t0 = h.call(ss[0], "b", "wait")
+    t1 = h.call(ss[1], "b", "wait", timeout=2)
+    e0 = h.call(ss[2], "d", "enter")
+    h.call(ss[1], "d2", "enter")
+    h.ok(ss[3], "d2", "enter")
+    l1 = h.call(ss[1], "d2", "leave")                  # waits to leave
+    return ss, t0, t1, e0, l1
+
+
+def _barrier_after(h, ctx):
+    ss, t0, t1, e0, l1 = ctx
+    h.tick(2)
+    t2 = h.call(ss[2], "b", "wait")
+    t3 = h.call(ss[3], "b", "wait")
+    h.ok(ss[3], "d", "enter")
+    l3 = h.call(ss[3], "d", "leave")
+    h.ok(ss[2], "d", "leave")
+    h.ok(ss[3], "d2", "leave")
+    return [h.results[t] for t in (t0, t1, t2, t3, e0, l3, l1)]
+
+
+def _latch_setup(h):
+    h.make("CountDownLatch", "c", 2)
+    ss = h.sessions(3)
+    return ss, [h.call(s, "c", "wait") for s in ss]
+
+
+def _latch_after(h, ctx):
+    ss, tags = ctx
+    h.ok(ss[0], "c", "count_down")
+    h.ok(ss[0], "c", "count_down")
+    return [h.value(t) for t in tags], h.order(tags)
+
+
+def _rw_setup(h):
+    h.make("ReadWriteLock", "rw")
+    r1, w1, r2, w2, r3 = h.sessions(5)
+    h.ok(r1, "rw", "acquire_read")
+    tw1 = h.call(w1, "rw", "acquire_write", timeout=4)
+    tr2 = h.call(r2, "rw", "acquire_read")
+    tw2 = h.call(w2, "rw", "acquire_write")
+    return r1, w1, r2, w2, r3, tw1, tr2, tw2
+
+
+def _rw_after(h, ctx):
+    r1, w1, r2, w2, r3, tw1, tr2, tw2 = ctx
+    h.tick(4)                                          # w1 gives up, w2 still waits
+    h.ok(r1, "rw", "release_read")
+    tr3 = h.call(r3, "rw", "acquire_read")
+    h.end("expire", w2)
+    return [h.results.get(t) for t in (tw1, tr2, tw2, tr3)]
+
+
+def _election_setup(h):
+    h.make("LeaderElection", "e")
+    a, b, c, o = h.sessions(4)
+    ra = h.ok(a, "e", "campaign", "A")
+    tb = h.call(b, "e", "campaign", "B")
+    tc = h.call(c, "e", "campaign", "C")
+    to = h.call(o, "e", "observe", ra["term"], timeout=50)
+    return a, b, c, o, tb, tc, to
+
+
+def _election_after(h, ctx):
+    a, b, c, o, tb, tc, to = ctx
+    h.end("expire", a)
+    h.ok(b, "e", "resign")
+    return [h.value(tb), h.value(tc), h.value(to)]
+
+
+def _herd_setup(h):
+    h.make("Queue", "q")
+    ss = h.sessions(50)
+    return ss, [h.call(s, "q", "consume") for s in ss]
+
+
+def _herd_after(h, ctx):
+    ss, tags = ctx
+    for i in range(50):
+        h.ok(ss[0], "q", "produce", i)
+    return h.order(tags), [h.value(t) for t in tags]
+
+
+SCENARIOS = {
+    "queue": (_q_setup, _q_after),
+    "lock": (_lock_setup, _lock_after),
+    "semaphore": (_sem_setup, _sem_after),
+    "barrier": (_barrier_setup, _barrier_after),
+    "latch": (_latch_setup, _latch_after),
+    "rwlock": (_rw_setup, _rw_after),
+    "election": (_election_setup, _election_after),
+    "queue-herd": (_herd_setup, _herd_after),
+}
+
+
+def _tail(h: OH, mark: int) -> list[tuple[int, list[Completion]]]:
+    return h.trace[mark:]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_checkpoint_while_waiting_then_restore_gives_the_same_completions(name):
+    setup, after = SCENARIOS[name]
+
+    ref = OH()                                         # no checkpoint
+    ctx = setup(ref)
+    ref.apply(Tick(ts=ref.ts, tag=ref.tag("c")))      # same index, same tag numbering
+    mark = len(ref.trace)
+    want = after(ref, ctx)
+    ref_tail = _tail(ref, mark)
+    assert ref_tail, "the scenario must complete calls after the checkpoint"
+
+    h = OH()
+    assert setup(h) == ctx
+    waiters = h.kernel._waiting
+    assert waiters > 0
+    c = h.checkpoint()
+    assert c.value == h.index
+    assert h.trace[-1][1] == [c]                       # the re-run answered nobody
+    assert h.kernel._waiting == waiters
+    mark = len(h.trace)
+    r = h.restored()
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+    assert r.kernel._waiting == waiters
+
+    assert after(h, ctx) == want
+    assert _tail(h, mark) == ref_tail
+    assert after(r, ctx) == want
+    assert r.trace == ref_tail
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+
+
+def test_checkpoint_of_a_restored_kernel_restores_again():
+    h = OH()
+    ctx = _q_setup(h)
+    h.checkpoint()
+    r = h.restored()
+    r.checkpoint()
+    r2 = r.restored()
+    assert r2.kernel.state_digest() == r.kernel.state_digest()
+    assert _q_after(r2, ctx) == _q_after(r, ctx)
+
+
+# ============================================================================ the benchmark
+
+def test_kernel_bench_quick_smoke():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_bench.py"), "--quick"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "| measurement" in out.stdout
