@@ -167,8 +167,11 @@ def test_bad_inputs_get_their_codes_and_cluster_stays_healthy(cluster):
             q.fly()
         with pytest.raises(InvalidArgument, match="argument"):
             q.produce()                                   # missing argument
-        with pytest.raises(InvalidArgument):
-            c.queue("t7b", capacity="ten")                # constructor refuses the type
+        with pytest.raises(ApplicationError, match="capacity") as e:
+            c.queue("t7b", capacity="ten")                # the constructor refuses the type
+        assert e.value.type == "ValueError"
+        with pytest.raises(InvalidArgument, match="Queue.*'size'"):
+            c.queue("t7c", capacity=1, size=2)            # no such constructor argument
         with pytest.raises(AlreadyExists):
             c.lock("t7")                                  # t7 is a Queue
         with pytest.raises(InvalidArgument, match="line 2"):

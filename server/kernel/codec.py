@@ -134,8 +134,12 @@ def _decode(buf: bytes, pos: int) -> tuple[Any, int]:
 def decode_value(buf: bytes) -> Any:
     try:
         v, pos = _decode(buf, 0)
-    except IndexError:
+    except DecodeError:
+        raise
+    except (IndexError, struct.error):
         raise DecodeError("truncated value") from None
+    except (UnicodeDecodeError, RecursionError, TypeError, ValueError) as e:
+        raise DecodeError(f"malformed value: {type(e).__name__}") from None
     if pos != len(buf):
         raise DecodeError(f"{len(buf) - pos} trailing bytes after value")
     return v
@@ -293,11 +297,15 @@ def decode(data: bytes) -> Command:
                           f"(this kernel reads version {FORMAT_VERSION})")
     try:
         items, pos = _decode(data, 1)
-    except (IndexError, UnicodeDecodeError) as e:
-        raise DecodeError(f"malformed command: {e}") from None
+    except DecodeError:
+        raise
+    except (IndexError, struct.error):
+        raise DecodeError("truncated command") from None
+    except (UnicodeDecodeError, RecursionError, TypeError, ValueError) as e:
+        raise DecodeError(f"malformed command: {type(e).__name__}") from None
     if pos != len(data) or type(items) is not list or len(items) < 3:
         raise DecodeError("malformed command envelope")
-    cls = COMMANDS.get(items[0])
+    cls = COMMANDS.get(items[0]) if type(items[0]) is int else None
     if cls is None:
         raise DecodeError(f"unknown command type {items[0]!r}")
     names = _FIELDS[cls]

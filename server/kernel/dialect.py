@@ -134,9 +134,37 @@ def make_globals(budget: Budget, module_name: str) -> dict[str, Any]:
             raise sched.BudgetExceeded(budget.limit)
 
     def _getiter_(it: Any) -> Any:
-        if type(it) is range and len(it) > 4096:
-            return Counted(it)
         return it
+
+    class CountedRange:
+        """range() over more than 4096 numbers: each number handed out costs a step, also
+        inside builtins such as sum() or list()."""
+        __slots__ = ("_r",)
+
+        def __init__(self, r: range) -> None:
+            self._r = r
+
+        def __iter__(self) -> Any:
+            return Counted(self._r)
+
+        def __reversed__(self) -> Any:
+            return Counted(reversed(self._r))
+
+        def __len__(self) -> int:
+            return len(self._r)
+
+        def __getitem__(self, i: Any) -> Any:
+            return self._r[i]
+
+        def __contains__(self, x: Any) -> bool:
+            return x in self._r
+
+        def __repr__(self) -> str:
+            return repr(self._r)
+
+    def _range_(*args: Any) -> Any:
+        r = range(*args)
+        return r if len(r) <= 4096 else CountedRange(r)
 
     itertools_proxy = types.ModuleType("itertools")
     for name in dir(_itertools):
@@ -167,6 +195,7 @@ def make_globals(budget: Budget, module_name: str) -> dict[str, Any]:
                  "TimeoutError", "ConnectionError", "NotImplementedError"):
         b[name] = getattr(builtins, name)
     b["getattr"] = safer_getattr
+    b["range"] = _range_
     b["__import__"] = _import_
     return {
         "__builtins__": b,
@@ -227,7 +256,8 @@ def compile_source(source: str, filename: str) -> types.CodeType:
         raise DialectError("class source is empty")
     result = compile_restricted_exec(source, filename=filename, policy=_Policy)
     if result.errors:
-        raise DialectError("; ".join(result.errors))
+        raise DialectError("; ".join(
+            "line" + e[4:] if e.startswith("Line") else e for e in result.errors))
     assert result.code is not None
     return result.code
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+
+import greenlet
 import inspect
 import io
 import logging
@@ -67,22 +69,24 @@ class Config:
 
 
 class Session:
-    __slots__ = ("id", "ttl", "results", "acked", "touched", "inflight")
+    __slots__ = ("id", "ttl", "results", "acked", "dropped", "touched", "inflight")
 
     def __init__(self, sid: int, ttl: float) -> None:
         self.id = sid
         self.ttl = ttl
         self.results: dict[int, tuple[Any, Error | None]] = {}
         self.acked = 0
+        self.dropped = 0                         # highest seq whose result was evicted
         self.touched: dict[str, None] = {}       # objects used, in first-use order
         self.inflight: dict[int, Request] = {}   # seq -> request; empty in a checkpoint
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return (self.id, self.ttl, self.results, self.acked, self.touched,
+        return (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
                 [(seq, r.index, r.tags) for seq, r in self.inflight.items()])
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self.id, self.ttl, self.results, self.acked, self.touched, inflight = state
+        (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
+         inflight) = state
         if inflight:
             raise ValueError("a checkpoint cannot hold requests in flight")
         self.inflight = {}
@@ -224,10 +228,10 @@ class Kernel:
 
     def _end_session(self, cmd: codec.CloseSession | codec.ExpireSession, how: str) -> None:
         s = self._session(cmd.session)
+        del self.sessions[s.id]              # first: a call of s can no longer wait (_block)
         for req in sorted(s.inflight.values(), key=lambda r: r.waiter.order if r.waiter else 0):
             self._abort(req, SessionEnded(f"session {s.id} {how} while waiting"))
         self._drain()
-        del self.sessions[s.id]
         for name in s.touched:
             rec = self.objects.get(name)
             if rec is not None and hasattr(rec.cls.cls, "_on_session_end"):
@@ -337,6 +341,10 @@ class Kernel:
         if seq <= s.acked:
             raise KernelError(Code.INVALID_ARGUMENT,
                               f"seq {seq} is at or below the acknowledged mark {s.acked}")
+        if seq <= s.dropped:
+            raise KernelError(Code.RESOURCE_EXHAUSTED,
+                              f"the result of seq {seq} may have been dropped: more than "
+                              f"{self.config.max_results} results were left unacknowledged")
         self._start(cmd, s, self.index, [cmd.tag] if cmd.tag else [], None, ())
 
     def _start(self, cmd: codec.Invoke, s: Session, index: int, tags: list[str],
@@ -428,8 +436,9 @@ class Kernel:
         if outcome is _INTERRUPTED:
             if req.cmd is None:
                 raise RuntimeError(f"{req.label} cannot be interrupted")
+            # the re-run waits again where it was waiting, until the same deadline
             self._pending.append(PendingCall(req.index, req.cmd, tuple(req.tags),
-                                             req.deadline, tuple(req.deadlines)))
+                                             req.deadline, tuple(req.deadlines[-1:])))
             return
         req.outcome = outcome
         value, error = outcome
@@ -437,7 +446,9 @@ class Kernel:
             if s is not None:
                 s.results[req.seq] = (value, error)
                 if len(s.results) > self.config.max_results:
-                    del s.results[next(iter(s.results))]
+                    old = next(iter(s.results))
+                    del s.results[old]
+                    s.dropped = max(s.dropped, old)
         elif error is not None and req.nowait.startswith("a session hook"):
             log.warning("%s failed: %s", req.label, error)
         for tag in req.tags:
@@ -445,6 +456,8 @@ class Kernel:
 
     def _block(self, req: Request, sem: Semaphore, timeout: float | None) -> bool:
         """Called by Semaphore.acquire inside `req`'s greenlet: wait for a permit."""
+        if req.cmd is not None and req.session not in self.sessions:
+            raise SessionEnded(f"session {req.session} has ended")
         if req.replay:                                  # re-run after a checkpoint
             deadline = req.replay.pop(0)
         else:
@@ -533,23 +546,69 @@ class Kernel:
     def _checkpoint(self, cmd: codec.Checkpoint) -> None:
         blocked = self._blocked()
         for req in blocked:                  # detach first: no handler can wake another waiter
-            w = req.waiter
-            assert w is not None
-            w.semaphore._drop(w)
-            req.waiter = None
-            self._waiting -= 1
-        self._deadlines = []
+            self._detach(req)
         self._pending = []
         for req in blocked:
-            self._run(req, Interrupted("checkpoint"))
-            if req.task is not None:         # it caught Interrupted and waited again
-                raise RuntimeError(f"{req.label} waited again after a checkpoint interrupt")
+            self._interrupt(req)
+        self._deadlines = []
         assert not self._ready and self._waiting == 0
         pending, self._pending = self._pending, []
-        self.checkpoint_blob = self._dump(pending)
-        self.checkpoint_index = self.index
+        try:
+            blob = self._dump(pending)
+        except Exception as e:               # unpicklable object state: keep the old checkpoint
+            error = Error(Code.INTERNAL, f"checkpoint failed: {self._unpicklable()}: {e}",
+                          type(e).__name__)
+            log.error("%s", error)
+        else:
+            error = None
+            self.checkpoint_blob, self.checkpoint_index = blob, self.index
         self._rerun(pending)
-        self._complete(cmd.tag, self.index)
+        self._complete(cmd.tag, None if error else self.index, error)
+
+    def _interrupt(self, req: Request) -> None:
+        """Unwind a detached waiter with Interrupted; it lands in self._pending."""
+        for _ in range(3):
+            self._run(req, Interrupted("checkpoint"))
+            if req.task is None:
+                return
+            self._detach(req)                # it caught Interrupted and waited again
+        task = req.task
+        assert task is not None
+        task.throw(greenlet.GreenletExit)    # now, deterministically, not whenever GC runs
+        self._detach(req)
+        req.task = None
+        s = self.sessions.get(req.session)
+        if s is not None:
+            s.inflight.pop(req.seq, None)
+        self._finish_error(req, Error(Code.APPLICATION,
+                                      f"{req.label} caught Interrupted and waited again, so a "
+                                      "checkpoint cannot re-run it", "Interrupted"))
+
+    def _detach(self, req: Request) -> None:
+        w = req.waiter
+        if w is not None and w.live:
+            w.semaphore._drop(w)
+            self._waiting -= 1
+        req.waiter = None
+
+    def _finish_error(self, req: Request, error: Error) -> None:
+        s = self.sessions.get(req.session)
+        if s is not None and req.cmd is not None:
+            s.results[req.seq] = (None, error)
+        for tag in req.tags:
+            self._out.append(Completion(tag, None, error))
+
+    def _unpicklable(self) -> str:
+        """Name the first object whose state cannot be pickled."""
+        for name, rec in self.objects.items():
+            buf = io.BytesIO()
+            p = pickle.Pickler(buf, protocol=5)
+            p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+            try:
+                p.dump(rec.instance)
+            except Exception:
+                return f"object {name!r} ({rec.cls.name})"
+        return "kernel state"
 
     def _rerun(self, pending: list[PendingCall]) -> None:
         for p in pending:
@@ -603,7 +662,9 @@ class Kernel:
         p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
         waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
                  for r in self._blocked()]
-        p.dump((self._state(), waits))
+        state = self._state()
+        del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
+        p.dump((state, waits))
         return hashlib.sha256(buf.getvalue()).hexdigest()
 
     # -- reads through the log ---------------------------------------------------------------

@@ -139,7 +139,8 @@ class Registry:
         """A picklable reference for classes and functions defined by registered sources."""
         if isinstance(obj, type) or inspect.isfunction(obj):
             mod = getattr(obj, "__module__", None)
-            if isinstance(mod, str) and mod.startswith(_MODULE_PREFIX):
+            if (isinstance(mod, str) and mod.startswith(_MODULE_PREFIX)
+                    and "<" not in obj.__qualname__):   # lambdas and nested functions: no
                 return (int(mod[len(_MODULE_PREFIX):]), obj.__qualname__)
         return None
 

@@ -29,8 +29,10 @@ _M64 = (1 << 64) - 1
 
 # -- exceptions delivered at the blocking point --------------------------------------------------
 
-class WaitError(Exception):
-    """Base of the exceptions `Semaphore.acquire` raises instead of returning."""
+class WaitError(BaseException):
+    """Base of the exceptions `Semaphore.acquire` raises instead of returning. Like trio's
+    Cancelled, a BaseException: `except Exception` in object code does not swallow a
+    checkpoint's Interrupted or a session's end by accident; catch them by name."""
 
 
 class Timeout(WaitError):

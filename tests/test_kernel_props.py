@@ -1,0 +1,215 @@
+"""Property tests of the kernel: determinism and checkpoint transparency.
+
+Random command sequences over a bounded buffer whose put/get block (with acquire timeouts and
+call timeouts), ticks, sessions that open, expire and close, retries of earlier calls (while
+they wait and after they finished), acknowledgements, cancels, and deleting / re-creating the
+object.
+
+Commands take even log indices, so a Checkpoint can be slipped in at an odd index without
+renumbering anything (session ids are log indices).
+
+  A. Two fresh kernels fed the same log (one as bytes, one as dataclasses) give identical
+     completions and the same state_digest().
+  B. A Checkpoint at any position changes no other completion, and leaves the same digest.
+  C. Restoring from that checkpoint's blob and applying the rest of the log gives the same
+     completions after the checkpoint and the same final digest.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from gesmas.server.kernel import (Cancel, Checkpoint, CloseSession, Config, CreateObject,
+                                  DeleteObject, ExpireSession, Invoke, Kernel, OpenSession,
+                                  Query, RegisterClass, Tick)
+
+from kernel_harness import replay
+
+BUFFER = '''
+class Buffer:
+    def __init__(self, cap):
+        self.items = []
+        self.free = Semaphore(cap)
+        self.full = Semaphore(0)
+        self.ended = []
+
+    def put(self, x, t=None):
+        self.free.acquire(t)
+        self.items.append(x)
+        self.full.release()
+        return [len(self.items), context().request]
+
+    def get(self, t=None):
+        self.full.acquire(t)
+        x = self.items.pop(0)
+        self.free.release()
+        return [x, context().now(), context().random()]
+
+    def peek(self):
+        return {"items": self.items, "free": self.free.value, "full": self.full.value,
+                "waiting": [self.free.waiters, self.full.waiters], "ended": self.ended}
+
+    def _on_session_end(self, session):
+        self.ended.append(session)
+'''
+
+TIMEOUTS = st.sampled_from([None, None, None, None, 0, 1.0, 2.5, 10.0])
+
+# put and get dominate so that requests pile up; the rest disturbs them
+KINDS = (["put"] * 5 + ["get"] * 6 + ["retry"] * 2 + ["tick"] * 2
+         + ["open", "expire", "close", "ack", "cancel", "delete", "create", "create", "peek",
+            "stats"])
+op = st.tuples(st.sampled_from(KINDS), st.integers(0, 63), st.integers(0, 99), TIMEOUTS,
+               TIMEOUTS)
+# each op: (what, time step before it, whether its timestamp lags the clock)
+ops = st.lists(st.tuples(op, st.sampled_from([0.0, 0.0, 0.25, 1.0]), st.booleans()),
+               min_size=8, max_size=40)
+
+
+def build(script) -> list[tuple[int, object]]:
+    """Turn abstract ops into a log: [(index, command)], indices 2, 4, 6 ..."""
+    log: list[tuple[int, object]] = []
+    clock = 0.0
+    sessions: list[int] = []          # open, in opening order
+    seqs: dict[int, int] = {}
+    acks: dict[int, int] = {}
+    invokes: list[Invoke] = []
+
+    def add(cmd):
+        log.append((2 * (len(log) + 1), cmd))
+
+    add(RegisterClass(ts=clock, tag="reg", source=BUFFER))
+    add(CreateObject(ts=clock, tag="mk", class_name="Buffer", name="buf", args=[1]))
+    for n in range(3):
+        add(OpenSession(ts=clock, tag=f"open{n}", ttl=30.0))
+        sessions.append(log[-1][0])
+
+    for n, ((what, i, x, t1, t2), dt, lag) in enumerate(script):
+        clock += dt
+        ts = clock - 0.75 if lag else clock       # an older timestamp must not move time back
+        tag = f"c{n}"
+        sid = sessions[i % len(sessions)] if sessions else 999
+        if what == "open":
+            add(OpenSession(ts=ts, tag=tag, ttl=30.0 if x % 2 else 3.0))
+            sessions.append(log[-1][0])
+        elif what in ("expire", "close"):
+            kind = ExpireSession if what == "expire" else CloseSession
+            add(kind(ts=ts, tag=tag, session=sid))
+            if sid in sessions:
+                sessions.remove(sid)
+        elif what in ("put", "get", "peek"):
+            seqs[sid] = seqs.get(sid, 0) + 1
+            args = {"put": [x, t1], "get": [t1], "peek": []}[what]
+            cmd = Invoke(ts=ts, tag=tag, session=sid, seq=seqs[sid], ack=acks.get(sid, 0),
+                         class_name="Buffer" if n % 3 == 0 else "", name="buf", method=what,
+                         args=args, timeout=None if what == "peek" else t2)
+            if what != "peek":
+                invokes.append(cmd)
+            add(cmd)
+        elif what == "retry" and invokes:
+            old = invokes[i % len(invokes)]
+            add(Invoke(ts=ts, tag=tag, session=old.session, seq=old.seq,
+                       ack=acks.get(old.session, 0), class_name=old.class_name, name=old.name,
+                       method=old.method, args=old.args, timeout=old.timeout))
+        elif what == "ack":
+            acks[sid] = min(seqs.get(sid, 0), acks.get(sid, 0) + 1 + x % 3)
+            add(Tick(ts=ts))
+        elif what == "cancel" and invokes:
+            old = invokes[i % len(invokes)]
+            add(Cancel(ts=ts, tag=tag, session=old.session, seq=old.seq, call_tag=old.tag))
+        elif what == "tick":
+            clock += (0.5, 1.0, 2.0, 5.0)[x % 4]
+            add(Tick(ts=clock))
+        elif what == "delete":
+            add(DeleteObject(ts=ts, tag=tag, name="buf"))
+        elif what == "create":
+            add(CreateObject(ts=ts, tag=tag, class_name="Buffer", name="buf", args=[1 + x % 2]))
+        else:
+            add(Query(ts=ts, tag=tag, what="stats"))
+    clock += 100.0
+    add(Tick(ts=clock))                            # time out whatever still can
+    return log
+
+
+def with_checkpoint(log, pos: int):
+    """The log with a Checkpoint before its entry `pos` (the last entry is a Tick, so every
+    interesting position is covered and the final index is the same)."""
+    index = 2 * pos + 1
+    return log[:pos] + [(index, Checkpoint(ts=0.0, tag="ckpt"))] + log[pos:], index
+
+
+def run(log, encoded=False):
+    return replay(log, Kernel(Config(step_budget=50_000)), encoded=encoded)
+
+
+def drop(trace, index):
+    return [(i, out) for i, out in trace if i != index]
+
+
+def without_checkpoint_index(trace):
+    """Query('stats') reports the last checkpoint's index, which a checkpoint does change."""
+    def norm(c):
+        if isinstance(c.value, dict) and "checkpoint_index" in c.value:
+            return type(c)(c.tag, {k: v for k, v in c.value.items() if k != "checkpoint_index"},
+                           c.error)
+        return c
+    return [(i, [norm(c) for c in out]) for i, out in trace]
+
+
+# no database (nothing written into the repository) and no "explain" phase (slow)
+SETTINGS = settings(max_examples=100, deadline=None, database=None,
+                    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(ops)
+def test_a_same_log_same_completions_and_digest(script):
+    log = build(script)
+    k1, t1 = run(log, encoded=True)
+    k2, t2 = run(log, encoded=False)
+    assert t1 == t2
+    assert k1.state_digest() == k2.state_digest()
+    tags = [c.tag for _, out in t1 for c in out]
+    assert len(tags) == len(set(tags)), "a tag completed twice"
+
+
+@SETTINGS
+@given(ops, st.data())
+def test_b_checkpoint_changes_no_completion(script, data):
+    log = build(script)
+    _, base = run(log)
+    pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
+    ck_log, ck_index = with_checkpoint(log, pos)
+    k, trace = run(ck_log)
+    ck_out = dict(trace)[ck_index]
+    assert [c.tag for c in ck_out] == ["ckpt"] and ck_out[0].error is None
+    assert without_checkpoint_index(drop(trace, ck_index)) == without_checkpoint_index(base)
+    assert k.checkpoint_index == ck_index
+
+
+@SETTINGS
+@given(ops, st.data())
+def test_b_checkpoint_leaves_the_same_final_digest(script, data):
+    log = build(script)
+    base_k, _ = run(log)
+    pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
+    ck_log, ck_index = with_checkpoint(log, pos)
+    k, _ = run(ck_log)
+    assert k.state_digest() == base_k.state_digest()
+
+
+@SETTINGS
+@given(ops, st.data())
+def test_c_restore_and_reapply_gives_same_completions_and_digest(script, data):
+    log = build(script)
+    pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
+    ck_log, ck_index = with_checkpoint(log, pos)
+    k, trace = run(ck_log)
+    assert k.checkpoint_index == ck_index
+    restored = Kernel.restore(k.checkpoint_blob, Config(step_budget=50_000))
+    assert restored.index == ck_index
+    rest = [(i, c) for i, c in ck_log if i > ck_index]
+    r, rtrace = replay(rest, restored)
+    assert rtrace == [(i, out) for i, out in trace if i > ck_index]
+    assert r.state_digest() == k.state_digest()

@@ -1,0 +1,102 @@
+"""The kernel and the standard objects do no I/O and read no clock, randomness or threads.
+
+Walks the AST of every .py file under server/kernel/ and objects/ and fails on any import
+(module level or nested in a function, class, `if`, `try` ...) of a forbidden top-level
+package, and on `__import__("x")` / `importlib.import_module("x")` with a literal name.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCANNED = ("server/kernel", "objects")
+FORBIDDEN = frozenset({"grpc", "pysyncobj", "socket", "threading", "asyncio", "time", "random",
+                       "os", "subprocess", "select", "signal"})
+
+
+def forbidden_imports(source: str, filename: str = "<source>") -> list[str]:
+    """'file:line: import x' for every forbidden import in `source`."""
+    tree = ast.parse(source, filename=filename)
+    found = []
+
+    def check(node: ast.AST, module: str | None) -> None:
+        if module and module.partition(".")[0] in FORBIDDEN:
+            found.append(f"{filename}:{node.lineno}: imports {module!r}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                check(node, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:                   # relative imports stay in the package
+                check(node, node.module)
+        elif isinstance(node, ast.Call) and node.args \
+                and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) \
+                else ""
+            if name in ("__import__", "import_module"):
+                check(node, node.args[0].value)
+    return found
+
+
+def scanned_files() -> list[Path]:
+    return sorted(p for d in SCANNED for p in (ROOT / d).rglob("*.py"))
+
+
+def test_scan_finds_the_kernel_and_the_objects():
+    names = {p.relative_to(ROOT).as_posix() for p in scanned_files()}
+    for expected in ("server/kernel/kernel.py", "server/kernel/sched.py",
+                     "server/kernel/codec.py", "server/kernel/dialect.py",
+                     "server/kernel/registry.py", "server/kernel/__init__.py",
+                     "objects/__init__.py"):
+        assert expected in names
+
+
+@pytest.mark.parametrize("path", scanned_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_forbidden_imports(path: Path):
+    rel = path.relative_to(ROOT).as_posix()
+    found = forbidden_imports(path.read_text(encoding="utf-8"), rel)
+    assert not found, "forbidden imports:\n  " + "\n  ".join(found)
+
+
+def test_checker_catches_every_form():
+    src = """
+import collections
+import os.path
+from time import monotonic
+import threading as t, json
+from . import sched
+from .time import x
+
+def f():
+    import random
+    from asyncio import sleep
+
+class C:
+    if True:
+        try:
+            import socket
+        except ImportError:
+            pass
+
+mod = __import__("subprocess")
+import importlib
+sig = importlib.import_module("signal.foo")
+g = __import__("grpc_tools")
+"""
+    found = forbidden_imports(src, "x.py")
+    assert sorted(found, key=lambda s: int(s.split(":")[1])) == [
+        "x.py:3: imports 'os.path'",
+        "x.py:4: imports 'time'",
+        "x.py:5: imports 'threading'",
+        "x.py:10: imports 'random'",
+        "x.py:11: imports 'asyncio'",
+        "x.py:16: imports 'socket'",
+        "x.py:20: imports 'subprocess'",
+        "x.py:22: imports 'signal.foo'",
+    ]
