@@ -1,0 +1,328 @@
+"""A durable Raft journal for pysyncobj (group commit, torn-tail recovery, durable term/vote).
+
+Theory of operation
+-------------------
+pysyncobj 0.3.17's ``FileJournal`` writes log records into an mmap and never msyncs/fsyncs
+them; its meta file (term, vote, commit index) is replaced with a rename and no fsync
+(upstream #84, #201; PRs #98/#202). Its compaction (``deleteEntriesTo``) rewrites the live
+file in place, so a crash in the middle leaves a truncated log. This journal replaces it.
+
+* ``add()`` only appends the record to an in-memory buffer (and to the list pysyncobj reads).
+  Nothing reaches the file until ``sync()``, which writes the buffer and fsyncs once: group
+  commit. Because unsynced records exist only in this process, a ``kill -9`` loses exactly
+  what was never synced -- the whole-cluster kill test therefore really checks that nothing is
+  acknowledged before ``sync()`` (see ``replication._DurableTransport``, which holds every
+  outgoing Raft message while the journal is dirty and calls ``sync()`` before releasing).
+* ``setCurrentTerm()`` syncs the log, then writes the meta file atomically (tmp + fsync +
+  rename + fsync of the directory) before returning, i.e. before pysyncobj sends the vote
+  request or the vote it reflects.
+* Truncation (``deleteEntriesFrom``) is an ``ftruncate``; it becomes durable with the next
+  ``sync()``, which always precedes any message that depends on it.
+* Compaction (``deleteEntriesTo``) writes the kept suffix to a new file and renames it over
+  the old one: the file is always either the old or the new log. It first fsyncs the directory
+  so the snapshot pysyncobj has just renamed into place is durable before log entries go.
+* Records carry a CRC; on open, a torn or corrupt tail (power loss mid-write) is cut off.
+
+Record format (little endian): ``u32 len(command) | u32 crc32 | u64 index | u64 term |
+command``; the CRC covers index, term and command. The file starts with ``MAGIC``.
+
+``fsync=False`` (``--unsafe-no-fsync``) keeps every write and ordering rule and skips only the
+fsync calls: data then survives a process crash but not an OS crash or power loss.
+
+Threading: every mutating method runs on pysyncobj's tick thread. Readers on other threads
+(status) only take ``len()``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from typing import List, Optional, Tuple
+
+from pysyncobj.journal import Journal
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"GESMASJ1"
+META_MAGIC = b"GESMASM1"
+_REC = struct.Struct("<IIQQ")  # len(command), crc32, index, term
+_META = struct.Struct("<IQQI")  # crc32, term, commit index, len(votedFor)
+LOG_NAME = "raft.log"
+META_NAME = "raft.meta"
+
+Entry = Tuple[bytes, int, int]  # (command, index, term), the shape pysyncobj uses
+
+
+class JournalError(RuntimeError):
+    """The journal cannot keep its invariants (a bug, or a damaged data directory)."""
+
+
+def _crc(idx: int, term: int, command: bytes) -> int:
+    return zlib.crc32(command, zlib.crc32(struct.pack("<QQ", idx, term)))
+
+
+def _encode(command: bytes, idx: int, term: int) -> bytes:
+    return _REC.pack(len(command), _crc(idx, term, command), idx, term) + command
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class DurableJournal(Journal):
+    """pysyncobj ``Journal`` that fsyncs in groups; see the module docstring."""
+
+    def __init__(self, directory: str, fsync: bool = True) -> None:
+        self.directory = directory
+        self.fsync_enabled = fsync
+        self._path = os.path.join(directory, LOG_NAME)
+        self._meta_path = os.path.join(directory, META_NAME)
+        os.makedirs(directory, exist_ok=True)
+        self._entries: List[Entry] = []
+        self._offsets: List[int] = []  # file offset of each entry's record
+        self._pending = bytearray()  # encoded records not yet written
+        self._written_end = len(MAGIC)  # bytes of the file that hold valid data
+        self._end = len(MAGIC)  # logical end, including _pending
+        self._needs_fsync = False
+        self._term, self._commit, self._voted_for = 0, 1, None
+        self._meta_dirty = False
+        self.syncs = 0  # statistics: number of sync() calls that wrote or fsynced
+        self.synced_records = 0  # records made durable by those syncs
+        self._pending_records = 0
+        self._load_meta()
+        self._fd = self._open_log()
+
+    # ----------------------------------------------------------------- loading
+    def _open_log(self) -> int:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        data = b""
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read()
+        if not data:
+            _write_all(fd, MAGIC)
+            self._fsync(fd)
+            if self.fsync_enabled:
+                fsync_dir(self.directory)
+            return fd
+        if not data.startswith(MAGIC):
+            os.close(fd)
+            raise JournalError(f"{self._path}: not a gesmas journal")
+        pos = len(MAGIC)
+        while pos + _REC.size <= len(data):
+            n, crc, idx, term = _REC.unpack_from(data, pos)
+            end = pos + _REC.size + n
+            if end > len(data):
+                break
+            command = bytes(data[pos + _REC.size:end])
+            if _crc(idx, term, command) != crc:
+                break
+            if self._entries and idx != self._entries[-1][1] + 1:
+                break
+            self._entries.append((command, idx, term))
+            self._offsets.append(pos)
+            pos = end
+        if pos != len(data):
+            log.warning("%s: dropping %d bytes of torn/corrupt tail after index %s",
+                        self._path, len(data) - pos,
+                        self._entries[-1][1] if self._entries else None)
+            os.ftruncate(fd, pos)
+            self._fsync(fd)
+        self._written_end = self._end = pos
+        os.lseek(fd, pos, os.SEEK_SET)
+        return fd
+
+    def _load_meta(self) -> None:
+        try:
+            with open(self._meta_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return
+        body = raw[len(META_MAGIC):]
+        if not raw.startswith(META_MAGIC) or len(body) < _META.size:
+            raise JournalError(f"{self._meta_path}: damaged")
+        crc, term, commit, n = _META.unpack_from(body)
+        voted = body[_META.size:_META.size + n]
+        if zlib.crc32(body[4:_META.size + n]) != crc or len(voted) != n:
+            raise JournalError(f"{self._meta_path}: damaged (bad checksum)")
+        self._term, self._commit = term, commit
+        self._voted_for = voted.decode() if n else None
+
+    # ------------------------------------------------------------- durability
+    def _fsync(self, fd: int) -> None:
+        if self.fsync_enabled:
+            os.fsync(fd)
+
+    @property
+    def dirty(self) -> bool:
+        """True while some add/truncate is not yet durable."""
+        return bool(self._pending) or self._needs_fsync
+
+    def sync(self) -> bool:
+        """Write buffered records and fsync once. Returns True if anything was done."""
+        if not self._pending and not self._needs_fsync:
+            return False
+        if self._pending:
+            os.lseek(self._fd, self._written_end, os.SEEK_SET)
+            _write_all(self._fd, bytes(self._pending))
+            self._written_end = self._end
+            self._pending.clear()
+        self._fsync(self._fd)
+        self._needs_fsync = False
+        self.syncs += 1
+        self.synced_records += self._pending_records
+        self._pending_records = 0
+        return True
+
+    def _store_meta(self) -> None:
+        self.sync()  # the stored commit index never runs ahead of the durable log
+        voted = (self._voted_for or "").encode()
+        body = _META.pack(0, self._term, self._commit, len(voted))[4:] + voted
+        raw = META_MAGIC + struct.pack("<I", zlib.crc32(body)) + body
+        tmp = self._meta_path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            f.flush()
+            self._fsync(f.fileno())
+        os.replace(tmp, self._meta_path)
+        if self.fsync_enabled:
+            fsync_dir(self.directory)
+        self._meta_dirty = False
+
+    # ------------------------------------------------------- pysyncobj Journal
+    def add(self, command, idx, term):
+        if isinstance(command, str):
+            command = command.encode()
+        if self._entries and idx != self._entries[-1][1] + 1:
+            raise JournalError(f"non-contiguous append: {idx} after {self._entries[-1][1]}")
+        rec = _encode(command, idx, term)
+        self._entries.append((command, idx, term))
+        self._offsets.append(self._end)
+        self._pending += rec
+        self._pending_records += 1
+        self._end += len(rec)
+
+    def clear(self):
+        self._entries, self._offsets = [], []
+        self._pending.clear()
+        self._pending_records = 0
+        os.ftruncate(self._fd, len(MAGIC))
+        self._written_end = self._end = len(MAGIC)
+        self._needs_fsync = True
+
+    def deleteEntriesFrom(self, entryFrom):
+        """Drop list positions >= entryFrom (pysyncobj passes positions, not Raft indexes)."""
+        if entryFrom < 0 or entryFrom >= len(self._entries):
+            return
+        cut = self._offsets[entryFrom]
+        removed = len(self._entries) - entryFrom
+        del self._entries[entryFrom:]
+        del self._offsets[entryFrom:]
+        if cut >= self._written_end:
+            del self._pending[cut - self._written_end:]
+            self._pending_records = max(0, self._pending_records - removed)
+        else:
+            self._pending.clear()
+            self._pending_records = 0
+            os.ftruncate(self._fd, cut)
+            self._written_end = cut
+            self._needs_fsync = True
+        self._end = cut
+
+    def deleteEntriesTo(self, entryTo):
+        """Compaction: keep list positions >= entryTo, via write-new-file-and-rename."""
+        if entryTo <= 0:
+            return
+        if self.fsync_enabled:
+            fsync_dir(self.directory)  # make the snapshot's rename durable first
+        kept = self._entries[entryTo:]
+        tmp = self._path + ".tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        offsets, buf = [], bytearray(MAGIC)
+        for command, idx, term in kept:
+            offsets.append(len(buf))
+            buf += _encode(command, idx, term)
+        _write_all(fd, bytes(buf))
+        self._fsync(fd)
+        os.replace(tmp, self._path)
+        if self.fsync_enabled:
+            fsync_dir(self.directory)
+        os.close(self._fd)
+        self._fd = fd
+        self._entries, self._offsets = list(kept), offsets
+        self._pending.clear()
+        self._pending_records = 0
+        self._written_end = self._end = len(buf)
+        self._needs_fsync = False
+
+    def __getitem__(self, item):
+        return self._entries[item]
+
+    def __len__(self):
+        return len(self._entries)
+
+    def _destroy(self):
+        if self._fd is None:
+            return
+        try:
+            self._store_meta()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def setRaftCommitIndex(self, raftCommitIndex):
+        if raftCommitIndex != self._commit:
+            self._commit = raftCommitIndex
+            self._meta_dirty = True
+
+    def getRaftCommitIndex(self):
+        return self._commit
+
+    def setCurrentTerm(self, term, votedForNodeId):
+        self._term, self._voted_for = term, votedForNodeId
+        self._store_meta()  # durable before pysyncobj sends anything reflecting it
+
+    def getCurrentTerm(self):
+        return self._term
+
+    def getVotedForNodeId(self):
+        return self._voted_for
+
+    def onOneSecondTimer(self):
+        if self._meta_dirty:
+            self._store_meta()
+
+    # ------------------------------------------------------ gesmas helpers
+    @property
+    def first_index(self) -> Optional[int]:
+        return self._entries[0][1] if self._entries else None
+
+    @property
+    def last_index(self) -> Optional[int]:
+        return self._entries[-1][1] if self._entries else None
+
+    def term_at(self, idx: int) -> Optional[int]:
+        """Term of the entry at Raft index ``idx``, or None if not in the journal."""
+        if not self._entries:
+            return None
+        pos = idx - self._entries[0][1]
+        if 0 <= pos < len(self._entries):
+            return self._entries[pos][2]
+        return None
+
+    def entry_at(self, idx: int) -> Optional[Entry]:
+        if not self._entries:
+            return None
+        pos = idx - self._entries[0][1]
+        return self._entries[pos] if 0 <= pos < len(self._entries) else None
