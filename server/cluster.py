@@ -159,8 +159,18 @@ def _class_names(classes: Any) -> list[Any]:
     return list(classes.keys()) if isinstance(classes, dict) else list(classes)
 
 
+def stop_on_signals() -> None:
+    """SIGTERM (and SIGINT, even where a shell started us with it ignored) end the foreground
+    wait with KeyboardInterrupt, so that the nodes are stopped on every way out."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+
+
 def run_up(args: Any) -> int:
     """`gesmas up`: a local cluster in the foreground until Ctrl-C."""
+    stop_on_signals()
     cluster = LocalCluster(nodes=args.nodes, base_port=args.base_port, data_dir=args.data_dir,
                            fsync=not getattr(args, "unsafe_no_fsync", False))
     print(f"starting {cluster.nodes} gesmas nodes (data in {cluster.data_dir}) ...", flush=True)

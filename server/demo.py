@@ -12,7 +12,7 @@ import time
 
 from gesmas.client import Client
 
-from .cluster import LocalCluster
+from .cluster import LocalCluster, stop_on_signals
 
 
 def say(text: str) -> None:
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-port", type=int, default=7100)
     p.add_argument("--no-wait", action="store_true", help="stop after the demo")
     args = p.parse_args(argv)
+    stop_on_signals()
     cluster = LocalCluster(nodes=3, base_port=args.base_port)
     say("starting 3 gesmas replicas on 127.0.0.1 ...")
     try:
