@@ -1,0 +1,49 @@
+"""Smoke test of bench/cluster_bench.py --quick: it starts its own 3-process cluster, runs tiny
+sizes, exits 0 and prints the table and the JSON line. No timing assertions."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.cluster
+
+LATENCY_OPS = ["produce", "consume", "lock acquire+release", "counter add"]
+
+
+def test_cluster_bench_quick(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cluster_bench.py"), "--quick",
+         "--json", str(out_json)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    lines = out.stdout.splitlines()
+    table = [ln for ln in lines if ln.startswith("|")]
+    assert table and table[0].startswith("| measurement"), out.stdout
+    names = [ln.split("|")[1].strip() for ln in table[2:]]
+    expected = [f"latency {op} (via {via})" for via in ("leader", "follower")
+                for op in LATENCY_OPS]
+    expected += [f"throughput {op}, {n} client{'s' if n > 1 else ''}"
+                 for n in (1, 2) for op in ("produce", "consume")]
+    assert names == expected, names
+    for ln in table[2:]:
+        assert "errors" not in ln and "STUCK" not in ln, ln
+
+    result = json.loads(lines[-1])
+    assert json.loads(out_json.read_text()) == result
+    assert result["facts"]["fsync"] == "on"
+    assert result["facts"]["cores"] >= 1 and result["facts"]["python"]
+    rows = result["rows"]
+    assert len(rows) == len(expected)
+    for r in rows:
+        assert r["n"] > 0 and r.get("errors", 0) == 0, r
+    tp = [r for r in rows if r["kind"] == "throughput"]
+    assert [(r["op"], r["clients"]) for r in tp] == [
+        ("produce", 1), ("consume", 1), ("produce", 2), ("consume", 2)]
+    assert all(r["ops"] == r["n"] > 0 and r["stuck_clients"] == 0 for r in tp), tp
