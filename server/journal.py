@@ -34,6 +34,7 @@ Threading: every mutating method runs on pysyncobj's tick thread. Readers on oth
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import struct
@@ -50,6 +51,7 @@ _REC = struct.Struct("<IIQQ")  # len(command), crc32, index, term
 _META = struct.Struct("<IQQI")  # crc32, term, commit index, len(votedFor)
 LOG_NAME = "raft.log"
 META_NAME = "raft.meta"
+LOCK_NAME = "LOCK"
 
 Entry = Tuple[bytes, int, int]  # (command, index, term), the shape pysyncobj uses
 
@@ -90,13 +92,20 @@ class DurableJournal(Journal):
         self._path = os.path.join(directory, LOG_NAME)
         self._meta_path = os.path.join(directory, META_NAME)
         os.makedirs(directory, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise JournalError(f"{directory} is in use by another replica") from None
         self._entries: List[Entry] = []
         self._offsets: List[int] = []  # file offset of each entry's record
         self._pending = bytearray()  # encoded records not yet written
         self._written_end = len(MAGIC)  # bytes of the file that hold valid data
         self._end = len(MAGIC)  # logical end, including _pending
         self._needs_fsync = False
-        self._term, self._commit, self._voted_for = 0, 1, None
+        self._term, self._commit = 0, 1
+        self._voted_for: Optional[str] = None
         self._meta_dirty = False
         self.syncs = 0  # statistics: number of sync() calls that wrote or fsynced
         self.synced_records = 0  # records made durable by those syncs
@@ -280,6 +289,7 @@ class DurableJournal(Journal):
         finally:
             os.close(self._fd)
             self._fd = None
+            os.close(self._lock_fd)  # releases the flock
 
     def setRaftCommitIndex(self, raftCommitIndex):
         if raftCommitIndex != self._commit:
