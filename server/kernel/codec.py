@@ -131,15 +131,20 @@ def _decode(buf: bytes, pos: int) -> tuple[Any, int]:
     raise DecodeError(f"unknown value tag 0x{tag:02x} at byte {pos - 1}")
 
 
-def decode_value(buf: bytes) -> Any:
+def _decode_checked(buf: bytes, pos: int, what: str) -> tuple[Any, int]:
+    """_decode, with every way malformed bytes can fail turned into DecodeError."""
     try:
-        v, pos = _decode(buf, 0)
+        return _decode(buf, pos)
     except DecodeError:
         raise
     except (IndexError, struct.error):
-        raise DecodeError("truncated value") from None
+        raise DecodeError(f"truncated {what}") from None
     except (UnicodeDecodeError, RecursionError, TypeError, ValueError) as e:
-        raise DecodeError(f"malformed value: {type(e).__name__}") from None
+        raise DecodeError(f"malformed {what}: {type(e).__name__}") from None
+
+
+def decode_value(buf: bytes) -> Any:
+    v, pos = _decode_checked(buf, 0, "value")
     if pos != len(buf):
         raise DecodeError(f"{len(buf) - pos} trailing bytes after value")
     return v
@@ -295,14 +300,7 @@ def decode(data: bytes) -> Command:
     if data[0] != FORMAT_VERSION:
         raise DecodeError(f"command format version {data[0]} is not supported "
                           f"(this kernel reads version {FORMAT_VERSION})")
-    try:
-        items, pos = _decode(data, 1)
-    except DecodeError:
-        raise
-    except (IndexError, struct.error):
-        raise DecodeError("truncated command") from None
-    except (UnicodeDecodeError, RecursionError, TypeError, ValueError) as e:
-        raise DecodeError(f"malformed command: {type(e).__name__}") from None
+    items, pos = _decode_checked(data, 1, "command")
     if pos != len(data) or type(items) is not list or len(items) < 3:
         raise DecodeError("malformed command envelope")
     cls = COMMANDS.get(items[0]) if type(items[0]) is int else None
