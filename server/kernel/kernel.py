@@ -363,7 +363,8 @@ class Kernel:
                               f"(methods: {', '.join(rec.cls.methods())})")
         fn, sig = found
         args, kwargs = _args(cmd.args, cmd.kwargs)
-        _bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
+        if not rerun:                        # a re-run was checked when it first ran
+            _bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
         timeout = cmd.timeout
         if timeout is not None and (type(timeout) not in (int, float) or timeout < 0):
             raise KernelError(Code.INVALID_ARGUMENT, f"timeout must be >= 0, not {timeout!r}")
