@@ -1,6 +1,6 @@
 """The ``gesmas`` command: call methods, upload classes, inspect and run a cluster.
 
-Client commands (call, upload, status, objects, classes) talk to ``--cluster``. Server
+Client commands (call, upload, status, objects, classes, admin) talk to ``--cluster``. Server
 commands (up, server) only parse their arguments here and hand the Namespace to
 ``gesmas.server.node``, imported when they run. Errors are one line on stderr:
 exit 2 for usage mistakes, 1 for errors from (or reaching) the cluster.
@@ -181,6 +181,26 @@ def cmd_classes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add_node(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        changed = c.add_node(args.raft_addr, args.client_addr or "")
+    if changed:
+        print(f"added {args.raft_addr}; now start it with --peers listing every member")
+    else:
+        print(f"{args.raft_addr} already is a member; nothing changed")
+    return 0
+
+
+def cmd_remove_node(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        changed = c.remove_node(args.raft_addr)
+    if changed:
+        print(f"removed {args.raft_addr}")
+    else:
+        print(f"{args.raft_addr} is not a member; nothing changed")
+    return 0
+
+
 # --- server commands ---------------------------------------------------------------------
 
 SERVER_KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret",
@@ -294,6 +314,26 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, parents=[common, as_json], help=text, description=text)
         p.set_defaults(func=func)
+
+    p = sub.add_parser("admin", help="change the cluster's membership",
+                       description="Membership changes, one at a time, through the leader "
+                                   "(see README: Replacing a node).")
+    admin = p.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND",
+                             parser_class=_Parser)
+    admin.required = True
+    a = admin.add_parser("add-node", parents=[common], help="add a replica to the cluster",
+                         description="Add the replica whose Raft address is RAFT_ADDR, then "
+                                     "start it with a fresh --data-dir and --peers listing "
+                                     "every current member.")
+    a.add_argument("raft_addr", metavar="RAFT_ADDR", help="its --raft-addr, host:port")
+    a.add_argument("--client-addr", metavar="ADDR",
+                   help="its --client-addr, host:port (for leader hints)")
+    a.set_defaults(func=cmd_add_node)
+    a = admin.add_parser("remove-node", parents=[common],
+                         help="remove a (dead) replica from the cluster",
+                         description="Remove the replica whose Raft address is RAFT_ADDR.")
+    a.add_argument("raft_addr", metavar="RAFT_ADDR", help="its --raft-addr, host:port")
+    a.set_defaults(func=cmd_remove_node)
 
     p = sub.add_parser("up", help="run a local cluster in the foreground",
                        description="Start NODES server processes on 127.0.0.1 and wait.")

@@ -589,6 +589,30 @@ class Client:
         )
 
 
+    # --- membership (administration) ---------------------------------------------------------
+
+    def add_node(self, raft_addr: str, client_addr: str = "") -> bool:
+        """Add the replica with Raft address ``raft_addr`` ("host:port") to the cluster's Raft
+        configuration; ``client_addr`` is its client address, for leader hints. Goes to the
+        leader (followed through leader hints) and returns once the change is committed:
+        True if it was added, False if it already was a member. Start the new replica
+        afterwards (README "Replacing a node"). Raises ``ApplicationError`` (type
+        "MembershipChangeDenied") if the Raft layer refuses the change, ``Unavailable`` if
+        no leader could confirm it in time."""
+        resp = self._call("AddNode", pb.AddNodeRequest(raft_addr=raft_addr,
+                                                       client_addr=client_addr),
+                          rpc_timeout=RPC_TIMEOUT + 5.0)
+        return bool(resp.changed)
+
+    def remove_node(self, raft_addr: str) -> bool:
+        """Remove the replica with Raft address ``raft_addr`` from the Raft configuration
+        (e.g. a dead one). True if it was removed, False if it was not a member. The leader
+        cannot remove itself (``ApplicationError``, type "IsLeader")."""
+        resp = self._call("RemoveNode", pb.RemoveNodeRequest(raft_addr=raft_addr),
+                          rpc_timeout=RPC_TIMEOUT + 5.0)
+        return bool(resp.changed)
+
+
 def _has_detail(e: grpc.RpcError) -> bool:
     trailing = getattr(e, "trailing_metadata", None)
     metadata = trailing() if callable(trailing) else None

@@ -52,17 +52,38 @@ class LocalCluster:
     secret: str = field(default_factory=lambda: secrets.token_hex(16))
     members: list[Member] = field(default_factory=list)
     _tmp: str | None = None
+    # Fault injection (tests/test_faults.py). With raft_proxies, replicas reach each other's
+    # Raft ports only through one TCP proxy per pair of replicas (tests/faultproxy.py, or
+    # proxy_factory(listen_port, target_port, name)), which partition() cuts and heal() mends.
+    raft_proxies: bool = False
+    proxy_factory: Any = None
+    env: dict[str, str] = field(default_factory=dict)     # extra environment of the servers
+    proxies: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="gesmas-")
             self.data_dir = self._tmp
+        pairs = [(i, j) for i in range(self.nodes) for j in range(i + 1, self.nodes)]
+        proxy_ports: list[int] = []
         if self.base_port is None:
-            ports = free_ports(2 * self.nodes)
+            n_proxy = len(pairs) if self.raft_proxies else 0
+            ports = free_ports(2 * self.nodes + n_proxy)
+            if self.raft_proxies:
+                # pysyncobj: of two replicas, the one whose own address is the greater string
+                # connects, and introduces itself by that address. Proxy addresses must sort
+                # below every Raft address so that the same replica still connects (through
+                # the proxy) and the other still recognises it.
+                ports.sort()
+                if len({len(str(p)) for p in ports}) != 1:
+                    raise RuntimeError(f"raft_proxies needs ports of one length: {ports}")
+                proxy_ports, ports = ports[:n_proxy], ports[n_proxy:]
             client, raft = ports[:self.nodes], ports[self.nodes:]
         else:
             client = [self.base_port + i + 1 for i in range(self.nodes)]
             raft = [self.base_port + 100 + i + 1 for i in range(self.nodes)]
+            proxy_ports = [self.base_port + 50 + k for k in range(len(pairs))]
+        self._proxy_ports = dict(zip(pairs, proxy_ports)) if self.raft_proxies else {}
         for i in range(self.nodes):
             d = os.path.join(self.data_dir, f"node{i + 1}")
             self.members.append(Member(i + 1, f"127.0.0.1:{client[i]}", f"127.0.0.1:{raft[i]}",
@@ -72,8 +93,17 @@ class LocalCluster:
     def addresses(self) -> str:
         return ",".join(m.client_addr for m in self.members)
 
+    def peer_raft_addr(self, m: Member, o: Member) -> str:
+        """The Raft address by which `m` knows `o`: with raft_proxies, the proxy of the pair
+        when `m` is the replica that connects (its address is the greater), else o's own."""
+        if not self.raft_proxies or m.raft_addr < o.raft_addr:
+            return o.raft_addr
+        a, b = sorted((m.node_id - 1, o.node_id - 1))
+        return f"127.0.0.1:{self._proxy_ports[(a, b)]}"
+
     def command(self, m: Member) -> list[str]:
-        peers = ",".join(f"{o.raft_addr}={o.client_addr}" for o in self.members if o is not m)
+        peers = ",".join(f"{self.peer_raft_addr(m, o)}={o.client_addr}"
+                         for o in self.members if o is not m)
         cmd = [sys.executable, "-m", "gesmas.client.cli", "server", "--id", str(m.node_id),
                "--client-addr", m.client_addr, "--raft-addr", m.raft_addr, "--peers", peers,
                "--data-dir", m.data_dir]
@@ -83,7 +113,9 @@ class LocalCluster:
 
     def start_member(self, m: Member) -> None:
         os.makedirs(m.data_dir, exist_ok=True)
+        self._start_proxies()
         env = dict(os.environ, PYTHONHASHSEED=HASH_SEED, GESMAS_CLUSTER_SECRET=self.secret)
+        env.update(self.env)
         log = open(m.log_path, "ab")
         m.proc = subprocess.Popen(self.command(m), env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
@@ -130,6 +162,98 @@ class LocalCluster:
             if sig in (signal.SIGKILL, signal.SIGTERM):
                 m.proc.wait(timeout=30)
 
+    # -- fault injection: restarts, the leader, partitions -------------------------------------
+
+    def restart_member(self, m: Member, sig: int = signal.SIGKILL) -> None:
+        """Stop `m` (kill -9 by default) if it runs, and start it again on its data dir."""
+        if m.proc is not None and m.proc.poll() is None:
+            os.kill(m.proc.pid, signal.SIGCONT)
+            self.kill(m, sig)
+        self.start_member(m)
+
+    def alive(self, m: Member) -> bool:
+        return m.proc is not None and m.proc.poll() is None
+
+    def member_status(self, m: Member, timeout: float = 2.0) -> dict[str, Any] | None:
+        """`m`'s own answer to the Status RPC (no retry, no redirect), or None if it gave
+        none within `timeout` (down, hung, no leader, not committed)."""
+        import grpc
+        from gesmas.v1 import gesmas_pb2 as pb
+        from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+        if not self.alive(m):
+            return None
+        with grpc.insecure_channel(m.client_addr) as channel:
+            try:
+                r = pb_grpc.GesmasStub(channel).Status(pb.StatusRequest(), timeout=timeout)
+            except grpc.RpcError:
+                return None
+        return {"node_id": r.node_id, "leader_address": r.leader_address,
+                "is_leader": r.is_leader, "term": r.term, "commit_index": r.commit_index,
+                "last_applied": r.last_applied, "waiter_count": r.waiter_count,
+                "object_count": r.object_count, "session_count": r.session_count}
+
+    def find_leader(self, timeout: float = 30.0, among: list[Member] | None = None) -> Member:
+        """The member that answers Status as the leader (a Status commits through the log, so
+        a deposed leader that has not noticed yet cannot answer it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in among or self.members:
+                st = self.member_status(m, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                if st is not None and st["is_leader"]:
+                    return m
+            time.sleep(0.1)
+        raise TimeoutError(f"no leader among {[m.node_id for m in among or self.members]} in "
+                           f"{timeout}s\n" + "\n".join(self.tail(m) for m in self.members))
+
+    def wait_caught_up(self, m: Member, timeout: float = 30.0) -> dict[str, Any]:
+        """Wait until `m` answers Status with last_applied >= the leader's commit index as
+        it was when this call began."""
+        leader = self.find_leader(timeout)
+        target = (self.member_status(leader) or {}).get("commit_index", 0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.member_status(m)
+            if st is not None and st["last_applied"] >= target:
+                return st
+            time.sleep(0.1)
+        raise TimeoutError(f"node {m.node_id} did not catch up to {target}\n{self.tail(m)}")
+
+    def _start_proxies(self) -> None:
+        if not self.raft_proxies or self.proxies:
+            return
+        factory = self.proxy_factory
+        if factory is None:
+            import importlib.util
+            path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests", "faultproxy.py")
+            spec = importlib.util.spec_from_file_location("gesmas_faultproxy", path)
+            if spec is None or spec.loader is None:
+                raise RuntimeError(f"raft_proxies: no proxy_factory and no {path}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            factory = module.FaultProxy
+        for (a, b), port in self._proxy_ports.items():
+            hi, lo = sorted((self.members[a], self.members[b]), key=lambda x: x.raft_addr,
+                            reverse=True)
+            target = int(lo.raft_addr.rsplit(":", 1)[1])
+            proxy = factory(port, target, f"{hi.node_id}->{lo.node_id}")
+            proxy.start()
+            self.proxies[(a + 1, b + 1)] = proxy
+
+    def link(self, a: Member, b: Member) -> Any:
+        """The proxy between members `a` and `b` (raft_proxies only)."""
+        return self.proxies[tuple(sorted((a.node_id, b.node_id)))]
+
+    def partition(self, m: Member) -> None:
+        """Cut `m` off from every other replica (raft_proxies only); clients still reach it."""
+        for o in self.members:
+            if o is not m:
+                self.link(m, o).cut()
+
+    def heal(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.heal()
+
     def stop(self) -> None:
         for m in self.members:
             if m.proc is not None and m.proc.poll() is None:
@@ -145,6 +269,9 @@ class LocalCluster:
                 except subprocess.TimeoutExpired:
                     m.proc.kill()
                     m.proc.wait(timeout=10)
+        for proxy in self.proxies.values():
+            proxy.close()
+        self.proxies.clear()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

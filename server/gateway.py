@@ -44,6 +44,31 @@ def _name(kind: str, value: str) -> str:
     return value
 
 
+def _address(kind: str, value: str) -> str:
+    """A "host:port" address as the replicas spell it (no scheme, port 1..65535)."""
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 \
+            or "/" in host or " " in host:
+        raise _invalid(f"{kind} must be host:port, got {value!r}")
+    return value.strip()
+
+
+def _current_nodes(nodes: list[dict[str, Any]],
+                   peers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Status nodes reconciled with the Raft configuration: members this replica knows only
+    from pysyncobj (added while it ran, client address unknown here) are listed, removed ones
+    (still in this replica's --peers) are not. nodes[0] is this replica."""
+    if not peers:
+        return nodes
+    known = {n["node_id"] for n in nodes}
+    out = [nodes[0]] + [n for n in nodes[1:] if n["node_id"] in peers]
+    for raft in sorted(peers.keys() - known):
+        p = peers[raft]
+        out.append({"node_id": raft, "address": "", "connected": bool(p.get("connected")),
+                    "match_index": int(p.get("match_index") or 0)})
+    return out
+
+
 class Gateway(pb_grpc.GesmasServicer):
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -182,6 +207,7 @@ class Gateway(pb_grpc.GesmasServicer):
     async def _status(self, request: Any, context: Any) -> Any:
         stats = await self._answer(context, self._cmd(codec.Query, what="stats"))
         st = self.node.status()
+        st["nodes"] = _current_nodes(st["nodes"], self.node.replica.status().get("peers", {}))
         return pb.StatusResponse(
             node_id=st["node_id"], leader_address=st["leader_address"] or "",
             is_leader=st["is_leader"], term=st["term"], commit_index=st["commit_index"],
@@ -191,6 +217,25 @@ class Gateway(pb_grpc.GesmasServicer):
                    for n in st["nodes"]],
             object_count=stats["objects"], waiter_count=stats["waiters"],
             session_count=stats["sessions"])
+
+    # -- membership (admin) ----------------------------------------------------------------
+
+    async def AddNode(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._add_node, request)
+
+    async def _add_node(self, request: Any, context: Any) -> Any:
+        raft = _address("raft_addr", request.raft_addr)
+        client = _address("client_addr", request.client_addr) if request.client_addr else ""
+        changed = await self.node.change_membership(True, raft, client)
+        return pb.AddNodeResponse(changed=changed)
+
+    async def RemoveNode(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._remove_node, request)
+
+    async def _remove_node(self, request: Any, context: Any) -> Any:
+        raft = _address("raft_addr", request.raft_addr)
+        changed = await self.node.change_membership(False, raft)
+        return pb.RemoveNodeResponse(changed=changed)
 
     # -- errors --------------------------------------------------------------------------------
 

@@ -258,6 +258,99 @@ class Node:
                 "commit_index": int(st.get("commit_index", 0)),
                 "last_applied": int(st.get("last_applied", 0)), "nodes": nodes}
 
+    # -- membership (admin RPCs AddNode / RemoveNode) ----------------------------------------
+    #
+    # The Raft configuration lives in pysyncobj (replicated through the log); the raft ->
+    # client address pairs used for leader hints and Status live in config.peers, which is
+    # node-local: the leader that performs a change updates its own copy, other replicas keep
+    # what their --peers said until they are restarted with an updated --peers.
+
+    def members(self) -> set[str]:
+        """The Raft addresses of the other replicas in this replica's current configuration."""
+        return set(self.replica.status().get("peers", {}))
+
+    def remember_peer(self, raft_addr: str, client_addr: str) -> None:
+        """Record (or update) the client address of the replica at `raft_addr`."""
+        from dataclasses import replace
+        peers = [(r, c) for r, c in self.config.peers if r != raft_addr]
+        old = dict(self.config.peers).get(raft_addr, "")
+        peers.append((raft_addr, client_addr or old))
+        self.config = replace(self.config, peers=tuple(peers))
+
+    def forget_peer(self, raft_addr: str) -> None:
+        from dataclasses import replace
+        self.config = replace(self.config, peers=tuple(
+            (r, c) for r, c in self.config.peers if r != raft_addr))
+
+    async def change_membership(self, add: bool, raft_addr: str, client_addr: str = "",
+                                timeout: float = 10.0) -> bool:
+        """Add or remove the replica `raft_addr` through pysyncobj, on the leader, and wait
+        until the change is committed. Returns False when there was nothing to do (already a
+        member / not a member). Raises CallFailed: UNAVAILABLE (not the leader, or the outcome
+        is unknown), APPLICATION (the change was refused)."""
+        from .replication import ReplicaStopped
+        assert self._loop is not None
+        loop = self._loop
+        if not (self._leader_ready and self.replica.is_leader()):
+            raise CallFailed(Error(Code.UNAVAILABLE, "membership changes go to the leader",
+                                   "NotLeader"), self.leader_client_addr() or "")
+        what = "add" if add else "remove"
+        if raft_addr == self.config.raft_addr:
+            if add:
+                return False
+            raise CallFailed(Error(
+                Code.APPLICATION, f"{raft_addr} is the leader and cannot remove itself: stop "
+                "it (another replica takes over) and remove it through the new leader",
+                "IsLeader"))
+        members = self.members()
+        if add and raft_addr in members:
+            self.remember_peer(raft_addr, client_addr)
+            return False
+        if not add and raft_addr not in members:
+            self.forget_peer(raft_addr)
+            return False
+        fut: asyncio.Future[tuple[bool, str]] = loop.create_future()
+
+        def settle(ok: bool, reason: str) -> None:          # event loop
+            if not fut.done():
+                fut.set_result((ok, reason))
+
+        def on_done(ok: bool, reason: str) -> None:         # pysyncobj's tick thread
+            loop.call_soon_threadsafe(settle, ok, reason)
+
+        change = self.replica.add_node if add else self.replica.remove_node
+        try:
+            change(raft_addr, on_done)
+        except BlockingIOError:
+            pass        # pysyncobj's wake-up pipe is full: the change is queued all the same
+        except ReplicaStopped as e:
+            raise CallFailed(Error(Code.UNAVAILABLE, f"replica cannot take commands: {e}",
+                                   "ReplicaStopped")) from None
+        try:
+            ok, reason = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise CallFailed(Error(
+                Code.UNAVAILABLE, f"the {what} of {raft_addr} was not committed within "
+                f"{timeout:g} s; it may still take effect: check `gesmas status` before "
+                "retrying", "NotCommitted"), self.leader_client_addr() or "") from None
+        if ok:
+            if add:
+                self.remember_peer(raft_addr, client_addr)
+            else:
+                self.forget_peer(raft_addr)
+            log.warning("membership: %s %s committed", what, raft_addr)
+            return True
+        if reason == "denied":
+            raise CallFailed(Error(
+                Code.APPLICATION, f"pysyncobj refused to {what} {raft_addr} (denied): another "
+                "membership change is still being committed, or this leader has not "
+                "committed an entry of its term yet; retry in a moment",
+                "MembershipChangeDenied"))
+        raise CallFailed(Error(
+            Code.UNAVAILABLE, f"the {what} of {raft_addr} was not committed ({reason}); "
+            "check `gesmas status` before retrying", "NotCommitted"),
+            self.leader_client_addr() or "")
+
     async def duties(self) -> None:
         """The leader's time-based work, each done by proposing a command."""
         while True:
@@ -382,7 +475,8 @@ def config_from_args(args: Any) -> NodeConfig:
     data_dir = pick("data_dir") or f"gesmas-data-{node_id}"
     return NodeConfig(node_id=int(node_id), client_addr=pick("client_addr"),
                       raft_addr=pick("raft_addr"), peers=tuple(pairs), data_dir=data_dir,
-                      secret=secret, fsync=not bool(pick("unsafe_no_fsync", False)))
+                      secret=secret, fsync=not bool(pick("unsafe_no_fsync", False)),
+                      checkpoint_every=int(os.environ.get("GESMAS_CHECKPOINT_EVERY") or 20_000))
 
 
 def _setup_logging() -> None:

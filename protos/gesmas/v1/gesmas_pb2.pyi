@@ -316,3 +316,29 @@ class StatusResponse(_message.Message):
     waiter_count: int
     session_count: int
     def __init__(self, node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., object_count: _Optional[int] = ..., waiter_count: _Optional[int] = ..., session_count: _Optional[int] = ...) -> None: ...
+
+class AddNodeRequest(_message.Message):
+    __slots__ = ("raft_addr", "client_addr")
+    RAFT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    raft_addr: str
+    client_addr: str
+    def __init__(self, raft_addr: _Optional[str] = ..., client_addr: _Optional[str] = ...) -> None: ...
+
+class AddNodeResponse(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+
+class RemoveNodeRequest(_message.Message):
+    __slots__ = ("raft_addr",)
+    RAFT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    raft_addr: str
+    def __init__(self, raft_addr: _Optional[str] = ...) -> None: ...
+
+class RemoveNodeResponse(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    def __init__(self, changed: _Optional[bool] = ...) -> None: ...

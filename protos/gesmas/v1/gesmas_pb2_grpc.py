@@ -96,6 +96,16 @@ class GesmasStub:
                 request_serializer=gesmas_dot_v1_dot_gesmas__pb2.StatusRequest.SerializeToString,
                 response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.AddNode = channel.unary_unary(
+                '/gesmas.v1.Gesmas/AddNode',
+                request_serializer=gesmas_dot_v1_dot_gesmas__pb2.AddNodeRequest.SerializeToString,
+                response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.AddNodeResponse.FromString,
+                _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/gesmas.v1.Gesmas/RemoveNode',
+                request_serializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeResponse.FromString,
+                _registered_method=True)
 
 
 class GesmasServicer:
@@ -187,6 +197,31 @@ class GesmasServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddNode(self, request, context):
+        """Administration: Raft membership (one change at a time). Both go through the leader: a
+        follower answers UNAVAILABLE with ErrorDetail.leader_hint, like any call it cannot
+        serve. The answer comes once the change is committed. A change the Raft layer refuses
+        (another change is still being committed, the leader has not committed an entry of its
+        term yet, the leader asked to remove itself) fails with APPLICATION (FAILED_PRECONDITION)
+        and ErrorDetail.type "MembershipChangeDenied" or "IsLeader"; a change whose outcome is
+        unknown (leader lost, not committed in time) fails UNAVAILABLE -- check Status (nodes)
+        before retrying. To replace a dead replica see README "Replacing a node".
+
+        Adds a replica to the Raft configuration. Start the new replica afterwards, with a
+        fresh data directory and --peers listing every current member.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveNode(self, request, context):
+        """Removes a replica from the Raft configuration (typically a dead one). The leader
+        cannot remove itself: stop it first, or ask the new leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GesmasServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -244,6 +279,16 @@ def add_GesmasServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.StatusRequest.FromString,
                     response_serializer=gesmas_dot_v1_dot_gesmas__pb2.StatusResponse.SerializeToString,
+            ),
+            'AddNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddNode,
+                    request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.AddNodeRequest.FromString,
+                    response_serializer=gesmas_dot_v1_dot_gesmas__pb2.AddNodeResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -550,6 +595,60 @@ class Gesmas:
             '/gesmas.v1.Gesmas/Status',
             gesmas_dot_v1_dot_gesmas__pb2.StatusRequest.SerializeToString,
             gesmas_dot_v1_dot_gesmas__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gesmas.v1.Gesmas/AddNode',
+            gesmas_dot_v1_dot_gesmas__pb2.AddNodeRequest.SerializeToString,
+            gesmas_dot_v1_dot_gesmas__pb2.AddNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gesmas.v1.Gesmas/RemoveNode',
+            gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeRequest.SerializeToString,
+            gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
