@@ -1,0 +1,55 @@
+"""Smoke test of bench/paper.py --quick --systems gesmas: it starts its own 3-process gesmas
+cluster, runs every experiment at tiny sizes (no ZooKeeper needed), exits 0 and prints the
+table; the JSON and the plots are written under --out. No timing assertions."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.cluster
+
+
+def test_paper_quick_gesmas_only(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "paper.py"), "--quick", "--systems", "gesmas",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=150, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    table = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
+    assert table and table[0].startswith("| measurement | better | gesmas | zookeeper"), out.stdout
+    names = [ln.split("|")[1].strip() for ln in table[2:]]
+    expected = [
+        "produce ops/s, 1 client", "produce ops/s, 2 clients",
+        "consume mean ms @ length 10", "consume p50 ms @ length 10",
+        "consume mean ms @ length 50", "consume p50 ms @ length 50",
+        "consume ops/s (1 client) @ length 50",
+        "mixed 2P+2C produced/s", "mixed 2P+2C consumed/s",
+        "herd N=2: s until all released", "herd N=4: s until all released",
+        "barrier 2 parties x 2 rounds: s", "barrier 3 parties x 2 rounds: s",
+        "lock hand-offs/s, 1 client", "lock hand-offs/s, 2 clients",
+    ] + [f"{op} {q} ms (1 client)" for op in ("produce", "consume", "lock acquire+release")
+         for q in ("p50", "p99")]
+    assert names == expected, names
+    for ln in table[2:]:
+        cells = [c.strip() for c in ln.split("|")[1:-1]]
+        assert cells[2] != "—", ln                         # gesmas measured
+        assert cells[3] == "—", ln                         # zookeeper not run
+        assert "infeasible" not in ln and "VIOLATED" not in ln and "reached" not in ln, ln
+
+    doc = json.loads((tmp_path / "paper.json").read_text())
+    assert list(doc["results"]) == ["gesmas"]
+    g = doc["results"]["gesmas"]
+    assert not [e for e, v in g.items() if "failed" in v], g
+    assert all(r["n_errors"] == 0 for r in g["lock"].values()), g["lock"]
+    assert all(r["mutual_exclusion"] == "ok" for r in g["lock"].values()), g["lock"]
+    assert all(r["released"] == r["n"] for r in g["herd"].values()), g["herd"]
+    assert all(r["finished"] == r["parties"] for r in g["barrier"].values()), g["barrier"]
+    for name in ("paper_consume_latency.png", "paper_herd.png", "paper_barrier.png"):
+        assert (tmp_path / name).stat().st_size > 1000, name
