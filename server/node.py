@@ -88,7 +88,9 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self._tags = itertools.count(1)
-        self._prefix = f"{config.node_id}:"
+        # Tags name a call on this replica. Calls from an earlier run of this node may still
+        # wait in the replicated state under their tags, so each run gets its own prefix.
+        self._prefix = f"{config.node_id}.{os.urandom(4).hex()}:"
         self._pending: dict[str, list[Any]] = {}        # tag -> [future, applied, proposed at]
         self._loop: asyncio.AbstractEventLoop | None = None
         # node-local view of sessions, kept on the apply thread, read by the duties
@@ -195,9 +197,12 @@ class Node:
                                    "TooLarge")) from None
 
     def _failed(self, tag: str) -> Any:
-        """on_failure for a proposal: called on the apply thread if it surely did not commit."""
+        """on_failure for a proposal, called on the apply thread. The call fails at once with
+        UNAVAILABLE even when the outcome is unknown (the leader changed): the client retries
+        with the same (session, seq), which the kernel deduplicates, and the other commands are
+        idempotent or harmless to repeat (a second OpenSession just expires unused)."""
         def on_failure(f: Any) -> None:
-            if not f.maybe_applied and self._loop is not None:
+            if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._deliver, [Completion(tag, None, Error(
                     Code.UNAVAILABLE, f"the command was not committed ({f.reason}); retry",
                     "NotCommitted"))], "")
