@@ -27,6 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from gesmas.server.cluster import free_ports
+
 JAVA_DIR = "/usr/share/java"
 ZK_JAR = os.path.join(JAVA_DIR, "zookeeper.jar")
 MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -66,18 +68,6 @@ def java_version() -> str:
         return (out.stderr or out.stdout).splitlines()[0].strip()
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown"
-
-
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def four_letter(port: int, word: str, timeout: float = 2.0) -> str:
