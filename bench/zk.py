@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from gesmas.server.cluster import free_ports
+from gesmas.server.cluster import free_ports, stop_by_pid, tail_log
 
 JAVA_DIR = "/usr/share/java"
 ZK_JAR = os.path.join(JAVA_DIR, "zookeeper.jar")
@@ -196,26 +196,10 @@ class ZkEnsemble:
                            "\n".join(self.tail(m) for m in self.members))
 
     def tail(self, m: ZkNode, lines: int = 20) -> str:
-        try:
-            with open(m.log_path, encoding="utf-8", errors="replace") as f:
-                return f"--- zk {m.myid} ---\n" + "".join(f.readlines()[-lines:])
-        except OSError:
-            return f"--- zk {m.myid}: no log ---"
+        return tail_log(m.log_path, f"zk {m.myid}", lines)
 
     def stop(self) -> None:
-        for m in self.members:
-            if m.proc is not None and m.proc.poll() is None:
-                try:
-                    os.kill(m.proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for m in self.members:
-            if m.proc is not None:
-                try:
-                    m.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.kill(m.proc.pid, signal.SIGKILL)
-                    m.proc.wait(timeout=10)
+        stop_by_pid([m.proc for m in self.members])
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

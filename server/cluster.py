@@ -33,6 +33,34 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def tail_log(path: str, label: str, lines: int = 30) -> str:
+    """The last `lines` lines of a process log, headed by `label`, for error messages."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f"--- {label} ---\n" + "".join(f.readlines()[-lines:])
+    except OSError:
+        return f"--- {label}: no log ---"
+
+
+def stop_by_pid(procs: list[subprocess.Popen[bytes] | None], timeout: float = 10.0) -> None:
+    """SIGCONT + SIGTERM every process still running (a SIGSTOPped one could not act on
+    SIGTERM), wait for each, SIGKILL what does not exit in time."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGCONT)
+                os.kill(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        if p is not None:
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=timeout)
+
+
 @dataclass
 class Member:
     node_id: int
@@ -53,8 +81,8 @@ class LocalCluster:
     members: list[Member] = field(default_factory=list)
     _tmp: str | None = None
     # Fault injection (tests/test_faults.py). With raft_proxies, replicas reach each other's
-    # Raft ports only through one TCP proxy per pair of replicas (tests/faultproxy.py, or
-    # proxy_factory(listen_port, target_port, name)), which partition() cuts and heal() mends.
+    # Raft ports only through one TCP proxy per pair of replicas, made by
+    # proxy_factory(listen_port, target_port, name), which partition() cuts and heal() mends.
     raft_proxies: bool = False
     proxy_factory: Any = None
     env: dict[str, str] = field(default_factory=dict)     # extra environment of the servers
@@ -139,9 +167,7 @@ class LocalCluster:
                                        f"log:\n{self.tail(m)}")
             try:
                 with Client(self.addresses, session_ttl=5.0) as c:
-                    names = {cls["name"] if isinstance(cls, dict) else cls
-                             for cls in _class_names(c.list_classes())}
-                    if {"Queue", "Lock", "Counter"} <= names:
+                    if {"Queue", "Lock", "Counter"} <= c.list_classes().keys():
                         return
             except (GesmasError, OSError) as e:
                 last = e
@@ -150,11 +176,7 @@ class LocalCluster:
                            "\n".join(self.tail(m) for m in self.members))
 
     def tail(self, m: Member, lines: int = 30) -> str:
-        try:
-            with open(m.log_path, encoding="utf-8", errors="replace") as f:
-                return f"--- node {m.node_id} ---\n" + "".join(f.readlines()[-lines:])
-        except OSError:
-            return f"--- node {m.node_id}: no log ---"
+        return tail_log(m.log_path, f"node {m.node_id}", lines)
 
     def kill(self, m: Member, sig: int = signal.SIGKILL) -> None:
         if m.proc is not None and m.proc.poll() is None:
@@ -223,15 +245,8 @@ class LocalCluster:
             return
         factory = self.proxy_factory
         if factory is None:
-            import importlib.util
-            path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tests", "faultproxy.py")
-            spec = importlib.util.spec_from_file_location("gesmas_faultproxy", path)
-            if spec is None or spec.loader is None:
-                raise RuntimeError(f"raft_proxies: no proxy_factory and no {path}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            factory = module.FaultProxy
+            raise ValueError("raft_proxies=True needs a proxy_factory "
+                             "(the fault tests pass tests/faultproxy.py's FaultProxy)")
         for (a, b), port in self._proxy_ports.items():
             hi, lo = sorted((self.members[a], self.members[b]), key=lambda x: x.raft_addr,
                             reverse=True)
@@ -255,20 +270,7 @@ class LocalCluster:
             proxy.heal()
 
     def stop(self) -> None:
-        for m in self.members:
-            if m.proc is not None and m.proc.poll() is None:
-                try:
-                    os.kill(m.proc.pid, signal.SIGCONT)
-                    os.kill(m.proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for m in self.members:
-            if m.proc is not None:
-                try:
-                    m.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    m.proc.kill()
-                    m.proc.wait(timeout=10)
+        stop_by_pid([m.proc for m in self.members])
         for proxy in self.proxies.values():
             proxy.close()
         self.proxies.clear()
@@ -281,9 +283,6 @@ class LocalCluster:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-
-def _class_names(classes: Any) -> list[Any]:
-    return list(classes.keys()) if isinstance(classes, dict) else list(classes)
 
 
 def stop_on_signals() -> None:
