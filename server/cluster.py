@@ -140,6 +140,8 @@ class LocalCluster:
         return cmd
 
     def start_member(self, m: Member) -> None:
+        if m.proc is not None and m.proc.poll() is None:
+            raise RuntimeError(f"replica {m.node_id} is already running (pid {m.proc.pid})")
         os.makedirs(m.data_dir, exist_ok=True)
         self._start_proxies()
         env = dict(os.environ, PYTHONHASHSEED=HASH_SEED, GESMAS_CLUSTER_SECRET=self.secret)
