@@ -93,6 +93,10 @@ class Node:
         self._prefix = f"{config.node_id}.{os.urandom(4).hex()}:"
         self._pending: dict[str, list[Any]] = {}        # tag -> [future, applied, proposed at]
         self._loop: asyncio.AbstractEventLoop | None = None
+        # completions waiting for the event loop (apply thread -> loop), one wake-up per batch
+        self._ready_lock = threading.Lock()
+        self._ready: list[tuple[list[Completion], str]] = []
+        self._ready_scheduled = False
         # node-local view of sessions, kept on the apply thread, read by the duties
         self._lock = threading.Lock()
         self._sessions: dict[int, float] = {}            # session id -> ttl
@@ -146,12 +150,25 @@ class Node:
         self._next_deadline = kernel.next_deadline()
         tag = cmd.tag
         if deliver and self._loop is not None and (out or tag.startswith(self._prefix)):
-            self._loop.call_soon_threadsafe(self._deliver, out, tag)
+            # One wake-up of the event loop per batch of applied commands, not per command.
+            with self._ready_lock:
+                self._ready.append((out, tag))
+                if self._ready_scheduled:
+                    return
+                self._ready_scheduled = True
+            self._loop.call_soon_threadsafe(self._deliver_ready)
 
     # -- the gateway side (event loop) ------------------------------------------------------
 
     def new_tag(self) -> str:
         return f"{self._prefix}{next(self._tags)}"
+
+    def _deliver_ready(self) -> None:
+        with self._ready_lock:
+            ready, self._ready = self._ready, []
+            self._ready_scheduled = False
+        for out, tag in ready:
+            self._deliver(out, tag)
 
     def _deliver(self, out: list[Completion], applied_tag: str) -> None:
         p = self._pending.get(applied_tag)

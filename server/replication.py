@@ -27,6 +27,8 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
   4. ``Replica._align_journal``: at start-up pysyncobj would discard the journal after a crash
      between writing a snapshot and compacting the log.
   5. ``_RaftNode._gesmas_submit`` encodes commands with pickle protocol 4, not 2.
+  6. ``_install_wire``: ChaCha20-Poly1305 instead of Fernet and no zlib for small messages
+     (server/raftwire.py); ``flush`` sends a leader's append_entries before its own fsync.
 
 Measured with ``.venv/bin/python tests/replication_node.py bench --window 1000
 [--pysyncobj-defaults] [--no-fsync]``: 3 local processes, ~100-byte commands, fsync on, on
@@ -59,11 +61,14 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
+from pysyncobj import tcp_connection as _tcp_connection
 from pysyncobj.encryptor import HAS_CRYPTO
+from pysyncobj.encryptor import SALT as _ENCRYPTOR_SALT
 from pysyncobj.journal import Journal
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 
+from . import raftwire
 from .journal import DurableJournal, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -172,6 +177,38 @@ def _install_journal_factory() -> None:
         _factory_installed = True
 
 
+class _ClusterSecret(str):
+    """A cluster secret that asks for gesmas' AEAD encryptor instead of Fernet."""
+
+
+_wire_installed = False
+
+
+def _install_wire() -> None:
+    """Cheaper replica-to-replica messages (server/raftwire.py explains the why and the format).
+
+    Replaces ``pysyncobj.syncobj.getEncryptor`` (called once, in ``SyncObj.__init__``) with a
+    wrapper that returns an ``AeadEncryptor`` for a ``_ClusterSecret`` and calls the original
+    otherwise, and the ``zlib`` name of ``pysyncobj.tcp_connection`` with ``Framing``. The
+    framing is process-wide: every pysyncobj connection of a process that imports gesmas'
+    replication speaks it (both ends of a gesmas cluster always do).
+    """
+    global _wire_installed
+    with _factory_lock:
+        if _wire_installed:
+            return
+        original = _ps.getEncryptor
+
+        def get_encryptor(password):
+            if isinstance(password, _ClusterSecret):
+                return raftwire.AeadEncryptor(raftwire.derive_master(password, _ENCRYPTOR_SALT))
+            return original(password)
+
+        _ps.getEncryptor = get_encryptor
+        _tcp_connection.zlib = raftwire.Framing
+        _wire_installed = True
+
+
 # ------------------------------------------------- pysyncobj override 2: conflict-only truncation
 def filter_append_entries(journal: DurableJournal, msg: dict) -> Optional[dict]:
     """Rewrite an append_entries message so pysyncobj truncates only on a real conflict.
@@ -260,6 +297,37 @@ def coalesce(messages: List[Any], max_bytes: int) -> List[Any]:
     return out
 
 
+def _early(message: Any) -> bool:
+    """May this message leave before the journal's pending records are synced?
+
+    Yes for a leader's append_entries and for a command forwarded to the leader: they ask the
+    receiver to store entries or propose a command and claim nothing about this node's log.
+    A leader counts its own log towards a commit without an ack (pysyncobj's ``_onTick`` starts
+    the count at 1), but it computes commits only at the start of a loop iteration, and the
+    followers' acks are read only by the poll that follows ``flush``: by then this flush's sync
+    has made the leader's copy durable. So an entry is still committed only once a majority
+    has it on disk. Acks (next_node_idx) and votes stay held: they claim durable state.
+    """
+    return isinstance(message, dict) and (message.get("type") == "apply_command"
+                                           or _plain_ae(message))
+
+
+def split_early(outbox: List[Tuple[Any, Any]]) -> Tuple[List[Tuple[Any, Any]],
+                                                         List[Tuple[Any, Any]]]:
+    """(messages that may leave before the sync, the rest); per destination, a message never
+    overtakes an earlier one, so only each node's leading run of early messages goes first."""
+    early: List[Tuple[Any, Any]] = []
+    late: List[Tuple[Any, Any]] = []
+    blocked: set = set()
+    for node, message in outbox:
+        if node not in blocked and _early(message):
+            early.append((node, message))
+        else:
+            blocked.add(node)
+            late.append((node, message))
+    return early, late
+
+
 class _DurableTransport(TCPTransport):
     """TCPTransport that never lets a Raft message out before the journal is durable.
 
@@ -287,6 +355,12 @@ class _DurableTransport(TCPTransport):
         return super().send(node, message)
 
     def flush(self) -> None:
+        if self._outbox and self._journal.dirty:
+            # Messages that state nothing about this node's log go out before the fsync, so
+            # that followers write their copy while this node writes its own (Raft thesis
+            # §10.2.1). See _early() for why this keeps "majority durable before commit".
+            early, self._outbox = split_early(self._outbox)
+            self._send_grouped(early)
         try:
             self._journal.sync()
         except OSError as exc:
@@ -297,12 +371,15 @@ class _DurableTransport(TCPTransport):
             if replica is not None:
                 replica._fail(exc, "journal write/fsync failed")
             raise
-        if not self._outbox:
+        outbox, self._outbox = self._outbox, []
+        self._send_grouped(outbox)
+
+    def _send_grouped(self, items: List[Tuple[Any, Any]]) -> None:
+        if not items:
             return
         per_node: Dict[Any, List[Any]] = {}
-        for node, message in self._outbox:
+        for node, message in items:
             per_node.setdefault(node, []).append(message)
-        self._outbox = []
         limit = self._syncObj.conf.appendEntriesBatchSizeBytes
         for node, messages in per_node.items():
             for message in coalesce(messages, limit):
@@ -323,6 +400,9 @@ class _RaftNode(SyncObj):
                  conf: SyncObjConf, journal: DurableJournal):
         self._gesmas_replica = replica
         self._gesmas_journal = journal
+        _install_wire()
+        if conf.password is not None and not isinstance(conf.password, _ClusterSecret):
+            conf.password = _ClusterSecret(conf.password)
         super().__init__(self_addr, peers, conf, transportClass=_DurableTransport)
         self._gesmas_func_id = self._methodToID[self._getFuncName("_gesmas_apply")]
 

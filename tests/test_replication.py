@@ -19,7 +19,7 @@ from pysyncobj.transport import TCPTransport
 from gesmas.server.journal import DurableJournal, JournalError
 from gesmas.server.replication import (NotLeader, Replica, ReplicaStopped, _DurableTransport,
                                        _install_journal_factory, _RaftNode, coalesce,
-                                       filter_append_entries)
+                                       filter_append_entries, split_early)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from replication_node import Cluster, ListSM, NodeProc, free_ports, restore  # noqa: E402
@@ -140,6 +140,24 @@ def test_coalesce_merges_contiguous_appends_and_acks():
     assert [e[1] for e in out[0]["entries"]] == [4, 5, 6] and out[0]["commit_index"] == 4
     gap = _ae(9, 1, [(10, 1)])
     assert len(coalesce([a, gap], 1 << 20)) == 2
+
+
+def test_split_early_sends_entries_before_the_sync_but_holds_acks_and_votes():
+    """A leader's append_entries and forwarded commands may leave before its fsync; acks and
+    votes claim durable state and wait; nothing overtakes an earlier message to its node."""
+    ack = {"type": "next_node_idx", "term": 5, "next_node_idx": 4, "reset": False,
+           "success": True}
+    vote = {"type": "response_vote", "term": 6, "vote_granted": True}
+    fwd = {"type": "apply_command", "command": b"c", "request_id": 1}
+    chunk = dict(_ae(3, 1, []), transmission="start", data=b"x")
+    a1, a2 = _ae(3, 1, [(4, 1)]), _ae(4, 1, [(5, 1)])
+    outbox = [("f1", a1), ("f2", a1), ("f1", ack), ("f1", a2), ("f2", a2), ("f3", vote),
+              ("f3", fwd), ("f4", fwd), ("f4", chunk), ("f4", fwd)]
+    early, late = split_early(outbox)
+    assert early == [("f1", a1), ("f2", a1), ("f2", a2), ("f4", fwd)]
+    assert late == [("f1", ack), ("f1", a2), ("f3", vote), ("f3", fwd), ("f4", chunk),
+                    ("f4", fwd)]
+    assert split_early([]) == ([], [])
 
 
 def test_stale_append_entries_do_not_truncate_in_syncobj(tmp_path):
