@@ -19,16 +19,17 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
   and explained where it is:
   1. ``DurableJournal`` (server/journal.py) replaces ``FileJournal``, plugged in through
      ``_install_journal_factory``; it fsyncs in groups and stores term/vote durably.
-  2. ``_DurableTransport.send``/``flush`` hold every outgoing Raft message while the journal
-     has unsynced records and sync once before releasing them: a follower acks, and a leader
-     ships entries (which must happen before it can count them), only once they are on disk.
+  2. ``_DurableTransport.send``/``flush`` queue every outgoing Raft message; ``flush`` syncs
+     the journal once and then releases them: a follower acks, and votes go out, only once
+     what they claim is on disk. A leader's append_entries (and forwarded commands) leave just
+     before the sync, so followers write in parallel (``_early`` says why that is safe).
   3. ``_DurableTransport._onMessageReceived`` + ``filter_append_entries``: a follower
      truncates its log only on a real conflict.
   4. ``Replica._align_journal``: at start-up pysyncobj would discard the journal after a crash
      between writing a snapshot and compacting the log.
   5. ``_RaftNode._gesmas_submit`` encodes commands with pickle protocol 4, not 2.
   6. ``_install_wire``: ChaCha20-Poly1305 instead of Fernet and no zlib for small messages
-     (server/raftwire.py); ``flush`` sends a leader's append_entries before its own fsync.
+     (server/raftwire.py); ``flush`` sends what it has for a node as one ``gesmas_batch``.
 
 Measured with ``.venv/bin/python tests/replication_node.py bench --window 1000
 [--pysyncobj-defaults] [--no-fsync]``: 3 local processes, ~100-byte commands, fsync on, on
@@ -297,6 +298,31 @@ def coalesce(messages: List[Any], max_bytes: int) -> List[Any]:
     return out
 
 
+BATCH = "gesmas_batch"
+
+
+def batch(messages: List[Any]) -> List[Any]:
+    """Wrap runs of messages to one node in one ``gesmas_batch`` message (in order).
+
+    Each message costs its own pickle, encryption, send call and wake-up of the receiver; a
+    flush typically has an append_entries plus forwarded commands or their answers for a
+    node. Snapshot chunks (``transmission``) travel alone: they are already large.
+    """
+    out: List[Any] = []
+    run: List[Any] = []
+    for msg in messages:
+        if isinstance(msg, dict) and "transmission" not in msg:
+            run.append(msg)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else {"type": BATCH, "messages": run})
+            run = []
+        out.append(msg)
+    if run:
+        out.append(run[0] if len(run) == 1 else {"type": BATCH, "messages": run})
+    return out
+
+
 def _early(message: Any) -> bool:
     """May this message leave before the journal's pending records are synced?
 
@@ -332,10 +358,10 @@ class _DurableTransport(TCPTransport):
     """TCPTransport that never lets a Raft message out before the journal is durable.
 
     Replaces ``TCPTransport.send`` for the Raft messages pysyncobj sends (append_entries,
-    next_node_idx acks, votes, forwarded commands): while ``DurableJournal.dirty`` (or while
-    earlier messages wait, to keep per-node order) a message is queued; ``flush()`` syncs the
-    journal once and sends the queue. pysyncobj acknowledges entries (next_node_idx) right
-    after ``journal.add`` in ``__onMessageReceived``, and the leader counts its own log as
+    next_node_idx acks, votes, forwarded commands): a message is queued; ``flush()`` sends the
+    leading ``_early`` messages of each node, syncs the journal once, and sends the rest, each
+    node's messages coalesced and batched into one. pysyncobj acknowledges entries
+    (next_node_idx) right after ``journal.add`` in ``__onMessageReceived``, and the leader counts its own log as
     matched in ``_onTick``: holding the ack, and the append_entries that lead to any follower
     ack, until ``sync()`` is what makes an acknowledged entry durable. ``flush`` runs at the
     end of each loop iteration before the poll (tick callback) and right after the poll
@@ -349,10 +375,10 @@ class _DurableTransport(TCPTransport):
         syncObj.addOnTickCallback(self.flush)
 
     def send(self, node, message):
-        if self._outbox or self._journal.dirty:
-            self._outbox.append((node, message))
-            return True
-        return super().send(node, message)
+        # Everything waits for flush(), which runs before every poll and right after it:
+        # held messages wait for the sync, and each flush sends one message per node.
+        self._outbox.append((node, message))
+        return True
 
     def flush(self) -> None:
         if self._outbox and self._journal.dirty:
@@ -382,10 +408,14 @@ class _DurableTransport(TCPTransport):
             per_node.setdefault(node, []).append(message)
         limit = self._syncObj.conf.appendEntriesBatchSizeBytes
         for node, messages in per_node.items():
-            for message in coalesce(messages, limit):
+            for message in batch(coalesce(messages, limit)):
                 super().send(node, message)
 
     def _onMessageReceived(self, node, message):
+        if isinstance(message, dict) and message.get("type") == BATCH:
+            for part in message["messages"]:
+                self._onMessageReceived(node, part)
+            return
         if isinstance(message, dict) and message.get("type") == "append_entries":
             message = filter_append_entries(self._journal, message)
             if message is None:

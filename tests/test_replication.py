@@ -19,7 +19,8 @@ from pysyncobj.transport import TCPTransport
 from gesmas.server.journal import DurableJournal, JournalError
 from gesmas.server.replication import (NotLeader, Replica, ReplicaStopped, _DurableTransport,
                                        _install_journal_factory, _RaftNode, coalesce,
-                                       filter_append_entries, split_early)
+                                       batch, filter_append_entries,
+                                       split_early)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from replication_node import Cluster, ListSM, NodeProc, free_ports, restore  # noqa: E402
@@ -158,6 +159,15 @@ def test_split_early_sends_entries_before_the_sync_but_holds_acks_and_votes():
     assert late == [("f1", ack), ("f1", a2), ("f3", vote), ("f3", fwd), ("f4", chunk),
                     ("f4", fwd)]
     assert split_early([]) == ([], [])
+
+
+def test_batch_wraps_runs_of_messages_and_leaves_snapshot_chunks_alone():
+    a1, a2 = _ae(3, 1, [(4, 1)]), _ae(4, 1, [(5, 1)])
+    fwd = {"type": "apply_command", "command": b"c", "request_id": 1}
+    chunk = dict(_ae(3, 1, []), transmission="start", data=b"x")
+    assert batch([]) == [] and batch([a1]) == [a1]
+    assert batch([a1, fwd, chunk, a2]) == [{"type": "gesmas_batch", "messages": [a1, fwd]},
+                                           chunk, a2]
 
 
 def test_stale_append_entries_do_not_truncate_in_syncobj(tmp_path):
