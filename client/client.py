@@ -5,9 +5,11 @@ Theory of operation
 A ``Client`` holds the cluster's client addresses, one lazily created gRPC channel per
 address, and one *session* (OpenSession on connect, CloseSession on close). A daemon thread
 renews the session every ttl/3 seconds with KeepAlive, which must reach the leader: an
-UNAVAILABLE answer names the leader in ``leader_hint`` and the thread follows it. When the
-server reports the session gone, the client is marked expired and every later call raises
-``SessionExpired``.
+UNAVAILABLE answer names the leader in ``leader_hint`` and the thread follows it, and keeps
+sending keep-alives there. Calls stay on the replica the client uses (any replica serves any
+call), so many clients spread their gRPC work over the replicas as ZooKeeper's do; only a
+failure moves them. When the server reports the session gone, the client is marked expired
+and every later call raises ``SessionExpired``.
 
 Every Invoke carries ``(session, seq)``: ``seq`` comes from a thread-safe counter starting
 at 1 and is kept across retries, which makes a call exactly-once; the server answers a
@@ -204,6 +206,7 @@ class Client:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
         self._addresses = parse_cluster(cluster)
         self._preferred = 0  # index of the address to try first
+        self._leader: str | None = None  # where keep-alives go, once known
         self._ttl = float(session_ttl)
         self._retry_timeout = float(retry_timeout)
         self._lock = threading.Lock()  # addresses, preferred, channels
@@ -301,7 +304,7 @@ class Client:
             try:
                 resp = self._call(
                     "KeepAlive", pb.KeepAliveRequest(session=self._session),
-                    rpc_timeout=max(interval, 1.0), retry_timeout=interval,
+                    rpc_timeout=max(interval, 1.0), retry_timeout=interval, to_leader=True,
                 )
             except ClientClosed:
                 return
@@ -329,13 +332,21 @@ class Client:
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
 
-    def _next_address(self, failed: str, hint: str) -> str:
-        """Where to go after ``failed`` answered ``hint`` (maybe empty); becomes preferred."""
+    def _next_address(self, failed: str, hint: str, to_leader: bool = False) -> str:
+        """Where to go after ``failed`` answered ``hint`` (maybe empty). For calls it becomes
+        the preferred address; for keep-alives (``to_leader``) the leader address."""
         with self._lock:
             if hint and hint != failed:
                 if hint not in self._addresses:
                     self._addresses.append(hint)  # a replica the cluster list lacked
+                if to_leader:
+                    self._leader = hint
+                    return hint
                 self._preferred = self._addresses.index(hint)
+            elif to_leader:
+                self._leader = None
+                i = self._addresses.index(failed) + 1 if failed in self._addresses else 0
+                return self._addresses[i % len(self._addresses)]
             elif failed in self._addresses:
                 self._preferred = (self._addresses.index(failed) + 1) % len(self._addresses)
             return self._addresses[self._preferred]
@@ -369,18 +380,24 @@ class Client:
         cap: float | None = None,
         closing: bool = False,
         on_retry: Callable[[], None] | None = None,
+        to_leader: bool = False,
     ) -> tuple[str, Any]:
         """Send ``request`` until a replica serves it; see "Retries" in the module doc.
         Returns (the address that answered, the response). ``cap`` is a monotonic time past
-        which no retry starts; ``closing`` lets the call run while the client closes."""
+        which no retry starts; ``closing`` lets the call run while the client closes;
+        ``to_leader`` routes by the leader address (keep-alives) without moving calls."""
         budget = self._retry_timeout if retry_timeout is None else retry_timeout
-        address = self._addresses[self._preferred]
+        with self._lock:
+            address = (self._leader if to_leader else None) or self._addresses[self._preferred]
         period_start: float | None = None
         delay, followed_hint = BACKOFF_FIRST, False
         while True:
             started = time.monotonic()
             try:
-                return address, self._attempt(address, method, request, rpc_timeout)
+                response = self._attempt(address, method, request, rpc_timeout)
+                if to_leader:
+                    self._leader = address
+                return address, response
             except _Failure as failure:
                 error = failure.error
             now = time.monotonic()
@@ -393,7 +410,8 @@ class Client:
                 raise ClientClosed() from None
             if now >= give_up:
                 raise error
-            previous, address = address, self._next_address(address, error.leader_hint)
+            previous, address = address, self._next_address(address, error.leader_hint,
+                                                             to_leader)
             log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error, address)
             hint = bool(error.leader_hint) and address == error.leader_hint
             if hint and not followed_hint:

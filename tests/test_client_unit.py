@@ -319,6 +319,24 @@ def test_keepalive_runs_and_follows_leader_hint(replicas):
     assert b.fake.seen("KeepAlive") == []
 
 
+def test_calls_stay_on_their_replica_while_keepalives_follow_the_leader(replicas):
+    a, b, c_ = replicas
+    a.fake.handlers["KeepAlive"] = unavailable(hint=c_.address)
+    renewals = threading.Semaphore(0)
+
+    def keepalive(request, context):
+        renewals.release()
+        return pb.KeepAliveResponse(ttl=0.3)
+
+    c_.fake.handlers["KeepAlive"] = keepalive
+    with Client(cluster(replicas), session_ttl=0.3) as c:
+        assert renewals.acquire(timeout=WAIT) and renewals.acquire(timeout=WAIT)
+        c.invoke("Queue", "q", "size")
+    assert len(a.fake.seen("KeepAlive")) == 1  # asked once, then straight to the leader
+    assert len(a.fake.seen("Invoke")) == 1 and c_.fake.seen("Invoke") == []
+    assert b.fake.seen("KeepAlive") == []
+
+
 def test_keepalive_not_found_expires_the_client(replicas):
     a = replicas[0]
     a.fake.handlers["KeepAlive"] = lambda request, context: fail(
