@@ -959,6 +959,9 @@ ZooKeeper better).
 
 {chr(10).join(tg)}
 
+Where the time goes on the gesmas side, and what was changed because of it:
+[performance.md](performance.md).
+
 ## Plots
 
 {imgs}
