@@ -280,7 +280,11 @@ class LocalCluster:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a cluster that never got ready is still stopped by pid
+            self.stop()
+            raise
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()

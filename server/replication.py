@@ -48,8 +48,7 @@ same, ``fsync=False``  0.8 ms (1.9)           0.9 ms (5.4)           16k / 6.3k
 
 These figures predate override 6 and the early append_entries (docs/performance.md has
 the end-to-end effect). Group commit at work: the leader made 5302 records durable in ~310
-fsyncs. Idle cost: ~1-1.6%
-of a core per node (0.6-0.8% with the defaults' 0.1 s heartbeat).
+fsyncs. Idle cost: ~1-1.6% of a core per node (0.6-0.8% with the defaults' 0.1 s heartbeat).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import pytest
 
 from gesmas.client import (AlreadyExists, ApplicationError, Client, InvalidArgument, NotFound,
                            ResourceExhausted, Timeout)
+from gesmas.server.cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 
@@ -216,3 +217,22 @@ def test_killed_lock_holder_loses_lock_after_ttl(cluster):
         if holder.poll() is None:
             holder.kill()
             holder.wait(10)
+
+
+def test_a_local_cluster_that_does_not_get_ready_is_stopped(monkeypatch):
+    """`with LocalCluster()` stops its processes by pid when start() fails, and a replica
+    cannot be started twice (the second set of processes would leak)."""
+    cl = LocalCluster()
+    started = []
+
+    def not_ready(timeout: float = 60.0) -> None:
+        started.extend(m.proc for m in cl.members)
+        with pytest.raises(RuntimeError, match="already running"):
+            cl.start_member(cl.members[0])
+        raise TimeoutError("not ready (test)")
+
+    monkeypatch.setattr(cl, "wait_ready", not_ready)
+    with pytest.raises(TimeoutError, match="not ready"):
+        with cl:
+            pass
+    assert len(started) == 3 and all(p is not None and p.poll() is not None for p in started)
