@@ -2,7 +2,7 @@
 a grpc.aio gateway on the event loop, and the leader's duties.
 
 Threads: pysyncobj's thread applies committed commands to the kernel (`StateMachine.apply`)
-and hands completions to the event loop with one `call_soon_threadsafe` per command; the
+and hands completions to the event loop, one `call_soon_threadsafe` per batch (`_post`); the
 event loop runs the gateway and the duties. A blocked call costs a pending future, no thread.
 
 Leader duties, each done by proposing a command, never by touching state directly:
@@ -149,14 +149,19 @@ class Node:
         self._applied_index = index
         self._next_deadline = kernel.next_deadline()
         tag = cmd.tag
-        if deliver and self._loop is not None and (out or tag.startswith(self._prefix)):
-            # One wake-up of the event loop per batch of applied commands, not per command.
-            with self._ready_lock:
-                self._ready.append((out, tag))
-                if self._ready_scheduled:
-                    return
-                self._ready_scheduled = True
-            self._loop.call_soon_threadsafe(self._deliver_ready)
+        if deliver and (out or tag.startswith(self._prefix)):
+            self._post(out, tag)
+
+    def _post(self, out: list[Completion], applied_tag: str) -> None:
+        """Hand completions to the event loop (apply thread); one wake-up per batch."""
+        if self._loop is None:
+            return
+        with self._ready_lock:
+            self._ready.append((out, applied_tag))
+            if self._ready_scheduled:
+                return
+            self._ready_scheduled = True
+        self._loop.call_soon_threadsafe(self._deliver_ready)
 
     # -- the gateway side (event loop) ------------------------------------------------------
 
@@ -219,10 +224,9 @@ class Node:
         with the same (session, seq), which the kernel deduplicates, and the other commands are
         idempotent or harmless to repeat (a second OpenSession just expires unused)."""
         def on_failure(f: Any) -> None:
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._deliver, [Completion(tag, None, Error(
-                    Code.UNAVAILABLE, f"the command was not committed ({f.reason}); retry",
-                    "NotCommitted"))], "")
+            self._post([Completion(tag, None, Error(
+                Code.UNAVAILABLE, f"the command was not committed ({f.reason}); retry",
+                "NotCommitted"))], "")
         return on_failure
 
     def _role_changed(self, is_leader: bool, leader: str | None) -> None:
