@@ -63,6 +63,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITEM = b"paper-item-0123456789abcdef"
 OP_TIMEOUT = 30.0
 SESSION_TTL = 60.0
+ROUTE_ENV = "GESMAS_BENCH_ROUTE"  # --route, handed to the spawned workers
 EXPERIMENTS = ["produce", "consume", "mixed", "herd", "barrier", "lock", "latency"]
 SYSTEMS = ["gesmas", "zookeeper"]
 
@@ -97,7 +98,8 @@ class GesmasConn:
 
     def __init__(self, addrs: list[str], idx: int) -> None:
         from gesmas.client import Client
-        self.c = Client(rotate(addrs, idx), session_ttl=SESSION_TTL)
+        self.c = Client(rotate(addrs, idx), session_ttl=SESSION_TTL,
+                        route=os.environ.get(ROUTE_ENV, "leader"))
         self._objs: dict[tuple[str, str], Any] = {}
 
     def _q(self, name: str) -> Any:
@@ -994,6 +996,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
     ap.add_argument("--only", default=None, help="comma list of: " + ",".join(EXPERIMENTS))
     ap.add_argument("--systems", default="gesmas,zookeeper")
+    ap.add_argument("--route", choices=["leader", "replica"], default="leader",
+                    help="gesmas clients' call routing (Client(route=...))")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--docs", choices=["auto", "yes", "no"], default="auto",
                     help="write docs/benchmarks.md (auto: full run, both systems, all experiments)")
@@ -1004,6 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not only or not systems:
         ap.error(f"unknown experiment/system: {bad}")
     cfg = config(a.quick)
+    os.environ[ROUTE_ENV] = a.route
     os.makedirs(a.out, exist_ok=True)
 
     def on_term(signum: int, frame: Any) -> None:

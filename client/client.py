@@ -6,10 +6,17 @@ A ``Client`` holds the cluster's client addresses, one lazily created gRPC chann
 address, and one *session* (OpenSession on connect, CloseSession on close). A daemon thread
 renews the session every ttl/3 seconds with KeepAlive, which must reach the leader: an
 UNAVAILABLE answer names the leader in ``leader_hint`` and the thread follows it, and keeps
-sending keep-alives there. Calls stay on the replica the client uses (any replica serves any
-call), so many clients spread their gRPC work over the replicas as ZooKeeper's do; only a
-failure moves them. When the server reports the session gone, the client is marked expired
-and every later call raises ``SessionExpired``.
+sending keep-alives there. When the server reports the session gone, the client is marked
+expired and every later call raises ``SessionExpired``.
+
+Routing. Any replica serves any call, but every call is a Raft command: a replica that is
+not the leader forwards it and then waits for the leader's commit notice, two more hops
+that made a call through a follower take about twice as long as one through the leader
+(docs/performance.md). So by default (``route="leader"``) calls go where keep-alives go: the
+leader named in the OpenSession answer, then wherever a hint points. ``route="replica"``
+keeps calls on the replica the client uses (the first address, then wherever a failure
+moves it), which spreads the gRPC work of many clients over the replicas as ZooKeeper's
+clients do, at the price of that extra latency.
 
 Every Invoke carries ``(session, seq)``: ``seq`` comes from a thread-safe counter starting
 at 1 and is kept across retries, which makes a call exactly-once; the server answers a
@@ -190,6 +197,8 @@ class Client:
     ``cluster`` is "host:port,host:port,..." or a list (default: env GESMAS_CLUSTER, else
     ``DEFAULT_CLUSTER``). ``session_ttl`` is the requested session lease in seconds;
     ``retry_timeout`` bounds how long a call keeps retrying while no replica can serve it.
+    ``route`` is "leader" (calls go to the Raft leader) or "replica" (calls stay on one
+    replica); see "Routing" in the module doc.
     With ``connect=False`` the session is opened on first use instead of now (the admin
     calls — classes, objects, status — need none).
     """
@@ -201,12 +210,16 @@ class Client:
         session_ttl: float = 10.0,
         retry_timeout: float = 30.0,
         connect: bool = True,
+        route: str = "leader",
     ) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
+        if route not in ("leader", "replica"):
+            raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
         self._addresses = parse_cluster(cluster)
         self._preferred = 0  # index of the address to try first
-        self._leader: str | None = None  # where keep-alives go, once known
+        self._leader: str | None = None  # where keep-alives (and routed calls) go, once known
+        self._route_leader = route == "leader"
         self._ttl = float(session_ttl)
         self._retry_timeout = float(retry_timeout)
         self._lock = threading.Lock()  # addresses, preferred, channels
@@ -255,11 +268,22 @@ class Client:
                 return self._session
             resp = self._call("OpenSession", pb.OpenSessionRequest(ttl=self._ttl))
             self._session, self._granted_ttl = resp.session, resp.ttl or self._ttl
+            if resp.leader:
+                with self._lock:
+                    if resp.leader not in self._addresses:
+                        self._addresses.append(resp.leader)
+                    self._leader = self._leader or resp.leader
             self._keepalive = threading.Thread(
                 target=self._keepalive_loop, name=f"gesmas-keepalive-{resp.session}", daemon=True
             )
             self._keepalive.start()
             return self._session
+
+    @property
+    def leader(self) -> str | None:
+        """The leader's client address as last learned (OpenSession, keep-alives, hints)."""
+        with self._lock:
+            return self._leader
 
     @property
     def expired(self) -> bool:
@@ -304,7 +328,7 @@ class Client:
             try:
                 resp = self._call(
                     "KeepAlive", pb.KeepAliveRequest(session=self._session),
-                    rpc_timeout=max(interval, 1.0), retry_timeout=interval, to_leader=True,
+                    rpc_timeout=max(interval, 1.0), retry_timeout=interval, keepalive=True,
                 )
             except ClientClosed:
                 return
@@ -332,24 +356,30 @@ class Client:
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
 
-    def _next_address(self, failed: str, hint: str, to_leader: bool = False) -> str:
-        """Where to go after ``failed`` answered ``hint`` (maybe empty). For calls it becomes
-        the preferred address; for keep-alives (``to_leader``) the leader address."""
+    def _first_address(self, keepalive: bool) -> str:
+        with self._lock:
+            if (keepalive or self._route_leader) and self._leader:
+                return self._leader
+            return self._addresses[self._preferred]
+
+    def _next_address(self, failed: str, hint: str, keepalive: bool = False) -> str:
+        """Where to go after ``failed`` answered ``hint`` (maybe empty). A hint names the
+        leader; a call also makes the next address its preferred one, a keep-alive leaves the
+        calls' routing alone."""
         with self._lock:
             if hint and hint != failed:
                 if hint not in self._addresses:
                     self._addresses.append(hint)  # a replica the cluster list lacked
-                if to_leader:
-                    self._leader = hint
-                    return hint
-                self._preferred = self._addresses.index(hint)
-            elif to_leader:
-                self._leader = None
+                nxt = hint
+                self._leader = hint
+            else:
+                if failed == self._leader:
+                    self._leader = None
                 i = self._addresses.index(failed) + 1 if failed in self._addresses else 0
-                return self._addresses[i % len(self._addresses)]
-            elif failed in self._addresses:
-                self._preferred = (self._addresses.index(failed) + 1) % len(self._addresses)
-            return self._addresses[self._preferred]
+                nxt = self._addresses[i % len(self._addresses)]
+            if not keepalive:
+                self._preferred = self._addresses.index(nxt)
+            return nxt
 
     def _attempt(self, address: str, method: str, request: Any, deadline: float | None) -> Any:
         try:
@@ -380,22 +410,21 @@ class Client:
         cap: float | None = None,
         closing: bool = False,
         on_retry: Callable[[], None] | None = None,
-        to_leader: bool = False,
+        keepalive: bool = False,
     ) -> tuple[str, Any]:
         """Send ``request`` until a replica serves it; see "Retries" in the module doc.
         Returns (the address that answered, the response). ``cap`` is a monotonic time past
         which no retry starts; ``closing`` lets the call run while the client closes;
-        ``to_leader`` routes by the leader address (keep-alives) without moving calls."""
+        ``keepalive`` sends to the leader (only the leader answers a keep-alive)."""
         budget = self._retry_timeout if retry_timeout is None else retry_timeout
-        with self._lock:
-            address = (self._leader if to_leader else None) or self._addresses[self._preferred]
+        address = self._first_address(keepalive)
         period_start: float | None = None
         delay, followed_hint = BACKOFF_FIRST, False
         while True:
             started = time.monotonic()
             try:
                 response = self._attempt(address, method, request, rpc_timeout)
-                if to_leader:
+                if keepalive:
                     self._leader = address
                 return address, response
             except _Failure as failure:
@@ -411,7 +440,7 @@ class Client:
             if now >= give_up:
                 raise error
             previous, address = address, self._next_address(address, error.leader_hint,
-                                                             to_leader)
+                                                             keepalive)
             log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error, address)
             hint = bool(error.leader_hint) and address == error.leader_hint
             if hint and not followed_hint:

@@ -99,7 +99,8 @@ class Gateway(pb_grpc.GesmasServicer):
         if not 0 < ttl <= 3600:
             raise _invalid(f"ttl must be in (0, 3600] seconds, not {ttl}")
         sid = await self._answer(context, self._cmd(codec.OpenSession, ttl=ttl))
-        return pb.OpenSessionResponse(session=sid, ttl=ttl)
+        return pb.OpenSessionResponse(session=sid, ttl=ttl,
+                                      leader=self.node.leader_client_addr() or "")
 
     async def KeepAlive(self, request: Any, context: Any) -> Any:
         return await self._guard(context, self._keep_alive, request)

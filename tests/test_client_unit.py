@@ -329,12 +329,65 @@ def test_calls_stay_on_their_replica_while_keepalives_follow_the_leader(replicas
         return pb.KeepAliveResponse(ttl=0.3)
 
     c_.fake.handlers["KeepAlive"] = keepalive
-    with Client(cluster(replicas), session_ttl=0.3) as c:
+    with Client(cluster(replicas), session_ttl=0.3, route="replica") as c:
         assert renewals.acquire(timeout=WAIT) and renewals.acquire(timeout=WAIT)
         c.invoke("Queue", "q", "size")
     assert len(a.fake.seen("KeepAlive")) == 1  # asked once, then straight to the leader
     assert len(a.fake.seen("Invoke")) == 1 and c_.fake.seen("Invoke") == []
     assert b.fake.seen("KeepAlive") == []
+
+
+def leader_is(address: str) -> Callable[..., Any]:
+    def handler(request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.OpenSessionResponse(session=SESSION, ttl=request.ttl, leader=address)
+    return handler
+
+
+def test_calls_go_to_the_leader_named_at_open_session(replicas):
+    a, b, c_ = replicas
+    a.fake.handlers["OpenSession"] = leader_is(c_.address)
+    with Client(cluster(replicas)) as c:
+        assert c.invoke("Queue", "q", "produce", 1) == "produce#1"
+        c.invoke("Queue", "q", "size")
+    assert invokes(a) == [] and invokes(b) == []
+    assert [r.method for r in c_.fake.seen("Invoke")] == ["produce", "size"]
+    assert len(a.fake.seen("OpenSession")) == 1
+
+
+def test_leader_routed_calls_follow_the_keepalive_to_a_new_leader(replicas):
+    a, b, c_ = replicas
+    a.fake.handlers["OpenSession"] = leader_is(b.address)
+    renewed = threading.Semaphore(0)
+
+    def keepalive(request, context):
+        renewed.release()
+        return pb.KeepAliveResponse(ttl=0.3)
+
+    b.fake.handlers["KeepAlive"] = lambda request, context: pb.KeepAliveResponse(ttl=0.3)
+    with Client(cluster(replicas), session_ttl=0.3) as c:
+        c.invoke("Queue", "q", "size")
+        b.fake.handlers["KeepAlive"] = unavailable(hint=c_.address)  # b lost the lead to c
+        c_.fake.handlers["KeepAlive"] = keepalive
+        assert renewed.acquire(timeout=WAIT)
+        c.invoke("Queue", "q", "size")
+    assert [r.seq for r in b.fake.seen("Invoke")] == [1]
+    assert [r.seq for r in c_.fake.seen("Invoke")] == [2]
+    assert invokes(a) == []
+
+
+def test_leader_routed_call_moves_on_when_the_leader_dies(replicas):
+    a, b, _ = replicas
+    a.fake.handlers["OpenSession"] = leader_is(b.address)
+    with Client(cluster(replicas)) as c:
+        b.stop()
+        assert c.invoke("Queue", "q", "produce", 1) == "produce#1"
+    assert invokes(b) == []
+    assert len(invokes(a)) + len(invokes(replicas[2])) == 1
+
+
+def test_route_must_be_known():
+    with pytest.raises(ValueError, match="route"):
+        Client("127.0.0.1:1", route="nearest", connect=False)
 
 
 def test_keepalive_not_found_expires_the_client(replicas):

@@ -41,8 +41,13 @@ def addr(cluster, i):
     return cluster.members[i].client_addr
 
 
+def on(cluster, i, **kwargs):
+    """A client whose calls stay on replica i (not routed to the leader)."""
+    return Client(addr(cluster, i), route="replica", **kwargs)
+
+
 def test_produce_on_one_replica_consume_on_another(cluster):
-    with Client(addr(cluster, 0)) as a, Client(addr(cluster, 1)) as b:
+    with on(cluster, 0) as a, on(cluster, 1) as b:
         a.queue("t1").produce(b"hello")
         a.queue("t1").produce({"n": 1, "tags": ["x", "y"]})
         assert b.queue("t1").consume(timeout=10) == b"hello"
@@ -50,8 +55,22 @@ def test_produce_on_one_replica_consume_on_another(cluster):
         assert b.queue("t1").try_consume() is None
 
 
+def test_a_client_given_a_follower_calls_the_leader(cluster):
+    leader = cluster.find_leader()
+    follower = next(m for m in cluster.members if m is not leader)
+    for route, served_by in (("leader", leader), ("replica", follower)):
+        with Client(follower.client_addr, route=route) as c:
+            assert c.leader == leader.client_addr  # named in the OpenSession answer
+            sent = []
+            attempt = c._attempt
+            c._attempt = lambda address, *a: sent.append(address) or attempt(address, *a)
+            c.queue("t0").produce(route)
+            assert c.queue("t0").consume(timeout=10) == route
+            assert set(sent) == {served_by.client_addr}, route
+
+
 def test_blocked_consumer_released_by_produce_on_other_replica(cluster):
-    with Client(addr(cluster, 1)) as consumer, Client(addr(cluster, 2)) as producer:
+    with on(cluster, 1) as consumer, on(cluster, 2) as producer:
         q = consumer.queue("t2")
         got = {}
         t = threading.Thread(target=lambda: got.setdefault("item", q.consume(timeout=30)))
@@ -65,7 +84,7 @@ def test_blocked_consumer_released_by_produce_on_other_replica(cluster):
 
 def test_200_blocked_consumers_released_in_fifo_order(cluster):
     n = 200
-    with Client(addr(cluster, 0)) as c, Client(addr(cluster, 2)) as p:
+    with on(cluster, 0) as c, on(cluster, 2) as p:
         q = c.queue("t3")
         results = [None] * n
         threads = []
@@ -85,7 +104,7 @@ def test_200_blocked_consumers_released_in_fifo_order(cluster):
 
 
 def test_barrier_of_three_clients_on_three_replicas(cluster):
-    clients = [Client(addr(cluster, i)) for i in range(3)]
+    clients = [on(cluster, i) for i in range(3)]
     try:
         out = {}
         def party(i):
@@ -145,7 +164,7 @@ class PriorityQueue:
         self.ready.acquire()
         return heapq.heappop(self.heap)[1]
 '''
-    with Client(addr(cluster, 0)) as a, Client(addr(cluster, 1)) as b:
+    with on(cluster, 0) as a, on(cluster, 1) as b:
         assert a.register_class(source) == {"PriorityQueue": 1}
         assert a.register_class(source) == {"PriorityQueue": 1}      # same source: no-op
         pq = b.object("PriorityQueue", "urgent", 10)
@@ -158,7 +177,7 @@ class PriorityQueue:
 
 
 def test_bad_inputs_get_their_codes_and_cluster_stays_healthy(cluster):
-    with Client(addr(cluster, 2)) as c:
+    with on(cluster, 2) as c:
         with pytest.raises(NotFound, match="no class"):
             c.object("NoSuchClass", "x")
         with pytest.raises(NotFound, match="no object"):
@@ -201,7 +220,7 @@ def test_killed_lock_holder_loses_lock_after_ttl(cluster):
                               stdout=subprocess.PIPE, text=True)
     try:
         first = json.loads(holder.stdout.readline())["fence"]
-        with Client(addr(cluster, 1), session_ttl=5.0) as c:
+        with on(cluster, 1, session_ttl=5.0) as c:
             lock = c.lock("doomed")
             got = {}
             t = threading.Thread(target=lambda: got.setdefault("fence", lock.acquire(timeout=60)))

@@ -110,7 +110,9 @@ class Load:
         self.unexpected: list[str] = []
 
     def client(self, prefer: int) -> Client:
-        c = Client(rotated(self.cluster, prefer), retry_timeout=RETRY, session_ttl=10.0)
+        # half the clients call through the replica they prefer, half through the leader
+        c = Client(rotated(self.cluster, prefer), retry_timeout=RETRY, session_ttl=10.0,
+                   route="replica" if prefer % 2 else "leader")
         self.clients.append(c)
         return c
 

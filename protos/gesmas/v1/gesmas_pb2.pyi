@@ -93,12 +93,14 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, ttl: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session", "ttl")
+    __slots__ = ("session", "ttl", "leader")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     session: int
     ttl: float
-    def __init__(self, session: _Optional[int] = ..., ttl: _Optional[float] = ...) -> None: ...
+    leader: str
+    def __init__(self, session: _Optional[int] = ..., ttl: _Optional[float] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("session",)
