@@ -148,9 +148,12 @@ class Node:
         self._since_checkpoint += 1
         self._applied_index = index
         self._next_deadline = kernel.next_deadline()
-        tag = cmd.tag
-        if deliver and (out or tag.startswith(self._prefix)):
-            self._post(out, tag)
+        if deliver:
+            # only this run's calls wait here; other replicas answer their own
+            prefix = self._prefix
+            mine = [c for c in out if c.tag.startswith(prefix)]
+            if mine or cmd.tag.startswith(prefix):
+                self._post(mine, cmd.tag)
 
     def _post(self, out: list[Completion], applied_tag: str) -> None:
         """Hand completions to the event loop (apply thread); one wake-up per batch."""
