@@ -14,7 +14,7 @@ Experiments (NAME for --only)
   produce   produce throughput with 1 / 4 / 16 clients        (gesmas Queue.produce;
             ZK kazoo LockingQueue.put)
   consume   consume latency at queue length 10^3, 10^4, 10^5 (pre-filled; 300 consumes at
-            each length, after a 3 s pause). gesmas Queue.consume; ZK LockingQueue.get +
+            each length, after a 10 s pause). gesmas Queue.consume; ZK LockingQueue.get +
             consume, which lists and sorts the entries and the taken nodes on every get.
   mixed     2 producers + 2 consumers on an initially empty queue, throughput
   herd      N clients (50, 100, 200) block in consume, one producer produces N items; time from
@@ -467,8 +467,10 @@ def exp_consume(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, An
                 log(f"  [{system}] consume @{length}: {rec['infeasible']}")
                 break
             # Let the fill's after-effects (ZooKeeper's snapshot, gesmas' checkpoint and log
-            # compaction, sessions of the fill clients closing) finish before timing: this
-            # experiment is about what one consume costs at a given length.
+            # compaction, sessions of the fill clients closing, the page cache writing back
+            # what the fill wrote) finish before timing: this experiment is about what one
+            # consume costs at a given length. 3 s was too short after 10^5 items: gesmas'
+            # leader fsync took 1.1 ms p50 instead of 0.46 for ~8 s (docs/performance.md).
             time.sleep(cfg["consume_settle"])
             lat: list[float] = []
 
@@ -941,8 +943,9 @@ Command:
 - Clients are threads in spawned worker processes, so the Python client side is part of every
   figure, for both systems alike.
 - Consume latency: the queue is pre-filled (gesmas: 32 producing clients; ZooKeeper:
-  `create_async` with 1000 creates in flight), then, after a 3 s pause for the fill's
-  after-effects (snapshots, checkpoints), one client times 300 consumes.
+  `create_async` with 1000 creates in flight), then, after a 10 s pause for the fill's
+  after-effects (snapshots, checkpoints, the kernel writing back the fill's dirty pages), one
+  client times 300 consumes.
 - Herd: N clients block in `consume`, then one producer produces N items; time from the first
   produce to the last consumer released (includes the N sequential produces).
 - Lock: clients loop acquire/release for a fixed time; every holding interval is logged with
@@ -984,7 +987,7 @@ def config(quick: bool) -> dict[str, Any]:
                 "barrier_rounds": 2, "barrier_timeout": 30.0, "lock_clients": [1, 2],
                 "latency_n": 10, "procs": 2, "herd_procs": 2}
     return {"produce_clients": [1, 4, 16], "seconds": 5.0,
-            "consume_lengths": [1000, 10000, 100000], "consume_n": 300, "consume_settle": 3.0,
+            "consume_lengths": [1000, 10000, 100000], "consume_n": 300, "consume_settle": 10.0,
             "fill_budget": 420.0, "consume_budget": 120.0,
             "herd_ns": [50, 100, 200], "herd_timeout": 120.0,
             "barrier_parties": [10, 25, 50], "barrier_rounds": 5, "barrier_timeout": 120.0,
