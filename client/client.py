@@ -270,9 +270,7 @@ class Client:
             self._session, self._granted_ttl = resp.session, resp.ttl or self._ttl
             if resp.leader:
                 with self._lock:
-                    if resp.leader not in self._addresses:
-                        self._addresses.append(resp.leader)
-                    self._leader = self._leader or resp.leader
+                    self._learn_leader(resp.leader)
             self._keepalive = threading.Thread(
                 target=self._keepalive_loop, name=f"gesmas-keepalive-{resp.session}", daemon=True
             )
@@ -356,6 +354,13 @@ class Client:
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
 
+    def _learn_leader(self, address: str) -> None:
+        """Note the leader's address (with ``_lock`` held), adding it to the list if the
+        cluster list lacked it."""
+        if address not in self._addresses:
+            self._addresses.append(address)
+        self._leader = address
+
     def _first_address(self, keepalive: bool) -> str:
         with self._lock:
             if (keepalive or self._route_leader) and self._leader:
@@ -368,10 +373,8 @@ class Client:
         calls' routing alone."""
         with self._lock:
             if hint and hint != failed:
-                if hint not in self._addresses:
-                    self._addresses.append(hint)  # a replica the cluster list lacked
+                self._learn_leader(hint)
                 nxt = hint
-                self._leader = hint
             else:
                 if failed == self._leader:
                     self._leader = None
@@ -425,7 +428,8 @@ class Client:
             try:
                 response = self._attempt(address, method, request, rpc_timeout)
                 if keepalive:
-                    self._leader = address
+                    with self._lock:
+                        self._leader = address
                 return address, response
             except _Failure as failure:
                 error = failure.error
