@@ -384,7 +384,9 @@ def test_wiped_replica_catches_up_from_snapshot(cluster):
     first = [f"a{i}" for i in range(100)] + ["ckpt-1"] + [f"b{i}" for i in range(50)]
     _propose(leader, first)
     _wait_done(leader, first)
-    for n in cluster.nodes:
+    last = leader.done[first[-1]]
+    for n in cluster.nodes:  # a follower may lag; it snapshots what it has applied
+        assert n.request("wait_applied", wait=25, index=last, timeout=20)["index"] >= last
         assert n.request("compact")["first_index"] > 100
     follower.kill()
     shutil.rmtree(follower.data_dir)
