@@ -192,6 +192,13 @@ class ZkConn:
         if not b.participating:
             raise RuntimeError("DoubleBarrier.enter failed")
 
+    def barrier_state(self, name: str, rnd: int) -> str:
+        """What a party stuck in round `rnd` should have seen (for the report)."""
+        path = f"/paper/bar/{name}/r{rnd}"
+        children = self.c.get_children(path) if self.c.exists(path) else []
+        arrived = len([ch for ch in children if ch != "ready"])
+        return f"{arrived} arrivals, 'ready' node {'exists' if 'ready' in children else 'absent'}"
+
     def fill(self, q: str, n: int, budget: float) -> int:
         """n items straight into the LockingQueue's entries (create_async, 1000 in flight)."""
         lq = self._q(q)
@@ -573,6 +580,21 @@ def exp_barrier(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, An
         if len(ends) < c:
             rec["infeasible"] = (f"only {len(ends)} of {c} parties passed {b} rounds within "
                                  f"{cfg['barrier_timeout']} s")
+            stuck = sorted({s["ops"] for s in r["slots"] if "t_end" not in s})
+            if system == "zookeeper" and stuck:
+                # kazoo's DoubleBarrier.enter() waits without a timeout for a watch on the
+                # round's 'ready' node; say whether that node was there (a lost wake-up) or
+                # arrivals were missing.
+                try:
+                    zc = ZkConn(ep, 0)
+                    try:
+                        rec["stuck_rounds"] = {str(k): zc.barrier_state(name, k) for k in stuck}
+                    finally:
+                        zc.close()
+                except Exception as e:  # noqa: BLE001
+                    rec["stuck_rounds"] = {"error": f"{type(e).__name__}: {e}"}
+                rec["infeasible"] += "; stuck in round " + ", ".join(
+                    f"{k}: {v}" for k, v in rec["stuck_rounds"].items())
         out[str(c)] = rec
         log(f"  [{system}] barrier c={c}: {rec['time_s']:.3f} s for {b} rounds")
     return out
