@@ -350,7 +350,7 @@ class Client:
                 if self._channels_closed:
                     raise ClientClosed()
                 channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                stub = pb_grpc.GesmasStub(channel)  # type: ignore[no-untyped-call]
+                stub = pb_grpc.GesmasStub(channel)
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
 

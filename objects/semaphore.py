@@ -8,11 +8,12 @@ Guarantees
 """
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from gesmas.server.kernel.dialect import context
-
 # This module's class is also called Semaphore: keep the dialect's primitive under another name.
-_Permits = Semaphore  # noqa: F821  (provided by the dialect)
+if TYPE_CHECKING:
+    from gesmas.server.kernel.dialect import Semaphore as _Permits
+    from gesmas.server.kernel.dialect import context
+else:
+    _Permits = Semaphore  # noqa: F821  (provided by the dialect)
 
 
 class Semaphore:

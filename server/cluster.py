@@ -259,7 +259,8 @@ class LocalCluster:
 
     def link(self, a: Member, b: Member) -> Any:
         """The proxy between members `a` and `b` (raft_proxies only)."""
-        return self.proxies[tuple(sorted((a.node_id, b.node_id)))]
+        lo, hi = sorted((a.node_id, b.node_id))
+        return self.proxies[(lo, hi)]
 
     def partition(self, m: Member) -> None:
         """Cut `m` off from every other replica (raft_proxies only); clients still reach it."""

@@ -282,13 +282,13 @@ class DurableJournal(Journal):
         return len(self._entries)
 
     def _destroy(self):
-        if self._fd is None:
+        if self._fd < 0:
             return
         try:
             self._store_meta()
         finally:
             os.close(self._fd)
-            self._fd = None
+            self._fd = -1  # closed
             os.close(self._lock_fd)  # releases the flock
 
     def setRaftCommitIndex(self, raftCommitIndex):

@@ -136,7 +136,7 @@ class Node:
                 with self._lock:
                     self._sessions[index] = session.ttl
                     self._last_seen[index] = time.monotonic()
-        elif t is codec.CloseSession or t is codec.ExpireSession:
+        elif isinstance(cmd, (codec.CloseSession, codec.ExpireSession)):
             with self._lock:
                 self._sessions.pop(cmd.session, None)
                 self._last_seen.pop(cmd.session, None)

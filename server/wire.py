@@ -21,7 +21,7 @@ code (STYLE.md point 6). It has two jobs:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -250,7 +250,7 @@ GRPC_STATUS: dict[Code, grpc.StatusCode] = {
 def error_detail(error: Error, leader_hint: str = "") -> pb.ErrorDetail:
     """The wire form of ``error``; ``leader_hint`` is the leader's client address, if known."""
     return pb.ErrorDetail(
-        code=int(error.code), message=error.message, type=error.type, leader_hint=leader_hint
+        code=cast("pb.ErrorCode", int(error.code)), message=error.message, type=error.type, leader_hint=leader_hint
     )
 
 

@@ -35,6 +35,17 @@ from RestrictedPython.PrintCollector import PrintCollector
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES, RestrictingNodeTransformer
 
 from . import sched
+# The names uploaded code gets without an import (make_globals), importable from here so that
+# type checkers and editors know them: `if TYPE_CHECKING: from ...dialect import Semaphore`.
+from .sched import (  # noqa: F401
+    Aborted,
+    Interrupted,
+    Semaphore,
+    SessionEnded,
+    Timeout,
+    WaitError,
+    context,
+)
 
 ALLOWED_IMPORTS = ("collections", "heapq", "bisect", "math", "itertools", "functools",
                    "dataclasses", "enum", "typing")

@@ -312,7 +312,7 @@ class Kernel:
         req = s.inflight.get(cmd.seq) if s is not None else None
         if req is not None and cmd.call_tag in req.tags:
             req.tags.remove(cmd.call_tag)
-        if req is not None and req.waiter is not None and not req.tags:
+        if s is not None and req is not None and req.waiter is not None and not req.tags:
             self._abort(req, Aborted("cancelled by the caller"))
             self._drain()
             s.results.pop(cmd.seq, None)    # as if it never ran: a retry runs it afresh
@@ -554,6 +554,7 @@ class Kernel:
         self._deadlines = []
         assert not self._ready and self._waiting == 0
         pending, self._pending = self._pending, []
+        error: Error | None
         try:
             blob = self._dump(pending)
         except Exception as e:               # unpicklable object state: keep the old checkpoint

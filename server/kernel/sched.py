@@ -61,6 +61,8 @@ class Task(greenlet.greenlet):
     """The greenlet that runs one request."""
 
     __slots__ = ("kernel", "request")
+    kernel: Kernel
+    request: Request
 
 
 def current_task() -> Task:
