@@ -13,13 +13,8 @@ from gesmas.client.client import (
     ClassSource,
     Client,
     ClientClosed,
-    LeaderElectionProxy,
-    LockProxy,
     NodeHealth,
     ObjectInfo,
-    ObjectProxy,
-    ReadWriteLockProxy,
-    SemaphoreProxy,
     Status,
 )
 from gesmas.client.errors import (
@@ -34,6 +29,13 @@ from gesmas.client.errors import (
     SessionExpired,
     Timeout,
     Unavailable,
+)
+from gesmas.client.proxies import (
+    LeaderElectionProxy,
+    LockProxy,
+    ObjectProxy,
+    ReadWriteLockProxy,
+    SemaphoreProxy,
 )
 
 __all__ = [

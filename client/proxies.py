@@ -1,0 +1,128 @@
+"""Object proxies: a named object on the cluster as a Python object whose methods are remote
+calls (``Client.object`` and the typed factories such as ``Client.lock`` return them)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gesmas.client.client import Client
+
+__all__ = [
+    "PROXIES",
+    "LeaderElectionProxy",
+    "LockProxy",
+    "ObjectProxy",
+    "ReadWriteLockProxy",
+    "SemaphoreProxy",
+]
+
+
+class ObjectProxy:
+    """A named object on the cluster. Any public method is invoked remotely:
+    ``proxy.method(*args, timeout=None, **kwargs)``. ``timeout`` is reserved: it bounds how
+    long the call may wait (None: no limit, 0: do not wait) and is not passed to the method.
+    """
+
+    def __init__(self, client: Client, class_name: str, object_name: str) -> None:
+        self.client = client
+        self.class_name = class_name
+        self.object_name = object_name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.class_name} {self.object_name!r}>"
+
+    def invoke(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Invoke ``method`` by name (also for methods whose name a proxy attribute hides)."""
+        return self.client.invoke(
+            self.class_name, self.object_name, method, *args, timeout=timeout, **kwargs
+        )
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+            return self.invoke(method, *args, timeout=timeout, **kwargs)
+
+        call.__name__ = call.__qualname__ = method
+        return call
+
+
+class LockProxy(ObjectProxy):
+    """``with client.lock(name) as fence:`` acquires, yields the fencing token, releases."""
+
+    def acquire(self, timeout: float | None = None) -> int:
+        """Take the lock; returns the fencing token (the log index of the grant)."""
+        fence: int = self.invoke("acquire", timeout=timeout)
+        return fence
+
+    def release(self) -> None:
+        self.invoke("release")
+
+    def is_owner(self) -> bool:
+        return bool(self.invoke("is_owner"))
+
+    def __enter__(self) -> int:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class SemaphoreProxy(ObjectProxy):
+    """``with client.semaphore(name, permits=4): ...`` holds one permit."""
+
+    def __enter__(self) -> Any:
+        return self.invoke("acquire")
+
+    def __exit__(self, *exc: object) -> None:
+        self.invoke("release")
+
+
+class ReadWriteLockProxy(ObjectProxy):
+    """``with rw.read(): ...`` (shared) and ``with rw.write(): ...`` (exclusive)."""
+
+    @contextmanager
+    def read(self, timeout: float | None = None) -> Iterator[Any]:
+        token = self.invoke("acquire_read", timeout=timeout)
+        try:
+            yield token
+        finally:
+            self.invoke("release_read")
+
+    @contextmanager
+    def write(self, timeout: float | None = None) -> Iterator[Any]:
+        token = self.invoke("acquire_write", timeout=timeout)
+        try:
+            yield token
+        finally:
+            self.invoke("release_write")
+
+
+class LeaderElectionProxy(ObjectProxy):
+    """Campaign to lead, resign, ask who leads, or wait for a change."""
+
+    def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
+        """Block until this session leads (or ``timeout``); ``value`` is published."""
+        return self.invoke("campaign", value, timeout=timeout)
+
+    def resign(self) -> Any:
+        return self.invoke("resign")
+
+    def leader(self) -> Any:
+        return self.invoke("leader")
+
+    def observe(self, known_term: Any = None, timeout: float | None = None) -> Any:
+        """Block until the leadership differs from ``known_term``; returns the new one."""
+        return self.invoke("observe", known_term, timeout=timeout)
+
+
+#: Standard class name -> proxy class that ``Client.object`` returns for it.
+PROXIES: dict[str, type[ObjectProxy]] = {
+    "Lock": LockProxy,
+    "Semaphore": SemaphoreProxy,
+    "ReadWriteLock": ReadWriteLockProxy,
+    "LeaderElection": LeaderElectionProxy,
+}
