@@ -13,8 +13,9 @@ Systems
 Experiments (NAME for --only)
   produce   produce throughput with 1 / 4 / 16 clients        (gesmas Queue.produce;
             ZK kazoo LockingQueue.put)
-  consume   consume latency at queue length 10^3, 10^4, 10^5 (pre-filled; 300 consumes at
-            each length, after a 10 s pause). gesmas Queue.consume; ZK LockingQueue.get +
+  consume   consume latency at queue length 10^3, 10^4, 10^5 (one pre-filled queue each;
+            after a 10 s pause, 300 consumes per length, taken round-robin over the queues so
+            that host noise hits every length alike). gesmas Queue.consume; ZK LockingQueue.get +
             consume, which lists and sorts the entries and the taken nodes on every get.
   mixed     2 producers + 2 consumers on an initially empty queue, throughput
   herd      N clients (50, 100, 200) block in consume, one producer produces N items; time from
@@ -441,72 +442,72 @@ def bounded(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
 
 
 def exp_consume(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
+    """One queue per length, all filled first; then the consumes are timed round-robin over
+    the queues (one from each length in turn), so that whatever else the host does while
+    timing, and the after-effects of the fills, weigh on every length alike."""
     out: dict[str, Any] = {}
-    q = f"cl-{tag()}"
     conn = connect(system, ep, 0)
-    have = 0
+    queues: dict[int, str] = {}
     try:
         for length in cfg["consume_lengths"]:
-            need = length - have
+            q = f"cl{length}-{tag()}"
             t0 = time.monotonic()
-            note = ""
-            if need > 0:
-                if system == "zookeeper":
-                    ok, got = bounded(lambda: conn.fill(q, need, cfg["fill_budget"]),
-                                      cfg["fill_budget"] + 120)
-                else:
-                    nf = min(32, need)
-                    r = run_clients(system, ep, "produce", ["producer"] * nf,
-                                    {"q": q, "seconds": cfg["fill_budget"],
-                                     "cap": math.ceil(need / nf),
-                                     "limit": cfg["fill_budget"] + 2 * OP_TIMEOUT},
-                                    min(cfg["procs"], 4))
-                    ok = not r["errors"]
-                ok2, size = bounded(lambda: conn.size(q), 120)
-                have = size if ok2 and isinstance(size, int) else have
+            if system == "zookeeper":
+                bounded(lambda: conn.fill(q, length, cfg["fill_budget"]), cfg["fill_budget"] + 120)
+            else:
+                nf = min(32, length)
+                run_clients(system, ep, "produce", ["producer"] * nf,
+                            {"q": q, "seconds": cfg["fill_budget"],
+                             "cap": math.ceil(length / nf),
+                             "limit": cfg["fill_budget"] + 2 * OP_TIMEOUT},
+                            min(cfg["procs"], 4))
+            ok2, size = bounded(lambda: conn.size(q), 120)
+            have = size if ok2 and isinstance(size, int) else 0
             fill_s = time.monotonic() - t0
             rec: dict[str, Any] = {"length": length, "actual_length": have,
                                    "fill_s": round(fill_s, 1)}
+            out[str(length)] = rec
             if have < 0.9 * length:
                 rec["infeasible"] = (f"pre-fill reached {have} of {length} items in "
                                      f"{fill_s:.0f} s (bound {cfg['fill_budget']:.0f} s)")
-                out[str(length)] = rec
                 log(f"  [{system}] consume @{length}: {rec['infeasible']}")
-                break
-            # Let the fill's after-effects (ZooKeeper's snapshot, gesmas' checkpoint and log
-            # compaction, sessions of the fill clients closing, the page cache writing back
-            # what the fill wrote) finish before timing: this experiment is about what one
-            # consume costs at a given length. 3 s was too short after 10^5 items: gesmas'
-            # leader fsync took 1.1 ms p50 instead of 0.46 for ~8 s (docs/performance.md).
-            time.sleep(cfg["consume_settle"])
-            lat: list[float] = []
+                continue
+            queues[length] = q
+        # Let the fills' after-effects (ZooKeeper's snapshot, gesmas' checkpoint and log
+        # compaction, sessions of the fill clients closing, the page cache writing back what
+        # the fills wrote) finish before timing: this experiment is about what one consume
+        # costs at a given length. 3 s was too short after 10^5 items: gesmas' leader fsync
+        # took 1.1 ms p50 instead of 0.46 for ~8 s (docs/performance.md).
+        time.sleep(cfg["consume_settle"])
+        lat: dict[int, list[float]] = {length: [] for length in queues}
 
-            def measure() -> None:
-                for _ in range(cfg["consume_n"]):
+        def measure() -> None:
+            for _ in range(cfg["consume_n"]):
+                for length, q in queues.items():
                     t1 = time.perf_counter()
                     v = conn.consume(q, OP_TIMEOUT)
                     if v is None:
-                        raise RuntimeError("consume timed out on a non-empty queue")
-                    lat.append((time.perf_counter() - t1) * 1e3)
-            ok, err = bounded(measure, cfg["consume_budget"])
-            have -= len(lat)
-            rec.update(stats(lat))
-            rec["ops_per_s"] = 1e3 / rec["mean_ms"] if lat else float("nan")
+                        raise RuntimeError(f"consume timed out on the {length}-item queue")
+                    lat[length].append((time.perf_counter() - t1) * 1e3)
+        ok, err = bounded(measure, cfg["consume_budget"] * max(1, len(queues)))
+        for length in queues:
+            rec = out[str(length)]
+            rec.update(stats(lat[length]))
+            rec["ops_per_s"] = 1e3 / rec["mean_ms"] if lat[length] else float("nan")
             if not ok:
-                rec["infeasible"] = (f"{len(lat)} of {cfg['consume_n']} consumes done within "
-                                     f"{cfg['consume_budget']:.0f} s")
+                rec["infeasible"] = (f"{len(lat[length])} of {cfg['consume_n']} consumes done "
+                                     f"within the bound")
             elif isinstance(err, BaseException):
                 rec["infeasible"] = f"consume failed: {type(err).__name__}: {str(err)[:160]}"
-            out[str(length)] = rec
-            log(f"  [{system}] consume @{length} (fill {fill_s:.0f} s): mean "
+            log(f"  [{system}] consume @{length} (fill {rec['fill_s']:.0f} s): mean "
                 f"{rec['mean_ms']:.2f} ms p50 {rec['p50_ms']:.2f} ms {rec.get('infeasible', '')}")
-            if not ok or isinstance(err, BaseException):
-                # abandoned mid-call: stop the connection so that its retries end now
-                bounded(conn.close, 20)
-                conn = None
-                break
-        if conn is not None and system == "gesmas":
-            bounded(lambda: conn.delete(q), 60)
+        if not ok or isinstance(err, BaseException):
+            # abandoned mid-call: stop the connection so that its retries end now
+            bounded(conn.close, 20)
+            conn = None
+        elif system == "gesmas":
+            for q in queues.values():
+                bounded(lambda: conn.delete(q), 60)
     finally:
         if conn is not None:
             bounded(conn.close, 20)
@@ -964,10 +965,11 @@ Command:
   one cyclic `Barrier(c)`.
 - Clients are threads in spawned worker processes, so the Python client side is part of every
   figure, for both systems alike.
-- Consume latency: the queue is pre-filled (gesmas: 32 producing clients; ZooKeeper:
-  `create_async` with 1000 creates in flight), then, after a 10 s pause for the fill's
-  after-effects (snapshots, checkpoints, the kernel writing back the fill's dirty pages), one
-  client times 300 consumes.
+- Consume latency: one queue per length, each pre-filled (gesmas: 32 producing clients;
+  ZooKeeper: `create_async` with 1000 creates in flight); after a 10 s pause for the fills'
+  after-effects (snapshots, checkpoints, the kernel writing back the fills' dirty pages), one
+  client times 300 consumes per length, taking them round-robin (one from each queue in
+  turn), so that load from elsewhere on the host weighs on every length alike.
 - Herd: N clients block in `consume`, then one producer produces N items; time from the first
   produce to the last consumer released (includes the N sequential produces).
 - Lock: clients loop acquire/release for a fixed time; every holding interval is logged with
