@@ -31,7 +31,10 @@ Experiments (NAME for --only)
             ZK: kazoo Lock.
   latency   p50 / p99 of single uncontended produce, consume, lock acquire+release (1 client).
 
-Clients run as threads in spawned worker processes (the client side is Python too). Output: a
+Both clusters stay up for the whole run and the systems take turns point by point (one
+experiment at one size on each, in alternating order), so that the host's load drifting
+during the run does not favour one of them. Clients run as threads in spawned worker
+processes (the client side is Python too). Output: a
 markdown table (both systems and the ratio gesmas/zk, with which direction is better), the
 same as JSON (results.json) and PNG plots under --out (default bench/results/). A full run with
 both systems also rewrites docs/benchmarks.md and copies the PNGs to docs/. Every wait is
@@ -40,6 +43,7 @@ bounded; a size that is infeasible within its time bound is reported as such.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -666,6 +670,10 @@ def exp_latency(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, An
     return out
 
 
+#: The configuration list each experiment loops over; main() runs one size at a time.
+SIZE_KEYS = {"produce": "produce_clients", "herd": "herd_ns", "barrier": "barrier_parties",
+             "lock": "lock_clients"}
+
 EXP_FUNCS = {"produce": exp_produce, "consume": exp_consume, "mixed": exp_mixed,
              "herd": exp_herd, "barrier": exp_barrier, "lock": exp_lock, "latency": exp_latency}
 
@@ -953,7 +961,9 @@ Command:
 ## Setup
 
 - **gesmas**: 3 replicas via `LocalCluster` on 127.0.0.1, fsync of the Raft journal on. Each
-  client is its own `Client` (own session); client *i* prefers replica *i* mod 3.
+  client is its own `Client` (own session) with `route="{os.environ.get(ROUTE_ENV, 'leader')}"`;
+  client *i* opens its session at replica *i* mod 3 (with `route="leader"` its calls then go
+  to the leader).
 - **ZooKeeper**: 3 JVMs (`QuorumPeerMain`, `-Xmx256m`) on 127.0.0.1 with durable defaults
   (`forceSync=yes`; only the AdminServer is off, four-letter words `srvr,mntr,ruok` allowed and
   `maxClientCnxns=0`). Each client is its own `KazooClient`; client *i* connects to server
@@ -965,6 +975,10 @@ Command:
   one cyclic `Barrier(c)`.
 - Clients are threads in spawned worker processes, so the Python client side is part of every
   figure, for both systems alike.
+- Both clusters run for the whole session and the systems take turns: each point (an
+  experiment at one size) is measured on one system and right after on the other, the first
+  one alternating from point to point, so that a change in the host's load between points
+  does not fall on one system only.
 - Consume latency: one queue per length, each pre-filled (gesmas: 32 producing clients;
   ZooKeeper: `create_async` with 1000 creates in flight); after a 10 s pause for the fills'
   after-effects (snapshots, checkpoints, the kernel writing back the fills' dirty pages), one
@@ -1051,17 +1065,30 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     t_all = time.monotonic()
     try:
-        for s in systems:
-            results[s] = {}
-            with (Gesmas() if s == "gesmas" else ZooKeeper()) as ep:
-                for e in only:
-                    t0 = time.monotonic()
-                    try:
-                        results[s][e] = EXP_FUNCS[e](s, ep, cfg)
-                    except Exception as ex:  # noqa: BLE001 - reported, the run goes on
-                        log(f"  [{s}] {e} FAILED: {type(ex).__name__}: {ex}")
-                        results[s][e] = {"failed": f"{type(ex).__name__}: {str(ex)[:300]}"}
-                    log(f"  [{s}] {e}: {time.monotonic() - t0:.0f} s")
+        with contextlib.ExitStack() as stack:
+            eps = {s: stack.enter_context(Gesmas() if s == "gesmas" else ZooKeeper())
+                   for s in systems}
+            results = {s: {} for s in systems}
+            step = 0
+            for e in only:
+                key = SIZE_KEYS.get(e)
+                for size in (cfg[key] if key else [None]):
+                    # Both systems measure the same point one after the other, first one then
+                    # the other in turn, so that a change in the host's load between points
+                    # does not fall on one system only.
+                    order = systems if step % 2 == 0 else systems[::-1]
+                    step += 1
+                    c = dict(cfg, **{key: [size]}) if key else cfg
+                    for s in order:
+                        t0 = time.monotonic()
+                        try:
+                            results[s].setdefault(e, {}).update(EXP_FUNCS[e](s, eps[s], c))
+                        except Exception as ex:  # noqa: BLE001 - reported, the run goes on
+                            log(f"  [{s}] {e} FAILED: {type(ex).__name__}: {ex}")
+                            results[s].setdefault(e, {})["failed"] = (
+                                f"{type(ex).__name__}: {str(ex)[:300]}")
+                        log(f"  [{s}] {e}{'' if size is None else f' {size}'}: "
+                            f"{time.monotonic() - t0:.0f} s")
     except KeyboardInterrupt:
         log("interrupted")
         return 130
