@@ -32,23 +32,24 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
      (server/raftwire.py); ``flush`` sends what it has for a node as one ``gesmas_batch``.
 
 Measured with ``.venv/bin/python tests/replication_node.py bench --window 1000
-[--pysyncobj-defaults] [--no-fsync]``: 3 local processes, ~100-byte commands, fsync on, on
-the 2-core VM while other work ran (load 2-3.5, so figures vary run to run; ranges over 4
-runs). Latency: one command at a time until its completion. Throughput: 1000 in flight.
-Both rows use this module's durable journal and transport; only the timing knobs differ.
+[--pysyncobj-defaults] [--no-fsync]``: 3 local processes, ~100-byte commands, on the 2-core
+VM while other work ran (load average ~5; one run each, figures vary run to run). Latency:
+one command at a time until its completion. Throughput: 1000 in flight. All rows use this
+module's durable journal and transport (overrides 1-6); only the timing knobs differ.
 
 =====================  =====================  =====================  ====================
 settings               latency on leader      latency via follower   throughput leader /
                        p50 (p99)              p50 (p99)              via follower, cmd/s
 =====================  =====================  =====================  ====================
-pysyncobj defaults     103-105 ms (137-175)   206-209 ms (217-249)   7.1k-8.3k / 1.9k-3.6k
-``RaftTuning()``       1.3-2.4 ms (2-16)      1.6-5.3 ms (3-23)      6.5k-18.5k / 3.7k-11k
-same, ``fsync=False``  0.8 ms (1.9)           0.9 ms (5.4)           16k / 6.3k
+pysyncobj defaults     103 ms (107)           205 ms (209)           7.2k / 4.0k
+``RaftTuning()``       0.84 ms (1.5)          1.36 ms (2.7)          29k / 16k
+same, ``fsync=False``  0.43 ms (1.0)          0.75 ms (1.1)          21k / 16k
 =====================  =====================  =====================  ====================
 
-These figures predate override 6 and the early append_entries (docs/performance.md has
-the end-to-end effect). Group commit at work: the leader made 5302 records durable in ~310
-fsyncs. Idle cost: ~1-1.6% of a core per node (0.6-0.8% with the defaults' 0.1 s heartbeat).
+Group commit at work: the leader made 5302 records durable in 322 fsyncs. Before the early
+append_entries (override 2) and override 6 existed, the same command (load 2-3.5) gave
+1.3-2.4 ms on the leader and 6.5k-18.5k cmd/s with ``RaftTuning()``. Idle cost: ~1-1.6% of a core per node (0.6-0.8% with the
+defaults' 0.1 s heartbeat).
 """
 from __future__ import annotations
 
