@@ -493,14 +493,15 @@ def exp_consume(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, An
                     if v is None:
                         raise RuntimeError(f"consume timed out on the {length}-item queue")
                     lat[length].append((time.perf_counter() - t1) * 1e3)
-        ok, err = bounded(measure, cfg["consume_budget"] * max(1, len(queues)))
+        bound = cfg["consume_budget"] * max(1, len(queues))
+        ok, err = bounded(measure, bound)
         for length in queues:
             rec = out[str(length)]
             rec.update(stats(lat[length]))
             rec["ops_per_s"] = 1e3 / rec["mean_ms"] if lat[length] else float("nan")
             if not ok:
                 rec["infeasible"] = (f"{len(lat[length])} of {cfg['consume_n']} consumes done "
-                                     f"within the bound")
+                                     f"within {bound:.0f} s")
             elif isinstance(err, BaseException):
                 rec["infeasible"] = f"consume failed: {type(err).__name__}: {str(err)[:160]}"
             log(f"  [{system}] consume @{length} (fill {rec['fill_s']:.0f} s): mean "
