@@ -1063,13 +1063,12 @@ def main(argv: list[str] | None = None) -> int:
     fa = facts(systems)
     command = "bench/paper.py" + "".join(f" {x}" for x in (argv if argv is not None
                                                              else sys.argv[1:]))
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {s: {} for s in systems}
     t_all = time.monotonic()
     try:
         with contextlib.ExitStack() as stack:
             eps = {s: stack.enter_context(Gesmas() if s == "gesmas" else ZooKeeper())
                    for s in systems}
-            results = {s: {} for s in systems}
             step = 0
             for e in only:
                 key = SIZE_KEYS.get(e)
