@@ -29,6 +29,10 @@ class DecodeError(ValueError):
     """The bytes are not a command of a version this kernel understands."""
 
 
+class NotPlainValue(TypeError):
+    """A value (an argument or result) holds something other than a plain value."""
+
+
 # -- values -----------------------------------------------------------------------------------
 
 def _put_varint(out: bytearray, n: int) -> None:
@@ -69,11 +73,18 @@ def _encode(v: Any, out: bytearray) -> None:
         _put_varint(out, len(v))
         for k, item in v.items():
             if type(k) is not str:
-                raise TypeError(f"map key {k!r} is not a str")
+                raise NotPlainValue(f"map key of type {type(k).__name__} is not a str")
             _encode(k, out)
             _encode(item, out)
     else:
-        raise TypeError(f"{t.__name__} is not a plain value")
+        raise NotPlainValue(f"{t.__name__} is not a plain value")
+
+
+def encoded_size(v: Any) -> int:
+    """Bytes `v` takes encoded (a plain value)."""
+    out = bytearray()
+    _encode(v, out)
+    return len(out)
 
 
 def encode_value(v: Any) -> bytes:
@@ -165,10 +176,10 @@ def plain_copy(v: Any, path: str = "value") -> Any:
         out = {}
         for k, x in v.items():
             if type(k) is not str:
-                raise TypeError(f"{path}: map key {k!r} is not a str")
+                raise NotPlainValue(f"{path}: map key of type {type(k).__name__} is not a str")
             out[k] = plain_copy(x, f"{path}[{k!r}]")
         return out
-    raise TypeError(f"{path}: {t.__name__} is not a plain value "
+    raise NotPlainValue(f"{path}: {t.__name__} is not a plain value "
                     "(use None, bool, int, float, str, bytes, list or dict)")
 
 

@@ -4,37 +4,36 @@ The dialect is plain Python 3 with these differences, all checked when the sourc
 registered (errors name the line):
 
 - Names and attributes starting with ``__`` are refused, except the usual special methods
-  (``__init__``, ``__eq__``, ``__len__`` ...). Single-underscore names are fine.
-- Imports are limited to ALLOWED_IMPORTS; `Semaphore`, `context`, the wait exceptions
-  (`Timeout`, `Aborted`, `SessionEnded`, `Interrupted`, `WaitError`) and `SyncObject`
-  (an optional base class) are available without an import.
+  (``__init__``, ``__eq__``, ``__len__`` ...). ``global`` and ``nonlocal`` are refused.
+- Imports are limited to ALLOWED_IMPORTS, handed out as proxies of vetted public names;
+  `Semaphore`, `context`, the wait exceptions (`Timeout`, `Aborted`, `SessionEnded`,
+  `Interrupted`, `WaitError`) and `SyncObject` (an optional base class) need no import.
 - No `id()`, `open`, `exec`, `eval`, `globals` or other reflective / nondeterministic builtins.
-- Every loop iteration and every function call counts one step; a request that takes more
-  than its budget of steps between two waits gets `BudgetExceeded` raised at its next step.
-  Infinite iterators from itertools are counted per item too.
+- Every loop iteration, comprehension item and function call counts one step; a request that
+  takes more than its budget of steps between two waits gets `BudgetExceeded` raised at its
+  next step. Operators and builtins that can make big values (``*``, ``**``, ``<<``, ``+``,
+  ``%``, formatting, ``join``...) check the size of what they make and charge steps for it.
+- The runtime rules (who may read ``_`` attributes, what may be written, which classes may be
+  made, what module and class level may hold) are in `sandbox.py`.
 
-This buys determinism, not security: uploading a class is a privilege of trusted principals.
-Attribute access is left native (no guard proxies) because the hot path runs through it.
+Rewrites done here: ``obj._x`` and a few size-sensitive attribute names become
+``_getattr_(obj, "_x")`` except on ``self`` inside a method that never rebinds it (the method
+then checks ``self`` on entry with ``_self_``); ``obj.x = v`` becomes ``_write_(obj).x = v``;
+the operators above become calls of `sandbox` functions; f-string fields go through ``_fmt_``.
 """
 from __future__ import annotations
 
 import ast
 import builtins
-import itertools as _itertools
-import types
 from typing import Any
 
 from RestrictedPython import compile_restricted_exec
-from RestrictedPython.Guards import (
-    guarded_iter_unpack_sequence,
-    guarded_unpack_sequence,
-    safe_builtins,
-    safer_getattr,
-)
+from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.PrintCollector import PrintCollector
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES, RestrictingNodeTransformer
 
-from . import sched
+from . import sandbox, sched
+from .sandbox import ALLOWED_IMPORTS, Budget, SyncObject  # noqa: F401
 # The names uploaded code gets without an import (make_globals), importable from here so that
 # type checkers and editors know them: `if TYPE_CHECKING: from ...dialect import Semaphore`.
 from .sched import (  # noqa: F401
@@ -47,31 +46,42 @@ from .sched import (  # noqa: F401
     context,
 )
 
-ALLOWED_IMPORTS = ("collections", "heapq", "bisect", "math", "itertools", "functools",
-                   "dataclasses", "enum", "typing")
-
 SPECIAL_METHODS = frozenset("""
     __init__ __repr__ __str__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __len__
     __contains__ __iter__ __next__ __getitem__ __setitem__ __delitem__ __bool__ __post_init__
     __enter__ __exit__ __call__ __add__ __sub__ __mul__ __neg__
 """.split())
 
+_BINOPS = {ast.Mult: "_mul_", ast.Add: "_add_", ast.Pow: "_pow_", ast.LShift: "_lshift_",
+           ast.Mod: "_mod_", ast.FloorDiv: "_floordiv_"}
+_TRUSTING_DECORATORS = ("property", "cached_property")
+
 
 class DialectError(ValueError):
     """The source is not valid in the dialect; the message names the line."""
 
 
-class Budget:
-    """Steps left to the running request. Reset by the kernel each time it resumes one."""
+def _call(name: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
+    node = ast.Call(ast.Name(name, ast.Load()), args, [])
+    ast.copy_location(node, like)
+    ast.fix_missing_locations(node)
+    return node
 
-    __slots__ = ("steps", "limit")
 
-    def __init__(self, limit: int) -> None:
-        self.steps = 0
-        self.limit = limit
+def _rebinds(fn: ast.FunctionDef, name: str) -> bool:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, ast.arg) and node.arg == name and node is not fn.args.args[0]:
+            return True
+    return False
 
 
 class _Policy(RestrictingNodeTransformer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trusted: list[str | None] = [None]    # the trusted `self` of each function
+
     def check_name(self, node: Any, name: str | None, allow_magic_methods: bool = False) -> None:
         if name is None or name == "_":
             return
@@ -84,26 +94,72 @@ class _Policy(RestrictingNodeTransformer):
         elif name in ("print", "printed", "builtins", "breakpoint"):
             self.error(node, f'"{name}" is a reserved name')
 
+    def visit_Global(self, node: ast.Global) -> Any:
+        self.error(node, "global statements are not allowed: module-level values are "
+                         "read-only; keep state in the object")
+
     def visit_Attribute(self, node: ast.Attribute) -> Any:
-        if node.attr.startswith("__"):
-            self.error(node, f'attribute "{node.attr}": names starting with "__" are not allowed')
-        elif node.attr in INSPECT_ATTRIBUTES:
-            self.error(node, f'attribute "{node.attr}" is not allowed')
-        return self.node_contents_visit(node)
+        attr = node.attr
+        if attr.startswith("__"):
+            self.error(node, f'attribute "{attr}": names starting with "__" are not allowed')
+        elif attr in INSPECT_ATTRIBUTES:
+            self.error(node, f'attribute "{attr}" is not allowed')
+        node = self.node_contents_visit(node)
+        if isinstance(node.ctx, ast.Load):
+            if attr.startswith("_"):
+                base = node.value
+                if isinstance(base, ast.Name) and base.id == self._trusted[-1]:
+                    return node
+            elif attr not in sandbox.GUARDED_NAMES:
+                return node
+            return _call("_getattr_", [node.value, ast.Constant(attr)], node)
+        node.value = _call("_write_", [node.value], node.value)
+        return node
 
     def visit_Subscript(self, node: ast.Subscript) -> Any:
         return self.node_contents_visit(node)
 
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        node = self.node_contents_visit(node)
+        guard = _BINOPS.get(type(node.op))
+        if guard is None:
+            return node
+        return _call(guard, [node.left, node.right], node)
+
     def visit_AugAssign(self, node: ast.AugAssign) -> Any:
-        if isinstance(node.target, ast.Name):
-            return super().visit_AugAssign(node)
-        return self.node_contents_visit(node)
+        target = node.target
+        if isinstance(target, ast.Name):
+            return super().visit_AugAssign(node)     # x = _inplacevar_(op, x, v)
+        node = self.node_contents_visit(node)
+        op = ast.Constant(_OP_TEXT[type(node.op)] + "=")
+        if isinstance(target, ast.Attribute):
+            call = _call("_augattr_", [target.value, ast.Constant(target.attr), op, node.value],
+                         node)
+        elif isinstance(target, ast.Subscript):
+            call = _call("_augitem_", [target.value, target.slice, op, node.value], node)
+        else:  # pragma: no cover - the grammar allows no other target
+            self.error(node, "unsupported augmented assignment")
+            return node
+        stmt = ast.Expr(call)
+        ast.copy_location(stmt, node)
+        return stmt
+
+    def visit_FormattedValue(self, node: ast.FormattedValue) -> Any:
+        node = self.node_contents_visit(node)
+        spec = node.format_spec if node.format_spec is not None else ast.Constant("")
+        node.value = _call("_fmt_", [node.value, ast.Constant(node.conversion), spec], node)
+        node.conversion = -1
+        node.format_spec = None
+        return node
+
+    def visit_comprehension(self, node: ast.comprehension) -> Any:
+        node = self.node_contents_visit(node)
+        node.ifs.insert(0, _call("_stepc_", [], node.iter))
+        return node
 
     def _count(self, node: Any) -> Any:
-        step = ast.Expr(ast.Call(ast.Name("_step_", ast.Load()), [], []))
-        ast.copy_location(step, node)
-        ast.fix_missing_locations(step)
-        node.body.insert(0, step)
+        node.body.insert(0, ast.fix_missing_locations(ast.copy_location(
+            ast.Expr(_call("_step_", [], node)), node)))
         return node
 
     def visit_While(self, node: ast.While) -> Any:
@@ -112,113 +168,125 @@ class _Policy(RestrictingNodeTransformer):
     def visit_For(self, node: ast.For) -> Any:
         return self._count(super().visit_For(node))
 
+    def visit_ClassDef(self, node: ast.ClassDef) -> Any:
+        for child in node.body:
+            if isinstance(child, ast.FunctionDef):
+                child._gesmas_method = True  # type: ignore[attr-defined]
+        self._trusted.append(None)
+        try:
+            return super().visit_ClassDef(node)
+        finally:
+            self._trusted.pop()
+
+    def visit_Lambda(self, node: ast.Lambda) -> Any:
+        self._trusted.append(None)
+        try:
+            return super().visit_Lambda(node)
+        finally:
+            self._trusted.pop()
+
     def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
-        return self._count(super().visit_FunctionDef(node))
+        trusted = None
+        if getattr(node, "_gesmas_method", False) and node.args.args and all(
+                isinstance(d, ast.Name) and d.id in _TRUSTING_DECORATORS
+                or isinstance(d, ast.Attribute) and d.attr in ("setter", "getter", "deleter")
+                for d in node.decorator_list):
+            first = node.args.args[0].arg
+            if not _rebinds(node, first):
+                trusted = first
+        self._trusted.append(trusted)
+        try:
+            node = super().visit_FunctionDef(node)
+        finally:
+            self._trusted.pop()
+        entry = (_call("_self_", [ast.Name(trusted, ast.Load())], node) if trusted
+                 else _call("_step_", [], node))
+        node.body.insert(0, ast.fix_missing_locations(ast.copy_location(ast.Expr(entry), node)))
+        return node
 
 
-def _counted(budget: Budget) -> type:
-    class Counted:
-        """An iterator that spends one step per item (for unbounded iterators)."""
-        __slots__ = ("_it",)
+_OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+            ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|",
+            ast.BitAnd: "&", ast.BitXor: "^", ast.MatMult: "@"}
 
-        def __init__(self, it: Any) -> None:
-            self._it = iter(it)
-
-        def __iter__(self) -> Any:
-            return self
-
-        def __next__(self) -> Any:
-            budget.steps += 1
-            if budget.steps > budget.limit:
-                raise sched.BudgetExceeded(budget.limit)
-            return next(self._it)
-    return Counted
+_BUILTINS = ("""None False True Ellipsis NotImplemented abs bool callable chr complex divmod
+    float int isinstance issubclass len oct hex ord round slice str dict list set frozenset
+    tuple sorted min max any all enumerate zip map filter reversed iter next property
+    staticmethod classmethod super""".split()
+    + [n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
+       and issubclass(getattr(builtins, n), BaseException)])
 
 
-def make_globals(budget: Budget, module_name: str) -> dict[str, Any]:
+class _CountedRange:
+    """range() over more than 4096 numbers: each number handed out costs a step, also
+    inside builtins such as sum() or list()."""
+    __slots__ = ("_r",)
+
+    def __init__(self, r: range) -> None:
+        self._r = r
+
+    def __iter__(self) -> Any:
+        return sandbox._Counted(self._r)
+
+    def __reversed__(self) -> Any:
+        return sandbox._Counted(reversed(self._r))
+
+    def __len__(self) -> int:
+        return len(self._r)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._r[i]
+
+    def __contains__(self, x: Any) -> bool:
+        return x in self._r
+
+    def __repr__(self) -> str:
+        return repr(self._r)
+
+
+def _range_(*args: Any) -> Any:
+    r = range(*args)
+    return r if len(r) <= 4096 else _CountedRange(r)
+
+
+def _sum_(iterable: Any, start: Any = 0) -> Any:
+    if type(start) in (int, float, bool, complex):
+        total = start
+        for x in iterable:
+            sandbox._charge(1)
+            total = sandbox._add_(total, x)
+        return total
+    raise TypeError("sum() takes numbers in gesmas classes (join or extend sequences instead)")
+
+
+def _import_(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
+             level: int = 0) -> Any:
+    proxy = sandbox._MODULES.get(name) if level == 0 else None
+    if proxy is None:
+        raise ImportError(f"import of {name!r} is not allowed in gesmas classes "
+                          f"(allowed: {', '.join(ALLOWED_IMPORTS)})")
+    return proxy
+
+
+def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> dict[str, Any]:
     """Fresh globals for one compiled source, wired to the kernel's step budget."""
-    Counted = _counted(budget)
-
-    def _step_() -> None:
-        budget.steps += 1
-        if budget.steps > budget.limit:
-            raise sched.BudgetExceeded(budget.limit)
-
-    def _getiter_(it: Any) -> Any:
-        return it
-
-    class CountedRange:
-        """range() over more than 4096 numbers: each number handed out costs a step, also
-        inside builtins such as sum() or list()."""
-        __slots__ = ("_r",)
-
-        def __init__(self, r: range) -> None:
-            self._r = r
-
-        def __iter__(self) -> Any:
-            return Counted(self._r)
-
-        def __reversed__(self) -> Any:
-            return Counted(reversed(self._r))
-
-        def __len__(self) -> int:
-            return len(self._r)
-
-        def __getitem__(self, i: Any) -> Any:
-            return self._r[i]
-
-        def __contains__(self, x: Any) -> bool:
-            return x in self._r
-
-        def __repr__(self) -> str:
-            return repr(self._r)
-
-    def _range_(*args: Any) -> Any:
-        r = range(*args)
-        return r if len(r) <= 4096 else CountedRange(r)
-
-    itertools_proxy = types.ModuleType("itertools")
-    for name in dir(_itertools):
-        if not name.startswith("_"):
-            setattr(itertools_proxy, name, getattr(_itertools, name))
-    itertools_proxy.count = lambda *a: Counted(_itertools.count(*a))            # type: ignore
-    itertools_proxy.cycle = lambda *a: Counted(_itertools.cycle(*a))            # type: ignore
-    itertools_proxy.repeat = lambda obj, *times: (                              # type: ignore
-        _itertools.repeat(obj, *times) if times else Counted(_itertools.repeat(obj)))
-
-    def _import_(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
-                 level: int = 0) -> Any:
-        if level != 0 or name.partition(".")[0] not in ALLOWED_IMPORTS:
-            raise ImportError(f"import of {name!r} is not allowed in gesmas classes "
-                              f"(allowed: {', '.join(ALLOWED_IMPORTS)})")
-        if name == "itertools":
-            return itertools_proxy
-        return builtins.__import__(name, globals, locals, fromlist, level)
-
-    b = dict(safe_builtins)
-    for name in ("id",):
-        b.pop(name, None)
-    for name in ("dict", "list", "set", "frozenset", "tuple", "sorted", "min", "max", "sum",
-                 "any", "all", "enumerate", "zip", "map", "filter", "reversed", "iter", "next",
-                 "isinstance", "issubclass", "object", "property", "staticmethod",
-                 "classmethod", "super", "type", "bytes", "bytearray", "hasattr",
-                 "NotImplemented", "StopIteration", "PermissionError", "RecursionError",
-                 "TimeoutError", "ConnectionError", "NotImplementedError"):
-        b[name] = getattr(builtins, name)
-    b["getattr"] = safer_getattr
-    b["range"] = _range_
-    b["__import__"] = _import_
+    guards = sandbox.make_guards(types, budget)
+    b = {n: getattr(builtins, n) for n in _BUILTINS}
+    b.update(guards.pop("builtins"))
+    b.update({
+        "object": sandbox.Object, "bytes": sandbox.bytes_, "bytearray": sandbox.bytearray_,
+        "range": _range_, "sum": _sum_, "pow": sandbox._pow_, "divmod": sandbox._divmod_,
+        "repr": sandbox._repr_, "hash": sandbox._hash_, "format": sandbox._format_,
+        "__import__": _import_, "__build_class__": builtins.__build_class__,
+        "ResourceLimit": sandbox.ResourceLimit,
+    })
     return {
         "__builtins__": b,
         "__name__": module_name,
-        "__metaclass__": type,
-        "_step_": _step_,
-        "_getiter_": _getiter_,
-        "_getattr_": safer_getattr,
+        **guards,
+        "_getiter_": lambda it: it,
         "_getitem_": lambda obj, key: obj[key],
-        "_write_": lambda obj: obj,
         "_apply_": lambda f, *a, **kw: f(*a, **kw),
-        "_inplacevar_": _inplace,
         "_unpack_sequence_": guarded_unpack_sequence,
         "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
         "_print_": PrintCollector,
@@ -230,38 +298,11 @@ def make_globals(budget: Budget, module_name: str) -> dict[str, Any]:
         "SessionEnded": sched.SessionEnded,
         "Interrupted": sched.Interrupted,
         "WaitError": sched.WaitError,
-        "SyncObject": SyncObject,
+        "SyncObject": sandbox.SyncObject,
     }
 
 
-class SyncObject:
-    """Optional base class for gesmas objects. Public methods are invocable; a method
-    `_on_session_end(self, session)` is called when a session that used the object ends."""
-
-    __slots__ = ()
-
-
-_INPLACE = {
-    "+=": lambda a, b: a + b, "-=": lambda a, b: a - b, "*=": lambda a, b: a * b,
-    "/=": lambda a, b: a / b, "//=": lambda a, b: a // b, "%=": lambda a, b: a % b,
-    "**=": lambda a, b: a ** b, "<<=": lambda a, b: a << b, ">>=": lambda a, b: a >> b,
-    "|=": lambda a, b: a | b, "&=": lambda a, b: a & b, "^=": lambda a, b: a ^ b,
-    "@=": lambda a, b: a @ b,
-}
-
-
-def _inplace(op: str, a: Any, b: Any) -> Any:
-    # `x += y` on a name: mutable containers keep their identity, as in plain Python
-    if op == "+=" and type(a) is list:
-        a += b
-        return a
-    if op == "|=" and type(a) in (set, dict):
-        a |= b
-        return a
-    return _INPLACE[op](a, b)
-
-
-def compile_source(source: str, filename: str) -> types.CodeType:
+def compile_source(source: str, filename: str) -> Any:
     """Compile `source` in the dialect or raise DialectError naming the line and problem."""
     if not isinstance(source, str) or not source.strip():
         raise DialectError("class source is empty")

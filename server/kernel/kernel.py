@@ -41,15 +41,16 @@ from typing import Any, Callable
 
 from . import codec
 from .codec import Command
-from .dialect import Budget
+from .sandbox import Budget
 from .errors import Code, Error, KernelError
-from .registry import ClassVersion, Registry
+from .registry import ClassVersion, Registry, safe_str
+from .sandbox import ResourceLimit
 from .sched import (Aborted, BudgetExceeded, Interrupted, Semaphore, SessionEnded, Task,
                     Timeout, Waiter)
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,12 @@ class Config:
     step_budget: int = 200_000        # steps per run of a request between two waits
     max_waiters: int = 1_000_000      # blocked requests, all objects together
     max_results: int = 10_000         # unacknowledged results kept per session
+    max_result_bytes: int = 1 << 20   # encoded size of one call's result
+    max_object_bytes: int = 64 << 20  # pickled size of one object's state, checked at checkpoints
+    max_source: int = 256 * 1024      # characters of one class source
+    # Log indices the operator declared poison (a command that kills the process whatever the
+    # kernel does): they complete with INTERNAL without running. Same list on every replica.
+    skip_entries: frozenset[int] = frozenset()
 
 
 class Session:
@@ -116,7 +123,8 @@ class Request:
     """One call being run. `index` (the log index of the command that started it) is its id."""
 
     __slots__ = ("kernel", "index", "session", "seq", "tags", "task", "deadline", "deadlines",
-                 "replay", "draws", "waiter", "obj", "cmd", "nowait", "label", "outcome")
+                 "replay", "draws", "waiter", "obj", "cmd", "nowait", "label", "outcome",
+                 "interrupting")
 
     def __init__(self, kernel: Kernel, index: int, session: int, label: str,
                  nowait: str = "") -> None:
@@ -136,6 +144,7 @@ class Request:
         self.nowait = nowait     # why this request may not wait, if it may not
         self.label = label
         self.outcome: Any = None
+        self.interrupting = False  # the kernel is throwing a checkpoint's Interrupted into it
 
 
 _INTERRUPTED = object()
@@ -149,7 +158,9 @@ class Kernel:
         self.sessions: dict[int, Session] = {}
         self.objects: dict[str, ObjectRecord] = {}
         self._budget = Budget(config.step_budget)
-        self.registry = Registry(self._budget)
+        self.registry = Registry(self._budget, config.max_source)
+        self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
+        self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
         self._order = 0                  # block sequence number
         self._waiting = 0                # live waiters
         self._deadlines: list[tuple[float, int, Waiter]] = []
@@ -174,21 +185,42 @@ class Kernel:
     # -- the entry point ---------------------------------------------------------------------
 
     def apply(self, index: int, command: bytes | Command) -> list[Completion]:
-        """Apply one committed command at log `index`; returns the completions it caused."""
+        """Apply one committed command at log `index`; returns the completions it caused.
+
+        Never raises (but for an `index` that is not after the last one): whatever uploaded
+        code does becomes its caller's error, and a failure of the kernel itself becomes an
+        INTERNAL error for that command, the same on every replica."""
         if index <= self.index:
             raise ValueError(f"log index {index} is not after {self.index}")
         self.index = index
         out = self._out = []
+        Budget.current = self._budget
         if isinstance(command, Command):
             cmd = command
         else:
             try:
                 cmd = codec.decode(command)
-            except codec.DecodeError as e:
-                log.error("log entry %d is not a command: %s", index, e)
+            except BaseException as e:       # DecodeError, or RecursionError on deep nesting
+                log.error("log entry %d is not a command: %s", index, type(e).__name__)
                 return out
+        if index in self.config.skip_entries:
+            log.warning("log entry %d skipped (skip_entries)", index)
+            self._complete(cmd.tag, None, Error(
+                Code.INTERNAL, f"log entry {index} was skipped by the operator"))
+            return out
+        try:
+            self._apply(cmd)
+        except BaseException as e:   # a kernel bug: fail this command, keep the replica going
+            log.exception("kernel failed applying log entry %d", index)
+            self._ready.clear()
+            self._complete(cmd.tag, None, Error(
+                Code.INTERNAL, f"the server failed applying this command: "
+                               f"{type(e).__name__}", type(e).__name__))
+        return out
+
+    def _apply(self, cmd: Command) -> None:
         ts = cmd.ts
-        if isinstance(ts, (int, float)) and ts > self.now:
+        if type(ts) in (int, float) and self.now < ts < 1e15:    # not NaN, not infinite
             self.now = ts
         if self._deadlines and self._deadlines[0][0] <= self.now:
             self._expire_due()
@@ -201,7 +233,6 @@ class Kernel:
             self._complete(cmd.tag, None, Error(Code.INVALID_ARGUMENT,
                                                 f"{type(cmd).__name__}: {e}"))
         self._drain()
-        return out
 
     def next_deadline(self) -> float | None:
         """The earliest time at which a wait times out (the leader proposes a Tick then)."""
@@ -242,8 +273,9 @@ class Kernel:
     def _run_hook(self, rec: ObjectRecord, sid: int) -> None:
         req = Request(self, self.index, sid, f"{rec.cls.name} {rec.name!r} session hook",
                       nowait="a session hook may not wait")
-        hook = rec.instance._on_session_end
-        req.task = Task(lambda: self._body(req, hook, (sid,), {}))
+        instance = rec.instance
+        req.task = Task(lambda: self._body(
+            req, lambda s: instance._on_session_end(s), (sid,), {}))
         req.task.kernel = self
         req.task.request = req
         self._run(req)
@@ -295,6 +327,7 @@ class Kernel:
         if error is not None:
             raise KernelError(error.code, error.message, error.type)
         self.objects[name] = ObjectRecord(name, cls, made[0])
+        self.dropped.pop(name, None)
         self._complete(cmd.tag, {"created": True, "version": cls.version})
 
     def _delete_object(self, cmd: codec.DeleteObject) -> None:
@@ -305,6 +338,7 @@ class Kernel:
             self._abort(req, Aborted(f"object {cmd.name!r} was deleted"))
         self._drain()
         del self.objects[cmd.name]
+        self.over_limit.pop(cmd.name, None)
         self._complete(cmd.tag, True)
 
     def _cancel(self, cmd: codec.Cancel) -> None:
@@ -352,7 +386,13 @@ class Kernel:
                rerun: bool = False) -> None:
         rec = self.objects.get(cmd.name)
         if rec is None:
-            raise KernelError(Code.NOT_FOUND, f"no object named {cmd.name!r}")
+            raise KernelError(Code.NOT_FOUND, self.dropped.get(cmd.name) if type(cmd.name) is str
+                              and cmd.name in self.dropped else f"no object named {cmd.name!r}")
+        if not rerun and cmd.name in self.over_limit:
+            raise KernelError(Code.RESOURCE_EXHAUSTED,
+                              f"object {cmd.name!r} holds {self.over_limit[cmd.name]} bytes, "
+                              f"more than {self.config.max_object_bytes}: it takes no new "
+                              "calls (delete it)")
         if cmd.class_name and cmd.class_name != rec.cls.name:
             raise KernelError(Code.INVALID_ARGUMENT,
                               f"object {cmd.name!r} is a {rec.cls.name}, not a {cmd.class_name}")
@@ -366,8 +406,7 @@ class Kernel:
         if not rerun:                        # a re-run was checked when it first ran
             _bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
         timeout = cmd.timeout
-        if timeout is not None and (type(timeout) not in (int, float) or timeout < 0):
-            raise KernelError(Code.INVALID_ARGUMENT, f"timeout must be >= 0, not {timeout!r}")
+        call_deadline = self._deadline(timeout, KernelError)
         req = Request(self, index, s.id, f"{rec.cls.name} {cmd.name!r}.{cmd.method}",
                       nowait="would wait, and the call's timeout is 0" if timeout == 0 else "")
         req.seq = cmd.seq
@@ -378,7 +417,7 @@ class Kernel:
         if rerun:
             req.deadline = deadline
         elif timeout:
-            req.deadline = self.now + timeout
+            req.deadline = call_deadline
         s.touched[cmd.name] = None
         s.inflight[cmd.seq] = req
         req.task = Task(lambda: self._body(req, fn, (rec.instance, *args), kwargs))
@@ -390,42 +429,61 @@ class Kernel:
 
     def _body(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
-        """Runs inside the request's greenlet; returns (value, error) or _INTERRUPTED."""
+        """Runs inside the request's greenlet; returns (value, error) or _INTERRUPTED.
+        Whatever the method raises, BaseException included, is the caller's error."""
         budget = self._budget
         try:
             value = fn(*args, **kwargs)
             if budget.steps > budget.limit:
                 raise BudgetExceeded(budget.limit)
-            return codec.plain_copy(value, "result"), None
+            value = codec.plain_copy(value, "result")
+            if type(value) in (list, dict, str, bytes) and \
+                    codec.encoded_size(value) > self.config.max_result_bytes:
+                return None, Error(Code.RESOURCE_EXHAUSTED,
+                                   f"{req.label} returned more than "
+                                   f"{self.config.max_result_bytes} bytes", "ResourceLimit")
+            return value, None
         except BudgetExceeded:
             return None, Error(Code.RESOURCE_EXHAUSTED,
                                f"{req.label} exceeded its budget of {budget.limit} steps",
                                "BudgetExceeded")
         except Interrupted:
-            return _INTERRUPTED
+            if req.interrupting:
+                return _INTERRUPTED
+            return None, Error(Code.APPLICATION, f"{req.label} raised Interrupted itself "
+                               "(only a checkpoint may)", "Interrupted")
         except Timeout as e:
-            return None, Error(Code.TIMEOUT, f"{req.label}: {e or 'timed out'}", "Timeout")
+            return None, Error(Code.TIMEOUT, f"{req.label}: {safe_str(e) or 'timed out'}",
+                               "Timeout")
         except SessionEnded as e:
-            return None, Error(Code.ABORTED, f"{req.label}: {e}", "SessionExpired")
+            return None, Error(Code.ABORTED, f"{req.label}: {safe_str(e)}", "SessionExpired")
         except Aborted as e:
-            return None, Error(Code.ABORTED, f"{req.label}: {e}", "Aborted")
+            return None, Error(Code.ABORTED, f"{req.label}: {safe_str(e)}", "Aborted")
         except KernelError as e:
             return None, e.error
-        except TypeError as e:
-            if str(e).endswith("is not a plain value") or "map key" in str(e):
-                return None, Error(Code.APPLICATION, f"{req.label} returned {e}", "TypeError")
-            return None, Error(Code.APPLICATION, str(e), "TypeError")
-        except Exception as e:
-            return None, Error(Code.APPLICATION, str(e), type(e).__name__)
+        except codec.NotPlainValue as e:
+            return None, Error(Code.APPLICATION, f"{req.label} returned {e}", "TypeError")
+        except ResourceLimit as e:
+            return None, Error(Code.RESOURCE_EXHAUSTED, f"{req.label}: {safe_str(e)}",
+                               "ResourceLimit")
+        except MemoryError:
+            return None, Error(Code.RESOURCE_EXHAUSTED, f"{req.label}: out of memory",
+                               "MemoryError")
+        except greenlet.GreenletExit:
+            raise                            # the kernel ends this greenlet (see _interrupt)
+        except BaseException as e:
+            return None, Error(Code.APPLICATION, safe_str(e), _type_name(e))
 
     def _run(self, req: Request, throw: BaseException | None = None) -> None:
         task = req.task
         assert task is not None
         self._budget.steps = 0
+        req.interrupting = isinstance(throw, Interrupted)
         if throw is None:
             outcome = task.switch()
         else:
             outcome = task.throw(throw)
+        req.interrupting = False
         if task.dead:
             self._finish(req, outcome)
 
@@ -435,8 +493,7 @@ class Kernel:
         if s is not None and req.cmd is not None:
             s.inflight.pop(req.seq, None)
         if outcome is _INTERRUPTED:
-            if req.cmd is None:
-                raise RuntimeError(f"{req.label} cannot be interrupted")
+            assert req.cmd is not None          # only waiters are interrupted; hooks never wait
             # the re-run waits again where it was waiting, until the same deadline
             self._pending.append(PendingCall(req.index, req.cmd, tuple(req.tags),
                                              req.deadline, tuple(req.deadlines[-1:])))
@@ -469,10 +526,8 @@ class Kernel:
             if timeout == 0:
                 raise Timeout("would wait, and acquire's timeout is 0")
             deadline = req.deadline
-            if timeout is not None:
-                if type(timeout) not in (int, float) or timeout < 0:
-                    raise ValueError(f"timeout must be a number >= 0, not {timeout!r}")
-                own = self.now + timeout
+            own = self._deadline(timeout, ValueError)
+            if own is not None:
                 deadline = own if deadline is None else min(deadline, own)
             if deadline is not None and deadline <= self.now:
                 raise Timeout("deadline passed")
@@ -489,6 +544,20 @@ class Kernel:
             heapq.heappush(self._deadlines, (deadline, w.order, w))
         assert req.task is not None and req.task.parent is not None
         return req.task.parent.switch()
+
+    def _deadline(self, timeout: Any, error: type[Exception]) -> float | None:
+        """The kernel time at which a wait of `timeout` seconds ends; None for no timeout or
+        an infinite one. The one place where timeouts (a call's, or acquire's) are checked:
+        NaN, negative or non-numbers are refused with `error`."""
+        if timeout is None:
+            return None
+        if type(timeout) not in (int, float) or not timeout >= 0:     # NaN fails `>= 0`
+            message = f"timeout must be a number of seconds >= 0, not {timeout!r}"
+            if error is KernelError:
+                raise KernelError(Code.INVALID_ARGUMENT, message)
+            raise error(message)
+        deadline = self.now + timeout
+        return deadline if deadline < 1e15 else None    # inf or astronomically far: no limit
 
     def _wake(self, w: Waiter) -> None:
         """Semaphore.release handed a permit to `w`: run it after the current request."""
@@ -554,18 +623,53 @@ class Kernel:
         self._deadlines = []
         assert not self._ready and self._waiting == 0
         pending, self._pending = self._pending, []
-        error: Error | None
-        try:
-            blob = self._dump(pending)
-        except Exception as e:               # unpicklable object state: keep the old checkpoint
-            error = Error(Code.INTERNAL, f"checkpoint failed: {self._unpicklable()}: {e}",
-                          type(e).__name__)
-            log.error("%s", error)
-        else:
-            error = None
-            self.checkpoint_blob, self.checkpoint_index = blob, self.index
+        objects = self._save_objects()       # drops what cannot be saved: never fails
+        self.checkpoint_blob, self.checkpoint_index = self._dump(pending, objects), self.index
         self._rerun(pending)
-        self._complete(cmd.tag, None if error else self.index, error)
+        self._complete(cmd.tag, self.index)
+
+    def _save_objects(self) -> list[tuple[str, str, int, bytes]]:
+        """Each object's state pickled on its own and loaded back once, as a restore would.
+        An object whose state cannot be saved or loaded (a generator, a lambda, a failing
+        __hash__...) is dropped, the same on every replica: the checkpoint always succeeds
+        and the log stays bounded. Objects over max_object_bytes are marked (see _start)."""
+        saved = []
+        for name, rec in list(self.objects.items()):
+            self._budget.steps = 0
+            try:
+                data = self._pickle(rec.instance)
+                self._budget.steps = 0
+                self._unpickle(data)
+            except BaseException as e:
+                self._drop(name, f"its state cannot be saved in a checkpoint "
+                                 f"({_type_name(e)}: {safe_str(e, 200)})")
+                continue
+            if len(data) > self.config.max_object_bytes:
+                self.over_limit[name] = len(data)
+            else:
+                self.over_limit.pop(name, None)
+            saved.append((name, rec.cls.name, rec.cls.version, data))
+        return saved
+
+    def _drop(self, name: str, why: str) -> None:
+        log.warning("object %r dropped at log index %d: %s", name, self.index, why)
+        del self.objects[name]
+        self.over_limit.pop(name, None)
+        self.dropped[name] = f"object {name!r} was dropped at log index {self.index}: {why}"
+        while len(self.dropped) > 1000:
+            del self.dropped[next(iter(self.dropped))]
+
+    def _pickle(self, obj: Any) -> bytes:
+        buf = io.BytesIO()
+        p = pickle.Pickler(buf, protocol=5)
+        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+        p.dump(obj)
+        return buf.getvalue()
+
+    def _unpickle(self, data: bytes) -> Any:
+        up = pickle.Unpickler(io.BytesIO(data))
+        up.persistent_load = self.registry.persistent_load  # type: ignore[method-assign]
+        return up.load()
 
     def _interrupt(self, req: Request) -> None:
         """Unwind a detached waiter with Interrupted; it lands in self._pending."""
@@ -600,53 +704,53 @@ class Kernel:
         for tag in req.tags:
             self._out.append(Completion(tag, None, error))
 
-    def _unpicklable(self) -> str:
-        """Name the first object whose state cannot be pickled."""
-        for name, rec in self.objects.items():
-            buf = io.BytesIO()
-            p = pickle.Pickler(buf, protocol=5)
-            p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
-            try:
-                p.dump(rec.instance)
-            except Exception:
-                return f"object {name!r} ({rec.cls.name})"
-        return "kernel state"
-
     def _rerun(self, pending: list[PendingCall]) -> None:
         for p in pending:
             s = self.sessions[p.cmd.session]
-            self._start(p.cmd, s, p.index, list(p.tags), p.deadline, p.deadlines, rerun=True)
+            try:
+                self._start(p.cmd, s, p.index, list(p.tags), p.deadline, p.deadlines,
+                            rerun=True)
+            except KernelError as e:         # its object was dropped by this checkpoint
+                s.results[p.cmd.seq] = (None, e.error)
+                for tag in p.tags:
+                    self._out.append(Completion(tag, None, e.error))
             self._drain()
 
     def _state(self) -> dict[str, Any]:
         return {"format": CHECKPOINT_FORMAT, "index": self.index, "now": self.now,
-                "order": self._order, "sessions": self.sessions,
-                "objects": [(n, r.cls.name, r.cls.version, r.instance)
-                            for n, r in self.objects.items()]}
+                "order": self._order, "sessions": self.sessions, "dropped": self.dropped,
+                "over_limit": self.over_limit}
 
-    def _dump(self, pending: list[PendingCall]) -> bytes:
+    def _dump(self, pending: list[PendingCall],
+              objects: list[tuple[str, str, int, bytes]]) -> bytes:
         buf = io.BytesIO()
         pickle.dump(self.registry.dump(), buf, protocol=5)
-        p = pickle.Pickler(buf, protocol=5)
-        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
-        p.dump((self._state(), pending))
+        pickle.dump((self._state(), pending, objects), buf, protocol=5)
         return buf.getvalue()
 
     @classmethod
     def restore(cls, blob: bytes, config: Config = Config()) -> Kernel:
         """A kernel in the state right after the checkpoint that made `blob`."""
         k = cls(config)
+        Budget.current = k._budget
         buf = io.BytesIO(blob)
         k.registry.load(pickle.load(buf))
-        up = pickle.Unpickler(buf)
-        up.persistent_load = k.registry.persistent_load  # type: ignore[method-assign]
-        state, pending = up.load()
+        state, pending, objects = pickle.load(buf)
         if state["format"] != CHECKPOINT_FORMAT:
             raise ValueError(f"checkpoint format {state['format']} is not supported")
         k.index, k.now, k._order = state["index"], state["now"], state["order"]
         k.sessions = state["sessions"]
-        k.objects = {name: ObjectRecord(name, k.registry.get(cname, ver), inst)  # type: ignore
-                     for name, cname, ver, inst in state["objects"]}
+        k.dropped, k.over_limit = state["dropped"], state["over_limit"]
+        for name, cname, version, data in objects:
+            cv = k.registry.get(cname, version)
+            k._budget.steps = 0
+            try:
+                if cv is None:
+                    raise LookupError(f"class {cname} version {version} did not load")
+                k.objects[name] = ObjectRecord(name, cv, k._unpickle(data))
+            except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
+                k._drop(name, f"its state cannot be restored ({_type_name(e)}: "
+                              f"{safe_str(e, 200)})")
         k.checkpoint_index, k.checkpoint_blob = k.index, blob
         k._out = []
         k._rerun(pending)
@@ -654,20 +758,27 @@ class Kernel:
 
     def state_digest(self) -> str:
         """A hash of the whole state, waiters included: equal on replicas that applied the
-        same log. Pickled without a memo, so that which objects happen to be shared (an
-        interned string, say) does not change the bytes; state with reference cycles
-        cannot be digested this way and raises ValueError."""
-        buf = io.BytesIO()
-        pickle.dump(self.registry.dump(), buf, protocol=5)
-        p = pickle.Pickler(buf, protocol=5)
-        p.fast = True
-        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+        same log. Pickled without a memo where it can be, so that which objects happen to be
+        shared (an interned string, say) does not change the bytes; an object with reference
+        cycles is pickled with a memo instead."""
+        h = hashlib.sha256()
+        h.update(pickle.dumps(self.registry.dump(), protocol=5))
         waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
                  for r in self._blocked()]
         state = self._state()
         del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
-        p.dump((state, waits))
-        return hashlib.sha256(buf.getvalue()).hexdigest()
+        objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]
+        for part in (state, waits, *objects):
+            buf = io.BytesIO()
+            p = pickle.Pickler(buf, protocol=5)
+            p.fast = True
+            p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+            try:
+                p.dump(part)
+            except ValueError:                       # a cycle
+                buf = io.BytesIO(self._pickle(part))
+            h.update(buf.getvalue())
+        return h.hexdigest()
 
     # -- reads through the log ---------------------------------------------------------------
 
@@ -700,6 +811,11 @@ class Kernel:
         else:
             raise KernelError(Code.INVALID_ARGUMENT, f"unknown query {what!r}")
         self._complete(cmd.tag, value)
+
+
+def _type_name(e: BaseException) -> str:
+    name = type(e).__name__
+    return name if type(name) is str else "Exception"
 
 
 def _args(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:

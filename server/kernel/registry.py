@@ -9,16 +9,21 @@ instances are pickled in checkpoints: by the source text that made them, never b
 from __future__ import annotations
 
 import hashlib
+import logging
 import inspect
 from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any, Callable
 
-from . import dialect
+from . import dialect, sandbox
 from .errors import Code, KernelError
-from .sched import BudgetExceeded
 
 _MODULE_PREFIX = "gesmas_user_"
+log = logging.getLogger(__name__)
+
+
+class _Unloadable:
+    """Stands for a class whose source failed to load from a checkpoint."""
 
 
 @dataclass
@@ -50,8 +55,10 @@ class ClassVersion:
 
 
 class Registry:
-    def __init__(self, budget: dialect.Budget) -> None:
+    def __init__(self, budget: sandbox.Budget, max_source: int = 256 * 1024) -> None:
         self._budget = budget
+        self._max_source = max_source
+        self.types = sandbox.UserTypes()
         self.sources: list[str] = []
         self._by_hash: dict[str, int] = {}
         self._namespaces: list[dict[str, Any]] = []
@@ -82,7 +89,11 @@ class Registry:
         return out
 
     def _load(self, source: str, module: int) -> dict[str, Any]:
+        """Compile and run `source`; every failure, whatever it raises, is INVALID_ARGUMENT."""
         filename = f"<class source {module}>"
+        if len(source) > self._max_source:
+            raise KernelError(Code.INVALID_ARGUMENT, f"bad class source: {len(source)} "
+                              f"characters, more than {self._max_source}")
         try:
             code = dialect.compile_source(source, filename)
         except dialect.DialectError as e:
@@ -90,15 +101,29 @@ class Registry:
         except SyntaxError as e:
             raise KernelError(Code.INVALID_ARGUMENT,
                               f"bad class source: line {e.lineno}: {e.msg}") from None
-        ns = dialect.make_globals(self._budget, f"{_MODULE_PREFIX}{module}")
-        self._budget.steps = 0
+        except BaseException as e:     # RecursionError, MemoryError... on a hostile source
+            raise KernelError(Code.INVALID_ARGUMENT, f"bad class source: cannot compile it: "
+                              f"{type(e).__name__}") from None
+        ns = dialect.make_globals(self._budget, f"{_MODULE_PREFIX}{module}", self.types)
+        budget, types = self._budget, self.types
+        budget.steps = 0
+        made: list[type] = []
+        types.loading = made
+        outer, sandbox.Budget.current = sandbox.Budget.current, budget
         try:
             exec(code, ns)
-        except (Exception, BudgetExceeded) as e:
+            sandbox.seal(ns, made, types)
+        except BaseException as e:
+            for cls in made:
+                types.readable.discard(cls)
+                types.writable.discard(cls)
             line = dialect.line_of(e, filename)
             where = f"line {line}: " if line else ""
-            raise KernelError(Code.INVALID_ARGUMENT,
-                              f"bad class source: {where}{type(e).__name__}: {e}") from None
+            raise KernelError(Code.INVALID_ARGUMENT, "bad class source: "
+                              f"{where}{type(e).__name__}: {safe_str(e)}") from None
+        finally:
+            types.loading = None
+            sandbox.Budget.current = outer
         return ns
 
     @staticmethod
@@ -110,11 +135,12 @@ class Registry:
 
     def latest(self, name: str) -> ClassVersion | None:
         versions = self.versions.get(name)
-        return versions[-1] if versions else None
+        return versions[-1] if versions and versions[-1].cls is not _Unloadable else None
 
     def get(self, name: str, version: int) -> ClassVersion | None:
         versions = self.versions.get(name)
-        if versions and 0 < version <= len(versions):
+        if versions and type(version) is int and 0 < version <= len(versions) and \
+                versions[version - 1].cls is not _Unloadable:
             return versions[version - 1]
         return None
 
@@ -125,15 +151,23 @@ class Registry:
                 "versions": {n: [v.module for v in vs] for n, vs in self.versions.items()}}
 
     def load(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's sources. Never fails: a source this version of gesmas refuses
+        (after an upgrade with a stricter dialect) leaves its class versions unloadable, and
+        the objects made with them are dropped by the kernel."""
         for i, source in enumerate(state["sources"]):
-            ns = self._load(source, i)
+            try:
+                ns = self._load(source, i)
+            except KernelError as e:
+                log.error("class source %d no longer loads: %s", i, e.error.message)
+                ns = {}
+            else:
+                self._by_hash[hashlib.sha256(
+                    source.encode("utf-8", "surrogatepass")).hexdigest()] = i
             self.sources.append(source)
-            self._by_hash[hashlib.sha256(
-                source.encode("utf-8", "surrogatepass")).hexdigest()] = i
             self._namespaces.append(ns)
         for name, modules in state["versions"].items():
             self.versions[name] = [
-                ClassVersion(name, n + 1, m, self._namespaces[m][name])
+                ClassVersion(name, n + 1, m, self._namespaces[m].get(name, _Unloadable))
                 for n, m in enumerate(modules)]
 
     def persistent_id(self, obj: Any) -> Any:
@@ -153,3 +187,17 @@ class Registry:
         for part in rest:
             obj = getattr(obj, part)
         return obj
+
+
+def safe_str(e: BaseException, limit: int = 1000) -> str:
+    """The message of an exception raised by uploaded code, never raising itself: its
+    `__str__` is uploaded code too (it may raise, loop until the budget ends, or return a
+    non-str). Addresses are removed and the length is capped."""
+    try:
+        text = str(e)
+        if type(text) is not str:
+            raise TypeError
+    except BaseException:
+        return f"<{type(e).__name__} with an unprintable message>"
+    text = sandbox._scrub(text)
+    return text if len(text) <= limit else text[:limit] + "..."
