@@ -207,6 +207,9 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _status(self, request: Any, context: Any) -> Any:
         stats = await self._answer(context, self._cmd(codec.Query, what="stats"))
+        digest = ""
+        if request.with_digest:
+            digest = await self._answer(context, self._cmd(codec.Query, what="digest"))
         st = self.node.status()
         st["nodes"] = _current_nodes(st["nodes"], self.node.replica.status().get("peers", {}))
         return pb.StatusResponse(
@@ -217,7 +220,7 @@ class Gateway(pb_grpc.GesmasServicer):
                                  connected=n["connected"], match_index=n["match_index"])
                    for n in st["nodes"]],
             object_count=stats["objects"], waiter_count=stats["waiters"],
-            session_count=stats["sessions"])
+            session_count=stats["sessions"], state_digest=digest)
 
     # -- membership (admin) ----------------------------------------------------------------
 

@@ -196,7 +196,7 @@ class _Policy(RestrictingNodeTransformer):
                 trusted = first
         self._trusted.append(trusted)
         try:
-            node = super().visit_FunctionDef(node)
+            node = super().visit_FunctionDef(node)  # type: ignore[assignment]
         finally:
             self._trusted.pop()
         entry = (_call("_self_", [ast.Name(trusted, ast.Load())], node) if trusted

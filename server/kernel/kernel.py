@@ -386,8 +386,8 @@ class Kernel:
                rerun: bool = False) -> None:
         rec = self.objects.get(cmd.name)
         if rec is None:
-            raise KernelError(Code.NOT_FOUND, self.dropped.get(cmd.name) if type(cmd.name) is str
-                              and cmd.name in self.dropped else f"no object named {cmd.name!r}")
+            why = self.dropped.get(cmd.name) if type(cmd.name) is str else None
+            raise KernelError(Code.NOT_FOUND, why or f"no object named {cmd.name!r}")
         if not rerun and cmd.name in self.over_limit:
             raise KernelError(Code.RESOURCE_EXHAUSTED,
                               f"object {cmd.name!r} holds {self.over_limit[cmd.name]} bytes, "
@@ -756,9 +756,9 @@ class Kernel:
         k._rerun(pending)
         return k
 
-    def state_digest(self) -> str:
+    def state_digest(self, volatile: bool = True) -> str:
         """A hash of the whole state, waiters included: equal on replicas that applied the
-        same log. Pickled without a memo where it can be, so that which objects happen to be
+        same log (without `volatile`, the log index and kernel time are left out). Pickled without a memo where it can be, so that which objects happen to be
         shared (an interned string, say) does not change the bytes; an object with reference
         cycles is pickled with a memo instead."""
         h = hashlib.sha256()
@@ -767,6 +767,8 @@ class Kernel:
                  for r in self._blocked()]
         state = self._state()
         del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
+        if not volatile:
+            del state["index"], state["now"]
         objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]
         for part in (state, waits, *objects):
             buf = io.BytesIO()
@@ -801,6 +803,8 @@ class Kernel:
                 waiting[r.obj] = waiting.get(r.obj, 0) + 1
             value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
                       "waiters": waiting.get(n, 0)} for n, r in self.objects.items()]
+        elif what == "digest":
+            value = self.state_digest(volatile=False)
         elif what == "sessions":
             value = [[s.id, s.ttl] for s in self.sessions.values()]
         elif what == "stats":

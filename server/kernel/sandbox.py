@@ -114,7 +114,7 @@ class Object:
     """`object` in uploaded code: no address in its repr, no identity hash."""
 
     __slots__ = ()
-    __hash__ = _no_hash          # type: ignore[assignment]
+    __hash__ = _no_hash
     __repr__ = _plain_repr
 
 
@@ -310,6 +310,16 @@ def _growth_method(name: str) -> Callable[..., Any]:
 
 
 _STR_TYPES = (str, bytes, bytearray)
+
+
+def _guarded_method(obj: Any, name: str) -> Any:
+    """`obj.name` for a str/bytes/int method that is formatted or can grow its result."""
+    if name == "format" and isinstance(obj, str):
+        return lambda *a, **k: _safe_format(obj, a, k)
+    if name == "format_map" and isinstance(obj, str):
+        return lambda m: _safe_format(obj, (), m)
+    guard = _GUARDED_METHODS.get(name)
+    return guard(obj) if guard is not None else getattr(obj, name)
 _GUARDED_METHODS: dict[str, Callable[[Any], Any]] = {
     **{n: _width_method(n) for n in ("center", "ljust", "rjust", "zfill", "expandtabs")},
     **{n: _growth_method(n) for n in ("join", "replace", "translate", "to_bytes")},
@@ -395,6 +405,11 @@ def _check_tee(iterable: Any, n: int = 2) -> None:
         raise ResourceLimit("tee() of more than 1024 iterators is not allowed")
 
 
+def _tee(iterable: Any, n: int = 2) -> tuple[_Counted, ...]:
+    _check_tee(iterable, n)
+    return tuple(_Counted(t) for t in _itertools.tee(iterable, n))
+
+
 def _limit_n(fn: Callable[..., Any], limit: int) -> Callable[..., Any]:
     @_functools.wraps(fn)
     def call(*args: Any) -> Any:
@@ -472,8 +487,7 @@ _MODULES: dict[str, ModuleProxy] = {
         "combinations": _counted(_itertools.combinations, _check_r),
         "combinations_with_replacement": _counted(_itertools.combinations_with_replacement,
                                                   _check_r),
-        "tee": lambda it, n=2: (_check_tee(it, n), tuple(
-            _Counted(t) for t in _itertools.tee(it, n)))[1]}),
+        "tee": _tee}),
     "functools": ModuleProxy("functools", _pick(
         _functools, "reduce partial partialmethod cmp_to_key total_ordering cached_property")),
     "dataclasses": ModuleProxy("dataclasses", _pick(
@@ -497,7 +511,7 @@ _ALLOWED_BASES = frozenset({Object, SyncObject, _Enum_Enum, _Enum_IntEnum, _Enum
                             _collections.Counter, _collections.deque, dict, list, set, int, str,
                             float, tuple, bytes, frozenset})
 _ALLOWED_BASES |= {getattr(_typing, "_NamedTuple")}
-_ALLOWED_META = frozenset({type, _enum.EnumType, _typing.NamedTupleMeta})
+_ALLOWED_META = frozenset({type, _enum.EnumType, getattr(_typing, "NamedTupleMeta")})
 
 
 # -- the guards that know which classes are uploaded ---------------------------------------------
@@ -512,7 +526,7 @@ class _Bytes(type):
         return isinstance(obj, cls._real)
 
     def __subclasscheck__(cls, sub: Any) -> bool:
-        return issubclass(_REAL.get(sub, sub), cls._real)
+        return issubclass(_REAL[sub] if isinstance(sub, _Bytes) else sub, cls._real)
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
@@ -536,7 +550,7 @@ class bytearray_(metaclass=_Bytes):
     _real = bytearray
 
 
-_STANDIN = {bytes: bytes_, bytearray: bytearray_}
+_STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_}
 _REAL: dict[Any, type] = {bytes_: bytes, bytearray_: bytearray}
 
 
@@ -591,14 +605,11 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
                                      "accessible in gesmas classes")
         elif name in _INSPECT:
             raise AttributeError(f"attribute {name!r} is not accessible in gesmas classes")
-        elif name in GUARDED_NAMES and isinstance(obj, _STR_TYPES + (int,)):
-            if name == "format" and type(obj) is str:
-                return lambda *a, **k: _safe_format(obj, a, k)
-            if name == "format_map" and type(obj) is str:
-                return lambda m: _safe_format(obj, (), m)
-            guard = _GUARDED_METHODS.get(name)
-            if guard is not None:
-                return guard(obj)
+        elif name in GUARDED_NAMES:
+            if isinstance(obj, _STR_TYPES + (int,)):
+                return _guarded_method(obj, name)
+            if isinstance(obj, type) and issubclass(_REAL.get(obj, obj), _STR_TYPES + (int,)):
+                return lambda self, *a, **k: _guarded_method(self, name)(*a, **k)
         return getattr(obj, name, *default)
 
     def _write_(obj: Any) -> Any:
@@ -670,7 +681,7 @@ class ClassMaker:
         if self._types.loading is None:
             raise TypeError(f"class {name}: classes can only be defined while the source "
                             "loads, not inside a call")
-        real = tuple(_REAL.get(b, b) for b in bases)
+        real = tuple(_REAL.get(b, b) if isinstance(b, _Bytes) else b for b in bases)
         for b in real:
             if not isinstance(b, type) or not (
                     b in self._types.readable or b in _ALLOWED_BASES
@@ -711,9 +722,8 @@ _INPLACE: dict[str, Callable[[Any, Any], Any]] = {
 def _inplace(op: str, a: Any, b: Any) -> Any:
     # `x += y`: mutable containers keep their identity, as in plain Python
     if op == "+=" and type(a) is list:
-        _sized(len(a) + len(b) if hasattr(b, "__len__") else 0, "a list")
         a += b
-        return a
+        return _sized(a, "a list")
     if op == "|=" and type(a) in (set, dict):
         a |= b
         return a
@@ -752,7 +762,8 @@ def _immutable(v: Any, path: str, seen: set[int], types: UserTypes) -> None:
     if isinstance(v, type):
         if v in types.readable:
             for k, x in vars(v).items():
-                if not k.startswith("__") or k in ("__init__", "__post_init__"):
+                if not k.startswith("_") or not k.endswith("_") or k in (
+                        "__init__", "__post_init__"):
                     _immutable(x, f"{path}.{k}", seen, types)
         return              # a class from the dialect or a proxy: read-only for uploaded code
     if isinstance(v, _enum.Enum):

@@ -1,0 +1,510 @@
+"""Hostile uploaded code, run through the kernel harness (DESIGN §7a).
+
+Every attack here must end as an error for the call (or the upload) that made it. After each
+one the kernel must still serve calls, a replay of the same log on a fresh kernel must give
+the same completions and state, and a checkpoint must restore to the same state.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gesmas.server.kernel import Code, Config, Kernel, Query
+from gesmas.server.kernel.codec import CreateObject, Invoke
+from kernel_harness import H, replay
+
+PROBE = '''
+class Probe:
+    def __init__(self):
+        self.n = 0
+    def bump(self):
+        self.n += 1
+        return self.n
+'''
+
+QUEUE_PROBE = '''
+from collections import deque
+class Q:
+    def __init__(self):
+        self._items = deque()
+        self._filled = Semaphore(0)
+    def put(self, x):
+        self._items.append(x)
+        self._filled.release()
+    def take(self):
+        self._filled.acquire()
+        return self._items.popleft()
+    def try_take(self):
+        if not self._filled.try_acquire():
+            return None
+        return self._items.popleft()
+'''
+
+
+def healthy(h: H, s: int) -> None:
+    """The kernel serves calls; replay and checkpoint/restore agree with it."""
+    h.register(PROBE)
+    h.create("Probe", "probe-after")
+    first = h.value(h.call(s, "probe-after", "bump"))
+    assert h.value(h.call(s, "probe-after", "bump")) == first + 1
+    k, trace = replay(h.log)
+    assert trace == h.trace, "a replay of the same log gave other completions"
+    assert k.state_digest() == h.kernel.state_digest()
+    assert h.checkpoint().error is None
+    restored = Kernel.restore(h.kernel.checkpoint_blob)
+    assert restored.state_digest() == h.kernel.state_digest()
+
+
+def method(body: str, *, prelude: str = "", init: str = "self.x = 0") -> str:
+    lines = "\n".join("        " + line for line in body.strip("\n").splitlines())
+    return f"{prelude}\nclass A:\n    def __init__(self):\n        {init}\n    def m(self):\n{lines}\n"
+
+
+def call_m(body: str, *, prelude: str = "", config: Config | None = None):
+    """Upload a class whose method `m` has `body`, call it; returns (h, session, error);
+    the call's value is `h.last`."""
+    h = H(config)
+    s = h.open_session()
+    reg = h.register(method(body, prelude=prelude))
+    assert reg.error is None, reg.error
+    created = h.create("A", "a")
+    assert created.error is None, created.error
+    t = h.call(s, "a", "m")
+    h.last = h.results[t].value  # type: ignore[attr-defined]
+    return h, s, h.results[t].error
+
+
+def refused_upload(src: str) -> tuple[H, int, str]:
+    h = H()
+    s = h.open_session()
+    reg = h.register(src)
+    assert reg.error is not None and reg.error.code == Code.INVALID_ARGUMENT, reg
+    return h, s, reg.error.message
+
+
+# -- the rows of the issue ------------------------------------------------------------------
+
+@pytest.mark.parametrize("exc", ["SystemExit", "KeyboardInterrupt", "GeneratorExit",
+                                 "BaseException", "MemoryError", "RecursionError"])
+def test_a_method_raising_any_base_exception_is_the_callers_error(exc):
+    h, s, err = call_m(f"raise {exc}('boom')")
+    assert err is not None and err.code == Code.APPLICATION and err.type == exc \
+        or err.code == Code.RESOURCE_EXHAUSTED and exc == "MemoryError", err
+    healthy(h, s)
+
+
+@pytest.mark.parametrize("exc", ["SystemExit", "KeyboardInterrupt"])
+def test_a_class_body_raising_system_exit_is_an_upload_error(exc):
+    h, s, msg = refused_upload(f"class B:\n    raise {exc}()\n")
+    assert exc in msg
+    h2, s2, msg2 = refused_upload(f"raise {exc}()\nclass B:\n    pass\n")
+    healthy(h, s)
+
+
+def test_a_long_expression_that_breaks_the_compiler_is_an_upload_error():
+    src = "class B:\n    X = " + "+".join(["1"] * 3000) + "\n"
+    h, s, msg = refused_upload(src)
+    assert "compile" in msg or "recursion" in msg.lower()
+    deep = "class C:\n    X = " + "(" * 5000 + "1" + ")" * 5000 + "\n"
+    refused_upload(deep)
+    healthy(h, s)
+
+
+def test_a_three_argument_type_is_refused():
+    _, _, err = call_m("self.x = type('B', (object,), {'__reduce__': lambda s: 1})()")
+    assert err.code == Code.APPLICATION and "one argument" in err.message
+
+
+def test_the_functional_enum_api_cannot_inject_special_methods():
+    h, s, err = call_m("self.x = Enum('E', {'__reduce_ex__': 1})",
+                       prelude="from enum import Enum")
+    assert err is not None and "functional Enum API" in err.message
+    healthy(h, s)
+
+
+@pytest.mark.parametrize("body", ["self.x = (x for x in [1, 2])", "self.x = lambda: 1",
+                                  "def inner():\n    return 2\nself.x = inner"])
+def test_unpicklable_state_drops_only_its_object_at_the_checkpoint(body):
+    h, s, err = call_m(body)
+    assert err is None
+    h.register(QUEUE_PROBE)
+    h.create("Q", "q")
+    h.call(s, "q", "put", 1)
+    c = h.checkpoint()
+    assert c.error is None and h.kernel.checkpoint_index == h.index
+    t = h.call(s, "a", "m")
+    e = h.error(t, Code.NOT_FOUND)
+    assert "dropped" in e.message and "'a'" in e.message
+    assert h.value(h.call(s, "q", "take")) == 1       # the other object kept its state
+    healthy(h, s)
+
+
+def test_big_integer_arithmetic_is_bounded():
+    for body in ["return (10 ** (2 * 10 ** 7)).bit_length()",
+                 "return pow(10, 10 ** 8).bit_length()",
+                 "return (1 << 10 ** 9).bit_length()",
+                 "x = 3\nfor i in range(40):\n    x = x * x\nreturn 1",
+                 "x = 7\nx **= 10 ** 8\nreturn 1"]:
+        h, s, err = call_m(body)
+        assert err is not None and err.code == Code.RESOURCE_EXHAUSTED, (body, err)
+    h, s, err = call_m("return math.factorial(10 ** 6)", prelude="import math")
+    assert err.code == Code.RESOURCE_EXHAUSTED
+    healthy(h, s)
+
+
+@pytest.mark.parametrize("body", [
+    "return len([i * i for i in [0] * 5 * 10 ** 7])",
+    "return len('x' * 10 ** 10)",
+    "return len(b'x' * 10 ** 10)",
+    "return len(bytes(10 ** 10))",
+    "return len(bytearray(10 ** 10))",
+    "return len(type(b'')(10 ** 10))",
+    "return len((1).to_bytes(10 ** 10, 'big'))",
+    "return len('ab'.center(10 ** 10))",
+    "return len(('x' * 1000).join(['a'] * 100000))",
+    "return len('%1000000000d' % 1)",
+    "return len(f'{1:>1000000000}')",
+    "return len('{:>1000000000}'.format(1))",
+    "s = 'x'\nwhile True:\n    s = s + s\n",
+    "s = ['x']\nwhile True:\n    s += s\n",
+    "self.x = 'y'\nwhile True:\n    self.x += self.x\n",
+    "return len([i for i in range(10 ** 9)])",
+    "return sum(range(10 ** 9))",
+    "return len(list(itertools.repeat(0, 10 ** 9)))",
+    "return len(list(itertools.product(range(100), repeat=100)))",
+    "return len(list(itertools.permutations(range(5), 10 ** 9)))",
+    "return len(list(itertools.accumulate(['x' * 1000] * 4000)))",
+])
+def test_native_work_is_bounded_by_size_checks_or_the_step_budget(body):
+    h, s, err = call_m(body, prelude="import itertools")
+    assert err is not None and err.code == Code.RESOURCE_EXHAUSTED, (body, err)
+    healthy(h, s)
+
+
+def test_a_big_result_is_refused():
+    h, s, err = call_m("return 'x' * 3000000")
+    assert err.code == Code.RESOURCE_EXHAUSTED and "returned more than" in err.message
+    healthy(h, s)
+
+
+def test_an_object_over_its_size_limit_takes_no_new_calls_until_deleted():
+    h = H(Config(max_object_bytes=100_000))
+    s = h.open_session()
+    h.register(method("self.x = self.x + 'y' * 60000\nreturn len(self.x)", init="self.x = ''"))
+    h.create("A", "a")
+    h.value(h.call(s, "a", "m"))
+    h.value(h.call(s, "a", "m"))
+    assert h.checkpoint().error is None
+    restored = Kernel.restore(h.kernel.checkpoint_blob, Config(max_object_bytes=100_000))
+    assert restored.state_digest() == h.kernel.state_digest()
+    e = h.error(h.call(s, "a", "m"), Code.RESOURCE_EXHAUSTED)
+    assert "more than 100000" in e.message
+    from gesmas.server.kernel import DeleteObject
+    assert h.run(DeleteObject(ts=h.ts, name="a")).error is None
+    h.create("A", "a")
+    h.value(h.call(s, "a", "m"))
+
+
+@pytest.mark.parametrize("body,prelude", [
+    ("return typing.sys.modules['os'].getpid()", "import typing"),
+    ("return collections._sys", "import collections"),
+    ("return enum.bltns.open", "import enum"),
+    ("return functools.update_wrapper", "import functools"),
+    ("return dataclasses.make_dataclass", "import dataclasses"),
+    ("return getattr(collections, '_sys')", "import collections"),
+    ("return str(typing.get_origin(typing.Type[int]))", "import typing"),
+    ("import os", ""),
+    ("import collections.abc", ""),
+    ("from typing import sys", ""),
+])
+def test_allowed_modules_expose_only_their_vetted_public_names(body, prelude):
+    h, s, err = call_m(body, prelude=prelude)
+    assert err is not None and err.type in ("AttributeError", "ImportError"), err
+    healthy(h, s)
+
+
+@pytest.mark.parametrize("body", [
+    "return '{0.__class__.__mro__}'.format(self)",
+    "return '{0.x}'.format(self)",
+    "return '{0[x]}'.format({'x': 1})",
+    "return '{x.__class__}'.format_map({'x': self})",
+    "return getattr('{0.__class__}', 'format')(self)",
+    "return str.format('{0.__class__}', self)",
+])
+def test_format_strings_cannot_reach_attributes(body):
+    h, s, err = call_m(body)
+    assert err is not None and err.code == Code.APPLICATION, (body, err)
+    healthy(h, s)
+
+
+def test_format_without_attribute_fields_still_works():
+    h, s, err = call_m("return '{} {x!r} {0:>5}'.format(1, x='y') + f'{self.x!r:>3}'")
+    assert err is None, err
+    assert h.last == "1 'y'     1  0"
+
+
+@pytest.mark.parametrize("body", [
+    "return context()._task.kernel.index",
+    "return getattr(context(), '_task')",
+    "c = context()\nreturn c._task",
+    "q = Semaphore(1)\nreturn q._queue",
+    "return Semaphore(1)._value",
+    "f = lambda o: o._task\nreturn f(context())",
+    "return getattr(context(), 'gi_frame')",
+])
+def test_underscore_attributes_of_kernel_objects_are_not_reachable(body):
+    h, s, err = call_m(body)
+    assert err is not None and err.type == "AttributeError", (body, err)
+    healthy(h, s)
+
+
+def test_a_method_called_on_a_foreign_self_cannot_read_its_underscore_attributes():
+    src = ("class A:\n    def __init__(self):\n        self._task = 1\n"
+           "    def peek(self):\n        return self._task\n"
+           "    def m(self):\n        return A.peek(context())\n")
+    h = H()
+    s = h.open_session()
+    h.register(src)
+    h.create("A", "a")
+    assert h.value(h.call(s, "a", "peek")) == 1
+    e = h.error(h.call(s, "a", "m"), Code.APPLICATION)
+    assert e.type == "TypeError" and "Context" in e.message
+
+
+@pytest.mark.parametrize("body", [
+    "Semaphore.try_acquire = lambda self: True",
+    "setattr(Semaphore, 'try_acquire', lambda self: True)",
+    "type(Semaphore(1)).try_acquire = lambda self: True",
+    "s = Semaphore(1)\ns.value = 5",
+    "context().session = 1",
+    "A.m = lambda self: 1",
+    "type(self).m = lambda self: 1",
+    "collections.deque = list",
+    "delattr(Semaphore, 'try_acquire')",
+])
+def test_primitives_classes_and_modules_cannot_be_patched(body):
+    h, s, err = call_m(body, prelude="import collections")
+    assert err is not None and err.type in ("TypeError", "AttributeError"), (body, err)
+    h.register(QUEUE_PROBE)
+    h.create("Q", "q")
+    assert h.value(h.call(s, "q", "try_take")) is None      # the primitive is unchanged
+    healthy(h, s)
+
+
+def test_identity_is_not_observable():
+    h, s, err = call_m("return repr(object())")
+    assert err is None and "0x" not in h.last
+    h, s, err = call_m("return repr(self)")
+    assert err is None and h.last == "<A object>"
+    for body in ["return hash(object())", "return len({object(), object()})",
+                 "return hash(self)", "return len({self})"]:
+        h, s, err = call_m(body)
+        assert err is not None and err.type == "TypeError", (body, err)
+    h, s, err = call_m("return repr(lambda: 1) + f'{[len]} {self.m!r}'")
+    assert err is None and "0x" not in h.last, h.last
+    healthy(h, s)
+
+
+def test_del_and_other_special_methods_are_refused_at_upload():
+    for name in ["__del__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__",
+                 "__init_subclass__", "__class_getitem__", "__getattribute__"]:
+        refused_upload(f"class B:\n    def {name}(self, *a):\n        return 1\n")
+
+
+@pytest.mark.parametrize("src", [
+    "X = []\nclass B:\n    pass\n",
+    "class B:\n    X = {}\n",
+    "class B:\n    def m(self, acc=[]):\n        acc.append(1)\n",
+    "class B:\n    pass\nDEFAULT = B()\n",
+    "S = Semaphore(1)\nclass B:\n    pass\n",
+    "def make():\n    box = [0]\n    def f():\n        box[0] += 1\n    return f\ninc = make()\n"
+    "class B:\n    pass\n",
+    "class B:\n    pass\nclass C:\n    b = B()\n",
+    "import functools\nclass B:\n    pass\np = functools.partial(len, x=[])\n",
+])
+def test_module_and_class_level_state_must_be_immutable(src):
+    h, s, msg = refused_upload(src)
+    assert "module or class level" in msg or "module" in msg, msg
+    healthy(h, s)
+
+
+def test_global_statements_and_class_attribute_writes_are_refused():
+    refused_upload("N = 0\nclass B:\n    def m(self):\n        global N\n        N += 1\n")
+    h, s, err = call_m("A.count = 3")
+    assert err.type == "TypeError" and "read-only" in err.message
+    healthy(h, s)
+
+
+def test_immutable_module_level_values_are_fine():
+    src = ("import enum\nLIMITS = (1, 2, frozenset({3}))\nNAME = 'x'\nMISSING = object()\n"
+           "class Color(enum.Enum):\n    RED = 1\n    BLUE = (2, 3)\n"
+           "class B:\n    KIND = 'b'\n    def m(self, a=None):\n"
+           "        return [LIMITS[0], NAME, Color.BLUE.value[1], self.KIND, a is MISSING]\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("B", "b")
+    assert h.value(h.call(s, "b", "m")) == [1, "x", 3, "b", False]
+
+
+def test_enum_members_cannot_be_given_attributes():
+    src = ("import enum\nclass Color(enum.Enum):\n    RED = 1\n"
+           "class B:\n    def m(self):\n        Color.RED.extra = 5\n")
+    h = H()
+    s = h.open_session()
+    h.register(src)
+    h.create("B", "b")
+    h.error(h.call(s, "b", "m"), Code.APPLICATION)
+
+
+def test_classes_can_only_be_made_while_the_source_loads():
+    h, s, err = call_m("class Inner:\n    pass\nreturn 1")
+    assert err.type == "TypeError" and "while the source loads" in err.message
+    healthy(h, s)
+
+
+@pytest.mark.parametrize("src", [
+    "class B(Semaphore):\n    pass\n",
+    "class B(type):\n    pass\n",
+    "class B(metaclass=type):\n    pass\n",
+    "import typing\nclass B(typing.Protocol):\n    pass\n",
+])
+def test_kernel_classes_and_metaclasses_cannot_be_derived_from(src):
+    refused_upload(src)
+
+
+def test_nan_timeouts_are_refused_and_other_timeouts_still_fire():
+    src = ("class W:\n    def __init__(self):\n        self.s = Semaphore(0)\n"
+           "    def wait(self, t):\n        return self.s.acquire(timeout=t)\n")
+    h = H()
+    s = h.open_session()
+    h.register(src)
+    h.create("W", "w")
+    nan = float("nan")
+    e = h.error(h.call(s, "w", "wait", nan), Code.APPLICATION)
+    assert e.type == "ValueError" and "nan" in e.message
+    h.error(h.call(s, "w", "wait", -1.0), Code.APPLICATION)
+    t_call = h.call(s, "w", "wait", None, timeout=nan)
+    h.error(t_call, Code.INVALID_ARGUMENT)
+    forever = h.call(s, "w", "wait", float("inf"))
+    due = h.call(s, "w", "wait", 5.0)
+    h.tick(h.ts + 6)
+    h.error(due, Code.TIMEOUT)
+    assert not h.done(forever)
+    healthy(h, s)
+
+
+# -- more of our own ------------------------------------------------------------------------
+
+def test_an_exception_whose_str_raises_or_loops_is_still_reported():
+    for body in ["def __str__(self):\n        raise SystemExit()",
+                 "def __str__(self):\n        while True:\n            pass",
+                 "def __str__(self):\n        return 5"]:
+        src = (f"class E(Exception):\n    {body}\n"
+               "class A:\n    def m(self):\n        raise E()\n")
+        h = H()
+        s = h.open_session()
+        assert h.register(src).error is None
+        h.create("A", "a")
+        e = h.error(h.call(s, "a", "m"), Code.APPLICATION)
+        assert e.type == "E" and "unprintable" in e.message
+        healthy(h, s)
+
+
+def test_raising_interrupted_or_other_wait_errors_by_hand_is_harmless():
+    for exc in ["Interrupted", "Timeout", "SessionEnded", "Aborted"]:
+        h, s, err = call_m(f"raise {exc}('by hand')")
+        assert err is not None, exc
+        healthy(h, s)
+
+
+def test_constructors_and_session_hooks_that_raise_anything():
+    src = ("class A:\n    def __init__(self, how):\n        if how == 'exit':\n"
+           "            raise SystemExit()\n        if how == 'int':\n"
+           "            raise Interrupted()\n        self.how = how\n"
+           "    def touch(self):\n        return 1\n"
+           "    def _on_session_end(self, session):\n        raise KeyboardInterrupt()\n")
+    h = H()
+    s = h.open_session()
+    h.register(src)
+    for how in ["exit", "int"]:
+        assert h.create("A", f"a-{how}", how).error is not None
+    assert h.create("A", "a", "ok").error is None
+    s2 = h.open_session()
+    h.value(h.call(s2, "a", "touch"))
+    from gesmas.server.kernel import CloseSession
+    assert h.run(CloseSession(ts=h.ts, session=s2)).error is None
+    healthy(h, s)
+
+
+def test_deep_recursion_and_cyclic_results_are_errors():
+    h, s, err = call_m("def f(n):\n    return f(n + 1)\nreturn f(0)")
+    assert err.type == "RecursionError"
+    h, s, err = call_m("x = []\nx.append(x)\nreturn x")
+    assert err is not None
+    h, s, err = call_m("x = []\nfor i in range(100000):\n    x = [x]\nreturn x")
+    assert err is not None
+    healthy(h, s)
+
+
+def test_a_garbage_log_entry_is_skipped():
+    h = H()
+    s = h.open_session()
+    h.index += 1
+    assert h.kernel.apply(h.index, b"\x01" + b"L\x01" * 200000 + b"N") == []
+    h.index += 1
+    assert h.kernel.apply(h.index, b"\xff\x00garbage") == []
+    h.index += 1
+    assert h.kernel.apply(h.index, b"") == []
+    s2 = h.open_session()
+    assert s2 > s
+
+
+def test_a_kernel_bug_fails_only_its_command(monkeypatch):
+    h = H()
+    s = h.open_session()
+    h.register(PROBE)
+    h.create("Probe", "p")
+
+    def broken(cmd):
+        raise ZeroDivisionError("a bug")
+    monkeypatch.setitem(h.kernel._handlers, Invoke, broken)
+    e = h.error(h.call(s, "p", "bump"), Code.INTERNAL)
+    assert "ZeroDivisionError" in e.message
+    monkeypatch.undo()
+    assert h.value(h.call(s, "p", "bump")) == 1
+
+
+def test_the_operator_can_skip_a_poison_entry():
+    """Recovery for an entry that kills the process (README "A poison log entry"): every
+    replica is started with the same skip list and the entry completes as INTERNAL."""
+    h = H()
+    s = h.open_session()
+    h.register(PROBE)
+    h.create("Probe", "p")
+    poison = h.index + 1
+    t = h.call(s, "p", "bump")
+    h.call(s, "p", "bump")
+    k, trace = replay(h.log, Kernel(Config(skip_entries=frozenset({poison}))))
+    by_tag = {c.tag: c for _, cs in trace for c in cs}
+    assert by_tag[t].error.code == Code.INTERNAL and "skipped" in by_tag[t].error.message
+    assert [c.value for _, cs in trace[-1:] for c in cs] == [1]
+
+
+def test_a_huge_source_is_refused():
+    refused_upload("class B:\n    pass\n" + "#" * 300_000 + "\n")
+
+
+def test_standard_objects_are_unaffected_by_a_hostile_neighbour():
+    from gesmas.objects import standard_sources
+    h = H()
+    s = h.open_session()
+    for _, src in standard_sources():
+        assert h.register(src).error is None
+    h.run(CreateObject(ts=h.ts, class_name="Queue", name="jobs"))
+    h.register(method("Semaphore.release = lambda self, n=1: None"))
+    h.create("A", "a")
+    h.error(h.call(s, "a", "m"))
+    consumer = h.call(s, "jobs", "consume")
+    h.call(s, "jobs", "produce", "item")
+    assert h.value(consumer) == "item"
+    assert h.run(Query(ts=h.ts, what="digest")).value == h.kernel.state_digest(volatile=False)
