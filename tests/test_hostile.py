@@ -180,6 +180,16 @@ def test_native_work_is_bounded_by_size_checks_or_the_step_budget(body):
     healthy(h, s)
 
 
+def test_stand_ins_for_builtin_types_behave_like_them():
+    h, s, err = call_m("b = b'ab'\nreturn [isinstance(b, bytes), type(b) is bytes, "
+                       "type('x') is str, isinstance('x', (int, str)), str(5), "
+                       "bytes([65]), bytearray(2), bytes.fromhex('41'), str.upper('q'), "
+                       "issubclass(bytes, bytes), ','.join(['a', 'b']), str.join('-', 'xy')]")
+    assert err is None, err
+    assert h.last == [True, True, True, True, "5", b"A", b"\x00\x00", b"A", "Q", True,
+                      "a,b", "x-y"]
+
+
 def test_a_big_result_is_refused():
     h, s, err = call_m("return 'x' * 3000000")
     assert err.code == Code.RESOURCE_EXHAUSTED and "returned more than" in err.message
@@ -299,7 +309,8 @@ def test_identity_is_not_observable():
                  "return hash(self)", "return len({self})"]:
         h, s, err = call_m(body)
         assert err is not None and err.type == "TypeError", (body, err)
-    h, s, err = call_m("return repr(lambda: 1) + f'{[len]} {self.m!r}'")
+    h, s, err = call_m("return repr(lambda: 1) + f'{[len]} {self.m!r}' + str(lambda: 2) + "
+                       "str([self.m]) + '%s' % (lambda: 3) + format(lambda: 4)")
     assert err is None and "0x" not in h.last, h.last
     healthy(h, s)
 

@@ -275,6 +275,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
     b.update(guards.pop("builtins"))
     b.update({
         "object": sandbox.Object, "bytes": sandbox.bytes_, "bytearray": sandbox.bytearray_,
+        "str": sandbox.str_,
         "range": _range_, "sum": _sum_, "pow": sandbox._pow_, "divmod": sandbox._divmod_,
         "repr": sandbox._repr_, "hash": sandbox._hash_, "format": sandbox._format_,
         "__import__": _import_, "__build_class__": builtins.__build_class__,

@@ -516,9 +516,10 @@ _ALLOWED_META = frozenset({type, _enum.EnumType, getattr(_typing, "NamedTupleMet
 
 # -- the guards that know which classes are uploaded ---------------------------------------------
 
-class _Bytes(type):
-    """Stand-in for `bytes` / `bytearray`: isinstance and type() comparisons work, calls with
-    a size are checked."""
+class _StandIn(type):
+    """Stand-in for a builtin type (`bytes`, `bytearray`, `str`): isinstance checks and
+    type() comparisons work as with the type itself, calls are checked (a size for bytes, no
+    addresses in str())."""
 
     _real: type
 
@@ -526,12 +527,17 @@ class _Bytes(type):
         return isinstance(obj, cls._real)
 
     def __subclasscheck__(cls, sub: Any) -> bool:
-        return issubclass(_REAL[sub] if isinstance(sub, _Bytes) else sub, cls._real)
+        return issubclass(_REAL[sub] if isinstance(sub, _StandIn) else sub, cls._real)
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        real = cls._real
+        if real is str:
+            if len(args) == 1 and not kwargs:
+                return _sized(_scrub(str(args[0])), "str()")
+            return _sized(str(*args, **kwargs), "str()")
         if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
-            raise ResourceLimit(f"{cls._real.__name__}({args[0]}) is over {MAX_SIZE} bytes")
-        return _sized(cls._real(*args, **kwargs), cls._real.__name__)
+            raise ResourceLimit(f"{real.__name__}({args[0]}) is over {MAX_SIZE} bytes")
+        return _sized(real(*args, **kwargs), real.__name__)
 
     def __getattr__(cls, name: str) -> Any:
         if name.startswith("_"):
@@ -542,16 +548,20 @@ class _Bytes(type):
         return repr(cls._real)
 
 
-class bytes_(metaclass=_Bytes):
+class bytes_(metaclass=_StandIn):
     _real = bytes
 
 
-class bytearray_(metaclass=_Bytes):
+class bytearray_(metaclass=_StandIn):
     _real = bytearray
 
 
-_STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_}
-_REAL: dict[Any, type] = {bytes_: bytes, bytearray_: bytearray}
+class str_(metaclass=_StandIn):
+    _real = str
+
+
+_STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_, str: str_}
+_REAL: dict[Any, type] = {v: k for k, v in _STANDIN.items()}
 
 
 class UserTypes:
@@ -681,7 +691,7 @@ class ClassMaker:
         if self._types.loading is None:
             raise TypeError(f"class {name}: classes can only be defined while the source "
                             "loads, not inside a call")
-        real = tuple(_REAL.get(b, b) if isinstance(b, _Bytes) else b for b in bases)
+        real = tuple(_REAL.get(b, b) if isinstance(b, _StandIn) else b for b in bases)
         for b in real:
             if not isinstance(b, type) or not (
                     b in self._types.readable or b in _ALLOWED_BASES
