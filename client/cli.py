@@ -359,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret", help="cluster secret (default: env GESMAS_CLUSTER_SECRET)")
     p.add_argument("--unsafe-no-fsync", action="store_true", default=None,
                    help="do not fsync the journal (fast, loses data on power failure)")
+    p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
+                   dest="skip_entries",
+                   help="recovery only: complete log entry INDEX with an INTERNAL error "
+                        "instead of applying it (repeatable; give every replica the same "
+                        "list; README 'A poison log entry')")
     p.set_defaults(func=cmd_server)
     return parser
 

@@ -198,9 +198,11 @@ class LocalCluster:
     def alive(self, m: Member) -> bool:
         return m.proc is not None and m.proc.poll() is None
 
-    def member_status(self, m: Member, timeout: float = 2.0) -> dict[str, Any] | None:
+    def member_status(self, m: Member, timeout: float = 2.0,
+                      digest: bool = False) -> dict[str, Any] | None:
         """`m`'s own answer to the Status RPC (no retry, no redirect), or None if it gave
-        none within `timeout` (down, hung, no leader, not committed)."""
+        none within `timeout` (down, hung, no leader, not committed). With `digest`, also
+        the state digest `m` computed ("state_digest")."""
         import grpc
         from gesmas.v1 import gesmas_pb2 as pb
         from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -208,13 +210,15 @@ class LocalCluster:
             return None
         with grpc.insecure_channel(m.client_addr) as channel:
             try:
-                r = pb_grpc.GesmasStub(channel).Status(pb.StatusRequest(), timeout=timeout)
+                r = pb_grpc.GesmasStub(channel).Status(pb.StatusRequest(with_digest=digest),
+                                                       timeout=timeout)
             except grpc.RpcError:
                 return None
         return {"node_id": r.node_id, "leader_address": r.leader_address,
                 "is_leader": r.is_leader, "term": r.term, "commit_index": r.commit_index,
                 "last_applied": r.last_applied, "waiter_count": r.waiter_count,
-                "object_count": r.object_count, "session_count": r.session_count}
+                "object_count": r.object_count, "session_count": r.session_count,
+                "state_digest": r.state_digest}
 
     def find_leader(self, timeout: float = 30.0, among: list[Member] | None = None) -> Member:
         """The member that answers Status as the leader (a Status commits through the log, so

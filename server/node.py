@@ -32,6 +32,7 @@ from gesmas.objects import standard_sources
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from .gateway import CallFailed, Gateway
+from .kernel import Config as KernelConfig
 from .kernel import Kernel, codec
 from .kernel.errors import Code, Error
 from .kernel.kernel import Completion
@@ -55,6 +56,7 @@ class NodeConfig:
     commit_timeout: float = 5.0            # a proposal not applied by then fails UNAVAILABLE
     checkpoint_every: int = 20_000         # commands between checkpoints
     duty_period: float = 0.05              # seconds between two rounds of leader duties
+    skip_entries: frozenset[int] = frozenset()   # poison log entries (README), all replicas
 
 
 class StateMachine:
@@ -76,8 +78,8 @@ class StateMachine:
     def apply(self, index: int, data: bytes) -> list[Completion]:
         try:
             cmd = codec.decode(data)
-        except codec.DecodeError as e:
-            log.error("log entry %d is not a command: %s", index, e)
+        except BaseException as e:       # DecodeError, RecursionError on deep nesting...
+            log.error("log entry %d is not a command: %s", index, type(e).__name__)
             return []
         out = self.kernel.apply(index, cmd)
         self.node._applied(index, cmd, out, self.kernel, self.deliver)
@@ -116,7 +118,7 @@ class Node:
     # -- the state machine side (apply thread) --------------------------------------------------
 
     def make_state_machine(self, kernel: Kernel | None = None) -> StateMachine:
-        kernel = kernel or Kernel()
+        kernel = kernel or Kernel(self._kernel_config())
         with self._lock:
             self._sessions = {s.id: s.ttl for s in kernel.sessions.values()}
             now = time.monotonic()
@@ -125,7 +127,10 @@ class Node:
         return StateMachine(self, kernel)
 
     def restore_state_machine(self, blob: bytes) -> StateMachine:
-        return self.make_state_machine(Kernel.restore(blob))
+        return self.make_state_machine(Kernel.restore(blob, self._kernel_config()))
+
+    def _kernel_config(self) -> KernelConfig:
+        return KernelConfig(skip_entries=self.config.skip_entries)
 
     def _applied(self, index: int, cmd: codec.Command, out: list[Completion], kernel: Kernel,
                  deliver: bool) -> None:
@@ -505,7 +510,8 @@ def config_from_args(args: Any) -> NodeConfig:
     return NodeConfig(node_id=int(node_id), client_addr=pick("client_addr"),
                       raft_addr=pick("raft_addr"), peers=tuple(pairs), data_dir=data_dir,
                       secret=secret, fsync=not bool(pick("unsafe_no_fsync", False)),
-                      checkpoint_every=int(os.environ.get("GESMAS_CHECKPOINT_EVERY") or 20_000))
+                      checkpoint_every=int(os.environ.get("GESMAS_CHECKPOINT_EVERY") or 20_000),
+                      skip_entries=frozenset(int(i) for i in pick("skip_entries") or ()))
 
 
 def _setup_logging() -> None:
