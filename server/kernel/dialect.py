@@ -32,8 +32,9 @@ from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack
 from RestrictedPython.PrintCollector import PrintCollector
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES, RestrictingNodeTransformer
 
-from . import sandbox, sched
-from .sandbox import ALLOWED_IMPORTS, Budget, SyncObject  # noqa: F401
+from . import limits, modules, sandbox, sched
+from .limits import Budget, SyncObject  # noqa: F401
+from .modules import ALLOWED_IMPORTS
 # The names uploaded code gets without an import (make_globals), importable from here so that
 # type checkers and editors know them: `if TYPE_CHECKING: from ...dialect import Semaphore`.
 from .sched import (  # noqa: F401
@@ -110,7 +111,7 @@ class _Policy(RestrictingNodeTransformer):
                 base = node.value
                 if isinstance(base, ast.Name) and base.id == self._trusted[-1]:
                     return node
-            elif attr not in sandbox.GUARDED_NAMES:
+            elif attr not in limits.GUARDED_NAMES:
                 return node
             return _call("_getattr_", [node.value, ast.Constant(attr)], node)
         node.value = _call("_write_", [node.value], node.value)
@@ -226,10 +227,10 @@ class _CountedRange:
         self._r = r
 
     def __iter__(self) -> Any:
-        return sandbox._Counted(self._r)
+        return modules._Counted(self._r)
 
     def __reversed__(self) -> Any:
-        return sandbox._Counted(reversed(self._r))
+        return modules._Counted(reversed(self._r))
 
     def __len__(self) -> int:
         return len(self._r)
@@ -253,15 +254,15 @@ def _sum_(iterable: Any, start: Any = 0) -> Any:
     if type(start) in (int, float, bool, complex):
         total = start
         for x in iterable:
-            sandbox._charge(1)
-            total = sandbox._add_(total, x)
+            limits._charge(1)
+            total = limits._add_(total, x)
         return total
     raise TypeError("sum() takes numbers in gesmas classes (join or extend sequences instead)")
 
 
 def _import_(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
              level: int = 0) -> Any:
-    proxy = sandbox._MODULES.get(name) if level == 0 else None
+    proxy = modules.MODULES.get(name) if level == 0 else None
     if proxy is None:
         raise ImportError(f"import of {name!r} is not allowed in gesmas classes "
                           f"(allowed: {', '.join(ALLOWED_IMPORTS)})")
@@ -274,12 +275,12 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
     b = {n: getattr(builtins, n) for n in _BUILTINS}
     b.update(guards.pop("builtins"))
     b.update({
-        "object": sandbox.Object, "bytes": sandbox.bytes_, "bytearray": sandbox.bytearray_,
+        "object": limits.Object, "bytes": sandbox.bytes_, "bytearray": sandbox.bytearray_,
         "str": sandbox.str_,
-        "range": _range_, "sum": _sum_, "pow": sandbox._pow_, "divmod": sandbox._divmod_,
-        "repr": sandbox._repr_, "hash": sandbox._hash_, "format": sandbox._format_,
+        "range": _range_, "sum": _sum_, "pow": limits._pow_, "divmod": limits._divmod_,
+        "repr": limits._repr_, "hash": limits._hash_, "format": limits._format_,
         "__import__": _import_, "__build_class__": builtins.__build_class__,
-        "ResourceLimit": sandbox.ResourceLimit,
+        "ResourceLimit": limits.ResourceLimit,
     })
     return {
         "__builtins__": b,
@@ -299,7 +300,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "SessionEnded": sched.SessionEnded,
         "Interrupted": sched.Interrupted,
         "WaitError": sched.WaitError,
-        "SyncObject": sandbox.SyncObject,
+        "SyncObject": limits.SyncObject,
     }
 
 

@@ -41,10 +41,10 @@ from typing import Any, Callable
 
 from . import codec
 from .codec import Command
-from .sandbox import Budget
+from .limits import Budget
 from .errors import Code, Error, KernelError
 from .registry import ClassVersion, Registry, safe_str
-from .sandbox import ResourceLimit
+from .limits import ResourceLimit
 from .sched import (Aborted, BudgetExceeded, Interrupted, Semaphore, SessionEnded, Task,
                     Timeout, Waiter)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any, Callable
 
-from . import dialect, sandbox
+from . import dialect, limits, sandbox
 from .errors import Code, KernelError
 
 _MODULE_PREFIX = "gesmas_user_"
@@ -55,7 +55,7 @@ class ClassVersion:
 
 
 class Registry:
-    def __init__(self, budget: sandbox.Budget, max_source: int = 256 * 1024) -> None:
+    def __init__(self, budget: limits.Budget, max_source: int = 256 * 1024) -> None:
         self._budget = budget
         self._max_source = max_source
         self.types = sandbox.UserTypes()
@@ -109,7 +109,7 @@ class Registry:
         budget.steps = 0
         made: list[type] = []
         types.loading = made
-        outer, sandbox.Budget.current = sandbox.Budget.current, budget
+        outer, limits.Budget.current = limits.Budget.current, budget
         try:
             exec(code, ns)
             sandbox.seal(ns, made, types)
@@ -123,7 +123,7 @@ class Registry:
                               f"{where}{type(e).__name__}: {safe_str(e)}") from None
         finally:
             types.loading = None
-            sandbox.Budget.current = outer
+            limits.Budget.current = outer
         return ns
 
     @staticmethod
@@ -199,5 +199,5 @@ def safe_str(e: BaseException, limit: int = 1000) -> str:
             raise TypeError
     except BaseException:
         return f"<{type(e).__name__} with an unprintable message>"
-    text = sandbox._scrub(text)
+    text = limits._scrub(text)
     return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,328 @@
+"""What a value may cost uploaded code: sizes, steps, formatting and identity.
+
+`dialect.py` rewrites operators (``*``, ``**``, ``<<``, ``+``, ``%``, ``//``), f-string fields
+and a few str/bytes methods into the functions here. Each checks the size of what it is about
+to make (integers up to MAX_BITS bits, sequences up to MAX_SIZE items, format widths up to
+MAX_WIDTH) and charges the running request steps for big results (`_charge`), so native code
+cannot spend more memory or time than the step budget allows. Identity never shows: addresses
+are removed from reprs, and objects without a value-based hash refuse `hash()`.
+"""
+from __future__ import annotations
+
+import collections as _collections
+import re
+import string
+from typing import Any, Callable
+
+from . import sched
+
+MAX_BITS = 1 << 16          # largest integer an operation may produce, in bits
+MAX_SIZE = 1 << 22          # longest str/bytes/list/tuple an operation may produce
+MAX_WIDTH = 10_000          # largest width or precision in a format specification
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class ResourceLimit(Exception):
+    """An operation would produce a value bigger than the dialect allows."""
+
+
+class Budget:
+    """Steps left to the running request. Reset by the kernel each time it resumes one.
+    `current` is the budget of the kernel running uploaded code now (one at a time per
+    process: kernels are single-threaded and never nest)."""
+
+    __slots__ = ("steps", "limit")
+    current: Budget | None = None
+
+    def __init__(self, limit: int) -> None:
+        self.steps = 0
+        self.limit = limit
+
+
+def _charge(n: int) -> None:
+    b = Budget.current
+    if b is not None:
+        b.steps += n
+        if b.steps > b.limit:
+            raise sched.BudgetExceeded(b.limit)
+
+
+def _cost(v: Any) -> int:
+    """Steps a freshly made value costs: one per 64 bytes (8 references) it holds."""
+    t = type(v)
+    if t is str or t is bytes or t is bytearray:
+        return len(v) >> 6
+    if t is list or t is tuple:
+        return len(v) >> 3
+    if t is int:
+        return v.bit_length() >> 9
+    return 0
+
+
+def _sized(v: Any, what: str) -> Any:
+    t = type(v)
+    if t is int:
+        if v.bit_length() > MAX_BITS:
+            raise ResourceLimit(f"{what} would have more than {MAX_BITS} bits")
+    elif t in _SEQ and len(v) > MAX_SIZE:
+        raise ResourceLimit(f"{what} would hold more than {MAX_SIZE} items")
+    n = _cost(v)
+    if n:
+        _charge(n)
+    return v
+
+
+_SEQ = (str, bytes, bytearray, list, tuple)
+_SEQ_ALL = (str, bytes, bytearray, list, tuple, _collections.deque)
+
+
+# -- identity-free base objects ----------------------------------------------------------------
+
+def _no_hash(self: Any) -> int:
+    raise TypeError(f"{type(self).__name__} objects have no hash: an identity hash differs "
+                    "between replicas (define __eq__ and __hash__, or key by a value)")
+
+
+def _plain_repr(self: Any) -> str:
+    return f"<{type(self).__name__} object>"
+
+
+class Object:
+    """`object` in uploaded code: no address in its repr, no identity hash."""
+
+    __slots__ = ()
+    __hash__ = _no_hash
+    __repr__ = _plain_repr
+
+
+class SyncObject(Object):
+    """Optional base class for gesmas objects. Public methods are invocable; a method
+    `_on_session_end(self, session)` is called when a session that used the object ends."""
+
+    __slots__ = ()
+
+
+# -- arithmetic with size checks (dialect.py rewrites the operators to these) -------------------
+
+def _mul_(a: Any, b: Any) -> Any:
+    ta, tb = type(a), type(b)
+    if ta is int and tb is int:
+        if a.bit_length() + b.bit_length() > MAX_BITS:
+            raise ResourceLimit(f"a product would have more than {MAX_BITS} bits")
+    elif isinstance(b, int) and isinstance(a, _SEQ_ALL):
+        if len(a) * b > MAX_SIZE:
+            raise ResourceLimit(f"repetition would hold more than {MAX_SIZE} items")
+    elif isinstance(a, int) and isinstance(b, _SEQ_ALL):
+        if len(b) * a > MAX_SIZE:
+            raise ResourceLimit(f"repetition would hold more than {MAX_SIZE} items")
+    return _sized(a * b, "a product")
+
+
+def _add_(a: Any, b: Any) -> Any:
+    r = a + b
+    t = type(r)
+    if t is int or t is float:
+        return r
+    return _sized(r, "a concatenation")
+
+
+def _pow_(a: Any, b: Any, mod: Any = None) -> Any:
+    if type(a) is int and type(b) is int and b > 0:
+        if mod is None:
+            if a not in (0, 1, -1) and a.bit_length() * b > MAX_BITS:
+                raise ResourceLimit(f"a power would have more than {MAX_BITS} bits")
+        elif type(mod) is int and b.bit_length() * max(mod.bit_length(), 1) > MAX_BITS * 64:
+            raise ResourceLimit("a modular power with numbers this big is not allowed")
+    return _sized(pow(a, b) if mod is None else pow(a, b, mod), "a power")
+
+
+def _lshift_(a: Any, b: Any) -> Any:
+    if type(a) is int and type(b) is int and a and b > MAX_BITS:
+        raise ResourceLimit(f"a shift would make more than {MAX_BITS} bits")
+    return _sized(a << b, "a shift")
+
+
+def _divcost(a: Any, b: Any) -> None:
+    if type(a) is int and type(b) is int:
+        n = (a.bit_length() * b.bit_length()) >> 14
+        if n:
+            _charge(n)
+
+
+def _floordiv_(a: Any, b: Any) -> Any:
+    _divcost(a, b)
+    return a // b
+
+
+_FORMAT_NUMBER = re.compile(r"%[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
+_SPEC_NUMBER = re.compile(r"\d+")
+
+
+def _check_widths(fmt: Any) -> None:
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode("latin-1")
+    for m in _FORMAT_NUMBER.finditer(fmt):
+        for g in m.groups():
+            if g == "*":
+                raise ResourceLimit("'*' widths are not allowed in % formats")
+            if g is not None and int(g) > MAX_WIDTH:
+                raise ResourceLimit(f"format width {g} is over {MAX_WIDTH}")
+
+
+def _mod_(a: Any, b: Any) -> Any:
+    if isinstance(a, (str, bytes)):
+        _check_widths(a)
+        return _sized(_scrub(a % b) if type(a) is str else a % b, "a formatted string")
+    _divcost(a, b)
+    return a % b
+
+
+def _divmod_(a: Any, b: Any) -> Any:
+    _divcost(a, b)
+    return divmod(a, b)
+
+
+def _check_spec(spec: str) -> None:
+    for n in _SPEC_NUMBER.findall(spec):
+        if int(n) > MAX_WIDTH:
+            raise ResourceLimit(f"format width {n} is over {MAX_WIDTH}")
+
+
+def _scrub(s: str) -> str:
+    return _ADDRESS.sub("", s) if " at 0x" in s else s
+
+
+def _fmt_(value: Any, conversion: int, spec: Any) -> str:
+    """One f-string field: `f"{value!conversion:spec}"`."""
+    if conversion == 114:        # !r
+        value = _repr_(value)
+    elif conversion == 115:      # !s
+        value = str(value)
+    elif conversion == 97:       # !a
+        value = ascii(value)
+    if spec:
+        _check_spec(spec)
+    return _sized(_scrub(format(value, spec)), "a formatted string")
+
+
+def _format_(value: Any, spec: str = "") -> str:
+    return _fmt_(value, -1, spec)
+
+
+def _repr_(obj: Any) -> str:
+    return _scrub(repr(obj))
+
+
+def _hash_(obj: Any) -> int:
+    if type(obj).__hash__ is object.__hash__:
+        _no_hash(obj)
+    return hash(obj)
+
+
+# -- str/bytes methods whose result can outgrow their input --------------------------------------
+
+def _safe_format(s: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    return _sized(_scrub(_SafeFormatter().vformat(s, args, kwargs)), "a formatted string")
+
+
+class _SafeFormatter:
+    """str.format without attribute fields (`{0.attr}`) and with bounded widths."""
+
+    def vformat(self, s: str, args: tuple[Any, ...], kwargs: Any) -> str:
+        f = string.Formatter()
+        out = []
+        auto = 0
+        for literal, field, spec, conv in f.parse(s):
+            out.append(literal)
+            if field is None:
+                continue
+            if "." in field or "[" in field:
+                raise ValueError(f"format field {field!r}: only plain positions and names "
+                                 "are allowed in gesmas classes")
+            if field == "":
+                field, auto = str(auto), auto + 1
+            value = args[int(field)] if field.isdigit() else kwargs[field]
+            if spec and "{" in spec:
+                raise ValueError("nested format fields are not allowed")
+            out.append(_fmt_(value, {"r": 114, "s": 115, "a": 97}.get(conv or "", -1),
+                             spec or ""))
+        return "".join(out)
+
+
+def _width_method(name: str) -> Callable[..., Any]:
+    def check(obj: Any) -> Any:
+        method = getattr(obj, name)
+
+        def call(*args: Any) -> Any:
+            if args and type(args[0]) is int and args[0] > MAX_SIZE:
+                raise ResourceLimit(f"{name}() to {args[0]} is over {MAX_SIZE}")
+            return _sized(method(*args), f"{name}()")
+        return call
+    return check
+
+
+def _growth_method(name: str) -> Callable[..., Any]:
+    def check(obj: Any) -> Any:
+        method = getattr(obj, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "join":
+                items = list(args[0])
+                total = len(obj) * max(len(items) - 1, 0) + sum(
+                    len(x) for x in items if isinstance(x, (str, bytes, bytearray)))
+                if total > MAX_SIZE:
+                    raise ResourceLimit(f"join() would make more than {MAX_SIZE} items")
+                return _sized(method(items), "join()")
+            if name == "replace" and len(args) >= 2:
+                old, new = args[0], args[1]
+                grows = max(len(new) - len(old), 0) * (len(obj) + 1)
+                if len(obj) + grows > MAX_SIZE:
+                    raise ResourceLimit(f"replace() could make more than {MAX_SIZE} items")
+            if name == "to_bytes" and args and type(args[0]) is int and args[0] > MAX_SIZE:
+                raise ResourceLimit(f"to_bytes() of {args[0]} bytes is over {MAX_SIZE}")
+            return _sized(method(*args, **kwargs), f"{name}()")
+        return call
+    return check
+
+
+_STR_TYPES = (str, bytes, bytearray)
+
+
+def _guarded_method(obj: Any, name: str) -> Any:
+    """`obj.name` for a str/bytes/int method that is formatted or can grow its result."""
+    if name == "format" and isinstance(obj, str):
+        return lambda *a, **k: _safe_format(obj, a, k)
+    if name == "format_map" and isinstance(obj, str):
+        return lambda m: _safe_format(obj, (), m)
+    guard = _GUARDED_METHODS.get(name)
+    return guard(obj) if guard is not None else getattr(obj, name)
+_GUARDED_METHODS: dict[str, Callable[[Any], Any]] = {
+    **{n: _width_method(n) for n in ("center", "ljust", "rjust", "zfill", "expandtabs")},
+    **{n: _growth_method(n) for n in ("join", "replace", "translate", "to_bytes")},
+}
+#: attribute names dialect.py sends through `_getattr_` even though they are public
+GUARDED_NAMES = frozenset(_GUARDED_METHODS) | {"format", "format_map"}
+_NAMEDTUPLE_API = frozenset(("_asdict", "_replace", "_fields", "_make", "_field_defaults"))
+_INSPECT = frozenset("""ag_await ag_code ag_frame co_code cr_await cr_code cr_frame cr_origin
+    f_back f_builtins f_code f_generator f_globals f_locals f_trace gi_code gi_frame
+    gi_yieldfrom tb_frame tb_next mro""".split())
+
+
+_INPLACE: dict[str, Callable[[Any, Any], Any]] = {
+    "+=": _add_, "-=": lambda a, b: a - b, "*=": _mul_, "/=": lambda a, b: a / b,
+    "//=": _floordiv_, "%=": _mod_, "**=": _pow_, "<<=": _lshift_,
+    ">>=": lambda a, b: a >> b, "|=": lambda a, b: a | b, "&=": lambda a, b: a & b,
+    "^=": lambda a, b: a ^ b, "@=": lambda a, b: a @ b,
+}
+
+
+def _inplace(op: str, a: Any, b: Any) -> Any:
+    # `x += y`: mutable containers keep their identity, as in plain Python
+    if op == "+=" and type(a) is list:
+        a += b
+        return _sized(a, "a list")
+    if op == "|=" and type(a) in (set, dict):
+        a |= b
+        return a
+    return _INPLACE[op](a, b)

@@ -1,0 +1,195 @@
+"""The allowed modules as uploaded code sees them: proxies of vetted public names.
+
+`import x` in uploaded code returns the `ModuleProxy` of x from `MODULES`, never the module:
+names that reach the interpreter (`typing.sys`, `collections._sys`, `enum.bltns`), that
+mutate process-wide state (`functools.lru_cache`, `collections.abc` registration) or that
+make classes from strings (`dataclasses.make_dataclass`, the functional Enum API) are not
+there. Iterators from itertools spend steps per item; math functions that make huge numbers
+check their arguments.
+"""
+from __future__ import annotations
+
+import bisect as _bisect
+import collections as _collections
+import dataclasses as _dataclasses
+import enum as _enum
+import functools as _functools
+import heapq as _heapq
+import itertools as _itertools
+import math as _math
+import typing as _typing
+from typing import Any, Callable
+
+from .limits import MAX_BITS, MAX_SIZE, ResourceLimit, _charge, _cost, _mul_
+
+class ModuleProxy:
+    """An allowed module as uploaded code sees it: a fixed set of vetted public names."""
+
+    __slots__ = ("_name", "_names")
+
+    def __init__(self, name: str, names: dict[str, Any]) -> None:
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_names", names)
+
+    def __getattr__(self, attr: str) -> Any:
+        try:
+            return self._names[attr]
+        except KeyError:
+            raise AttributeError(f"module {self._name!r} has no attribute {attr!r} in gesmas "
+                                 "classes") from None
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        raise TypeError(f"module {self._name!r} is read-only")
+
+    def __repr__(self) -> str:
+        return f"<module {self._name!r}>"
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Counted:
+    """An iterator that spends steps per item it hands out (one, plus the item's size)."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it: Any) -> None:
+        self._it = iter(it)
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._it)
+        _charge(1 + (len(item) >> 3 if type(item) is tuple else _cost(item)))
+        return item
+
+    def __repr__(self) -> str:
+        return "<iterator>"
+
+
+def _counted(fn: Callable[..., Any], check: Callable[..., None] | None = None
+             ) -> Callable[..., Any]:
+    @_functools.wraps(fn)
+    def make(*args: Any, **kwargs: Any) -> Any:
+        if check is not None:
+            check(*args, **kwargs)
+        return _Counted(fn(*args, **kwargs))
+    return make
+
+
+def _check_product(*pools: Any, repeat: int = 1) -> None:
+    n = sum(len(p) if hasattr(p, "__len__") else MAX_SIZE + 1 for p in pools)
+    if type(repeat) is not int or n * max(repeat, 1) > MAX_SIZE:
+        raise ResourceLimit("product() of inputs this large is not allowed")
+
+
+def _check_r(iterable: Any, r: Any = None) -> None:
+    if r is not None and (type(r) is not int or r > 4096):
+        raise ResourceLimit("r over 4096 is not allowed")
+
+
+def _check_tee(iterable: Any, n: int = 2) -> None:
+    if type(n) is not int or n > 1024:
+        raise ResourceLimit("tee() of more than 1024 iterators is not allowed")
+
+
+def _tee(iterable: Any, n: int = 2) -> tuple[_Counted, ...]:
+    _check_tee(iterable, n)
+    return tuple(_Counted(t) for t in _itertools.tee(iterable, n))
+
+
+def _limit_n(fn: Callable[..., Any], limit: int) -> Callable[..., Any]:
+    @_functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        if any(type(a) is int and a > limit for a in args):
+            raise ResourceLimit(f"{fn.__name__}() of numbers over {limit} is not allowed")
+        return fn(*args)
+    return call
+
+
+def _prod(iterable: Any, *, start: Any = 1) -> Any:
+    r = start
+    for x in iterable:
+        _charge(1)
+        r = _mul_(r, x)
+    return r
+
+
+def _lcm(*ints: Any) -> Any:
+    if sum(i.bit_length() for i in ints if type(i) is int) > MAX_BITS:
+        raise ResourceLimit(f"lcm() could have more than {MAX_BITS} bits")
+    return _math.lcm(*ints)
+
+
+def _no_functional_api(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError("the functional Enum API is not available in gesmas classes; "
+                    "use a class statement")
+
+
+class _Enum_Enum(_enum.Enum):
+    pass
+
+
+class _Enum_IntEnum(_enum.IntEnum):
+    pass
+
+
+class _Enum_Flag(_enum.Flag):
+    pass
+
+
+class _Enum_IntFlag(_enum.IntFlag):
+    pass
+
+
+class _Enum_StrEnum(_enum.StrEnum):
+    pass
+
+
+for _base in (_Enum_Enum, _Enum_IntEnum, _Enum_Flag, _Enum_IntFlag, _Enum_StrEnum):
+    type.__setattr__(_base, "_create_", classmethod(_no_functional_api))
+
+
+def _pick(module: Any, names: str) -> dict[str, Any]:
+    return {n: getattr(module, n) for n in names.split()}
+
+
+MODULES: dict[str, ModuleProxy] = {
+    "collections": ModuleProxy("collections", _pick(
+        _collections, "deque defaultdict OrderedDict Counter namedtuple ChainMap")),
+    "heapq": ModuleProxy("heapq", _pick(
+        _heapq, "heappush heappop heapify heapreplace heappushpop nlargest nsmallest merge")),
+    "bisect": ModuleProxy("bisect", _pick(
+        _bisect, "bisect bisect_left bisect_right insort insort_left insort_right")),
+    "math": ModuleProxy("math", {
+        **{n: getattr(_math, n) for n in dir(_math)
+           if not n.startswith("_") and n not in ("factorial", "comb", "perm", "prod", "lcm")},
+        "factorial": _limit_n(_math.factorial, 5000), "comb": _limit_n(_math.comb, 5000),
+        "perm": _limit_n(_math.perm, 5000), "prod": _prod, "lcm": _lcm}),
+    "itertools": ModuleProxy("itertools", {
+        **{n: _counted(getattr(_itertools, n)) for n in (
+            "accumulate chain compress count cycle dropwhile filterfalse groupby islice "
+            "pairwise repeat starmap takewhile zip_longest").split()},
+        "product": _counted(_itertools.product, _check_product),
+        "permutations": _counted(_itertools.permutations, _check_r),
+        "combinations": _counted(_itertools.combinations, _check_r),
+        "combinations_with_replacement": _counted(_itertools.combinations_with_replacement,
+                                                  _check_r),
+        "tee": _tee}),
+    "functools": ModuleProxy("functools", _pick(
+        _functools, "reduce partial partialmethod cmp_to_key total_ordering cached_property")),
+    "dataclasses": ModuleProxy("dataclasses", _pick(
+        _dataclasses, "dataclass field fields asdict astuple replace is_dataclass "
+                      "FrozenInstanceError InitVar MISSING KW_ONLY")),
+    "enum": ModuleProxy("enum", {
+        "Enum": _Enum_Enum, "IntEnum": _Enum_IntEnum, "Flag": _Enum_Flag,
+        "IntFlag": _Enum_IntFlag, "StrEnum": _Enum_StrEnum, "auto": _enum.auto,
+        "unique": _enum.unique}),
+    "typing": ModuleProxy("typing", {
+        **_pick(_typing, "Any Optional Union List Dict Set FrozenSet Tuple Callable Iterable "
+                         "Iterator Sequence Mapping MutableMapping Deque DefaultDict NamedTuple "
+                         "ClassVar Final Literal Generic TypeVar cast overload"),
+        "TYPE_CHECKING": False}),
+}
+ALLOWED_IMPORTS = tuple(MODULES)
+# classes from the proxies above that uploaded classes may derive from (with their metaclass)
