@@ -648,6 +648,7 @@ class Replica:
         if self.fatal is not None:
             return
         sm = self._sm
+        log.debug("applying log entry %d", index)
         try:
             completions = sm.apply(index, data)
         except BaseException as exc:  # the state machine may be half-updated: fail-stop
