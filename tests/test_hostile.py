@@ -519,3 +519,70 @@ def test_standard_objects_are_unaffected_by_a_hostile_neighbour():
     h.call(s, "jobs", "produce", "item")
     assert h.value(consumer) == "item"
     assert h.run(Query(ts=h.ts, what="digest")).value == h.kernel.state_digest(volatile=False)
+
+
+@pytest.mark.parametrize("body", [
+    "return round(5, -10 ** 7)",
+    "return N(10) ** 10 ** 8",
+    "return len(L([0]) * 10 ** 10)",
+    "a = [0]\nwhile True:\n    a.extend(a)",
+    "a = [0]\nwhile True:\n    a[len(a):] = a",
+    "d = collections.deque([0])\nwhile True:\n    d.extend(d)",
+    "return len(('a' * 4000000).translate({97: 'x' * 4000}))",
+    "return len('%(a)1000000000s' % {'a': 1})",
+    "return len(list(collections.Counter({'a': 10 ** 12}).elements()))",
+])
+def test_native_amplifiers_on_subclasses_and_in_place_growth_are_bounded(body):
+    prelude = ("import collections\nclass N(int):\n    def bit_length(self):\n        return 0\n"
+               "class L(list):\n    def __len__(self):\n        return 0\n")
+    h, s, err = call_m(body, prelude=prelude)
+    assert err is not None and err.code == Code.RESOURCE_EXHAUSTED, (body, err)
+    healthy(h, s)
+
+
+@pytest.mark.parametrize("loop", [
+    "for i in range(1000):\n    sorted(self.big)",
+    "for i in range(1000):\n    -1 in self.big",
+    "for i in range(1000):\n    list(self.big)",
+    "for i in range(1000):\n    self.big[:]",
+    "for i in range(1000):\n    self.big.index(self.big[-1])",
+    "for i in range(1000):\n    max(self.big)",
+    "for i in range(1000):\n    str(self.big)",
+])
+def test_native_scans_of_big_state_cost_steps(loop):
+    """Work over state that is already big (built over several calls) is charged by its
+    size, so a loop of native scans cannot stall the apply thread."""
+    src = ("class Big:\n    def __init__(self):\n        self.big = []\n"
+           "    def grow(self):\n        self.big.extend(range(len(self.big), len(self.big) + 100000))\n"
+           "    def scan(self):\n" + "\n".join("        " + x for x in loop.splitlines()) + "\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("Big", "b")
+    for _ in range(6):
+        h.value(h.call(s, "b", "grow"))
+    h.error(h.call(s, "b", "scan"), Code.RESOURCE_EXHAUSTED)
+
+
+def test_runtime_internals_of_enums_are_out_of_reach():
+    refused_upload("import enum\nclass C(enum.Enum):\n    A = 1\n"
+                   "class B:\n    def m(self):\n        return C._member_map_\n")
+    h, s, err = call_m("return getattr(C, '_member_map_')",
+                       prelude="import enum\nclass C(enum.Enum):\n    A = 1\n")
+    assert err.type == "AttributeError"
+
+
+def test_stand_in_containers_behave_like_the_builtins_and_survive_checkpoints():
+    src = ("import collections\nclass S:\n    def __init__(self):\n"
+           "        self.d = collections.defaultdict(list)\n"
+           "    def m(self):\n        self.d['k'].append(1)\n"
+           "        x = [1, 2]\n        return [isinstance(x, list), type(x) is list, "
+           "type({}) == dict, list(range(3)), dict(a=1), sorted({3, 1}), tuple([1]), "
+           "isinstance(self.d, dict), 2 in x, 3 not in x, x[1:], len(set([1, 1]))]\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("S", "s")
+    assert h.value(h.call(s, "s", "m")) == [True, True, True, [0, 1, 2], {"a": 1}, [1, 3],
+                                            [1], True, True, True, [2], 1]
+    healthy(h, s)

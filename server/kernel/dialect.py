@@ -69,6 +69,10 @@ def _call(name: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
     return node
 
 
+def _bounds(s: ast.Slice) -> list[ast.expr]:
+    return [x if x is not None else ast.Constant(None) for x in (s.lower, s.upper, s.step)]
+
+
 def _rebinds(fn: ast.FunctionDef, name: str) -> bool:
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
@@ -103,6 +107,8 @@ class _Policy(RestrictingNodeTransformer):
         attr = node.attr
         if attr.startswith("__"):
             self.error(node, f'attribute "{attr}": names starting with "__" are not allowed')
+        elif attr.startswith("_") and attr.endswith("_") and attr != "_":
+            self.error(node, f'attribute "{attr}" is reserved for the runtime')
         elif attr in INSPECT_ATTRIBUTES:
             self.error(node, f'attribute "{attr}" is not allowed')
         node = self.node_contents_visit(node)
@@ -118,7 +124,36 @@ class _Policy(RestrictingNodeTransformer):
         return node
 
     def visit_Subscript(self, node: ast.Subscript) -> Any:
-        return self.node_contents_visit(node)
+        node = self.node_contents_visit(node)
+        if isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Slice):
+            return _call("_slice_", [node.value, *_bounds(node.slice)], node)
+        return node
+
+    def visit_Assign(self, original: ast.Assign) -> Any:
+        node = super().visit_Assign(original)
+        if not isinstance(node, ast.Assign):       # tuple unpacking became several statements
+            return node
+        for target in node.targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Slice):
+                    if len(node.targets) != 1 or t is not target:
+                        self.error(node, "a slice assignment must be the only target")
+                        return node
+                    stmt = ast.Expr(_call("_setslice_", [t.value, *_bounds(t.slice),
+                                                         node.value], node))
+                    return ast.copy_location(stmt, node)
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        node = self.node_contents_visit(node)
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            test: ast.expr = _call("_in_", [node.left, node.comparators[0]], node)
+            if isinstance(node.ops[0], ast.NotIn):
+                test = ast.copy_location(ast.UnaryOp(ast.Not(), test), node)
+            return test
+        if any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            self.error(node, "write chained comparisons with `in` as separate tests")
+        return node
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
         node = self.node_contents_visit(node)
@@ -276,7 +311,11 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
     b.update(guards.pop("builtins"))
     b.update({
         "object": limits.Object, "bytes": sandbox.bytes_, "bytearray": sandbox.bytearray_,
-        "str": sandbox.str_,
+        "str": sandbox.str_, "list": sandbox.list_, "tuple": sandbox.tuple_,
+        "dict": sandbox.dict_, "set": sandbox.set_, "frozenset": sandbox.frozenset_,
+        "sorted": limits._scanning(sorted), "min": limits._scanning(min),
+        "max": limits._scanning(max), "any": limits._scanning(any),
+        "all": limits._scanning(all), "round": limits._round_,
         "range": _range_, "sum": _sum_, "pow": limits._pow_, "divmod": limits._divmod_,
         "repr": limits._repr_, "hash": limits._hash_, "format": limits._format_,
         "__import__": _import_, "__build_class__": builtins.__build_class__,

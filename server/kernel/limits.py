@@ -49,23 +49,46 @@ def _charge(n: int) -> None:
 
 
 def _cost(v: Any) -> int:
-    """Steps a freshly made value costs: one per 64 bytes (8 references) it holds."""
+    """Steps a value costs to make or to scan: one per 64 bytes (8 references) it holds."""
     t = type(v)
     if t is str or t is bytes or t is bytearray:
         return len(v) >> 6
-    if t is list or t is tuple:
+    if t is list or t is tuple or t is dict or t is set or t is frozenset or t is _deque:
         return len(v) >> 3
     if t is int:
         return v.bit_length() >> 9
+    for base in _SIZED_BASES:                    # a subclass: its real size, whatever __len__ says
+        if isinstance(v, base):
+            n: int = base.__len__(v)  # type: ignore[attr-defined]
+            return n >> 6 if base in (str, bytes, bytearray) else n >> 3
     return 0
 
 
+def _rlen(v: Any) -> int:
+    """The length of a builtin sequence or container, ignoring an overridden __len__."""
+    for base in _SIZED_BASES:
+        if isinstance(v, base):
+            return base.__len__(v)  # type: ignore[attr-defined]
+    return len(v)
+
+
+def _bits(v: int) -> int:
+    return int.bit_length(v)
+
+
+def _charge_scan(v: Any) -> None:
+    n = _cost(v)
+    if n:
+        _charge(n)
+
+
 def _sized(v: Any, what: str) -> Any:
+    """`v`, after checking its size and charging its cost."""
     t = type(v)
     if t is int:
         if v.bit_length() > MAX_BITS:
             raise ResourceLimit(f"{what} would have more than {MAX_BITS} bits")
-    elif t in _SEQ and len(v) > MAX_SIZE:
+    elif isinstance(v, _SIZED_BASES) and _rlen(v) > MAX_SIZE:
         raise ResourceLimit(f"{what} would hold more than {MAX_SIZE} items")
     n = _cost(v)
     if n:
@@ -73,8 +96,11 @@ def _sized(v: Any, what: str) -> Any:
     return v
 
 
+_deque = _collections.deque
 _SEQ = (str, bytes, bytearray, list, tuple)
-_SEQ_ALL = (str, bytes, bytearray, list, tuple, _collections.deque)
+_SEQ_ALL = (str, bytes, bytearray, list, tuple, _deque)
+_SIZED_BASES: tuple[type, ...] = (str, bytes, bytearray, list, tuple, dict, set, frozenset,
+                                  _deque)
 
 
 # -- identity-free base objects ----------------------------------------------------------------
@@ -107,14 +133,16 @@ class SyncObject(Object):
 
 def _mul_(a: Any, b: Any) -> Any:
     ta, tb = type(a), type(b)
-    if ta is int and tb is int:
-        if a.bit_length() + b.bit_length() > MAX_BITS:
+    if ta is float or tb is float:
+        return a * b
+    if isinstance(a, int) and isinstance(b, int):
+        if _bits(a) + _bits(b) > MAX_BITS:
             raise ResourceLimit(f"a product would have more than {MAX_BITS} bits")
     elif isinstance(b, int) and isinstance(a, _SEQ_ALL):
-        if len(a) * b > MAX_SIZE:
+        if _rlen(a) * int(b) > MAX_SIZE:
             raise ResourceLimit(f"repetition would hold more than {MAX_SIZE} items")
     elif isinstance(a, int) and isinstance(b, _SEQ_ALL):
-        if len(b) * a > MAX_SIZE:
+        if _rlen(b) * int(a) > MAX_SIZE:
             raise ResourceLimit(f"repetition would hold more than {MAX_SIZE} items")
     return _sized(a * b, "a product")
 
@@ -128,24 +156,24 @@ def _add_(a: Any, b: Any) -> Any:
 
 
 def _pow_(a: Any, b: Any, mod: Any = None) -> Any:
-    if type(a) is int and type(b) is int and b > 0:
+    if isinstance(a, int) and isinstance(b, int) and b > 0:
         if mod is None:
-            if a not in (0, 1, -1) and a.bit_length() * b > MAX_BITS:
+            if _bits(a) > 1 and _bits(a) * int(b) > MAX_BITS:
                 raise ResourceLimit(f"a power would have more than {MAX_BITS} bits")
-        elif type(mod) is int and b.bit_length() * max(mod.bit_length(), 1) > MAX_BITS * 64:
+        elif isinstance(mod, int) and _bits(b) * max(_bits(mod), 1) > MAX_BITS * 64:
             raise ResourceLimit("a modular power with numbers this big is not allowed")
     return _sized(pow(a, b) if mod is None else pow(a, b, mod), "a power")
 
 
 def _lshift_(a: Any, b: Any) -> Any:
-    if type(a) is int and type(b) is int and a and b > MAX_BITS:
+    if isinstance(a, int) and isinstance(b, int) and a and b > MAX_BITS:
         raise ResourceLimit(f"a shift would make more than {MAX_BITS} bits")
     return _sized(a << b, "a shift")
 
 
 def _divcost(a: Any, b: Any) -> None:
-    if type(a) is int and type(b) is int:
-        n = (a.bit_length() * b.bit_length()) >> 14
+    if isinstance(a, int) and isinstance(b, int):
+        n = (_bits(a) * _bits(b)) >> 14
         if n:
             _charge(n)
 
@@ -155,7 +183,7 @@ def _floordiv_(a: Any, b: Any) -> Any:
     return a // b
 
 
-_FORMAT_NUMBER = re.compile(r"%[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
+_FORMAT_NUMBER = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
 _SPEC_NUMBER = re.compile(r"\d+")
 
 
@@ -212,6 +240,40 @@ def _format_(value: Any, spec: str = "") -> str:
 
 def _repr_(obj: Any) -> str:
     return _scrub(repr(obj))
+
+
+def _round_(number: Any, *ndigits: Any) -> Any:
+    if ndigits and isinstance(ndigits[0], int) and not -MAX_WIDTH <= ndigits[0] <= MAX_WIDTH:
+        raise ResourceLimit(f"round() to {ndigits[0]} digits is out of range")
+    return round(number, *ndigits)
+
+
+def _in_(item: Any, container: Any) -> bool:
+    """`item in container`: a scan of a sequence costs steps by its size."""
+    t = type(container)
+    if t is not dict and t is not set and t is not frozenset:
+        _charge_scan(container)
+    return item in container
+
+
+def _slice_(obj: Any, lower: Any, upper: Any, step: Any) -> Any:
+    return _sized(obj[lower:upper:step], "a slice")
+
+
+def _setslice_(obj: Any, lower: Any, upper: Any, step: Any, value: Any) -> None:
+    _charge_scan(value)
+    obj[lower:upper:step] = value
+    _sized(obj, "a sequence")
+
+
+def _scanning(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A builtin that walks its first argument (sorted, min, max, any, all...)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1:
+            _charge_scan(args[0])
+        return _sized(fn(*args, **kwargs), fn.__name__ + "()")
+    call.__name__ = fn.__name__
+    return call
 
 
 def _hash_(obj: Any) -> int:
@@ -281,12 +343,19 @@ def _growth_method(name: str) -> Callable[..., Any]:
                     raise ResourceLimit(f"replace() could make more than {MAX_SIZE} items")
             if name == "to_bytes" and args and type(args[0]) is int and args[0] > MAX_SIZE:
                 raise ResourceLimit(f"to_bytes() of {args[0]} bytes is over {MAX_SIZE}")
+            if name == "translate" and args and isinstance(args[0], dict):
+                longest = max((_rlen(v) for v in args[0].values()
+                               if isinstance(v, (str, bytes))), default=1)
+                if _rlen(obj) * longest > MAX_SIZE:
+                    raise ResourceLimit(f"translate() could make more than {MAX_SIZE} items")
             return _sized(method(*args, **kwargs), f"{name}()")
         return call
     return check
 
 
 _STR_TYPES = (str, bytes, bytearray)
+#: objects whose GUARDED_NAMES methods are replaced by checked ones
+GUARDABLE = _SIZED_BASES + (int,)
 
 
 def _guarded_method(obj: Any, name: str) -> Any:
@@ -297,13 +366,50 @@ def _guarded_method(obj: Any, name: str) -> Any:
         return lambda m: _safe_format(obj, (), m)
     guard = _GUARDED_METHODS.get(name)
     return guard(obj) if guard is not None else getattr(obj, name)
+
+
+def _scan_method(name: str) -> Callable[..., Any]:
+    """A container method that walks or copies the container (sort, index, copy...)."""
+    def check(obj: Any) -> Any:
+        method = getattr(obj, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            _charge_scan(obj)
+            if name == "sort":
+                _charge_scan(obj)
+            return _sized(method(*args, **kwargs), f"{name}()")
+        return call
+    return check
+
+
+def _extend(obj: Any) -> Any:
+    method = obj.extend
+
+    def extend(items: Any) -> None:
+        if isinstance(items, _SIZED_BASES):
+            if _rlen(obj) + _rlen(items) > MAX_SIZE:
+                raise ResourceLimit(f"extend() would hold more than {MAX_SIZE} items")
+            _charge_scan(items)
+        method(items)
+        _sized(obj, "extend()")
+    return extend
+
+
+def _elements(obj: Any) -> Any:
+    from .modules import _Counted
+    return lambda: _Counted(obj.elements())
+
+
 _GUARDED_METHODS: dict[str, Callable[[Any], Any]] = {
     **{n: _width_method(n) for n in ("center", "ljust", "rjust", "zfill", "expandtabs")},
     **{n: _growth_method(n) for n in ("join", "replace", "translate", "to_bytes")},
+    **{n: _scan_method(n) for n in ("sort", "copy", "index", "count", "find", "rfind",
+                                    "split", "rsplit", "splitlines", "most_common")},
+    "extend": _extend, "elements": _elements,
 }
 #: attribute names dialect.py sends through `_getattr_` even though they are public
 GUARDED_NAMES = frozenset(_GUARDED_METHODS) | {"format", "format_map"}
-_NAMEDTUPLE_API = frozenset(("_asdict", "_replace", "_fields", "_make", "_field_defaults"))
+_NAMEDTUPLE_API = frozenset(("_asdict", "_replace", "_fields", "_make"))
 _INSPECT = frozenset("""ag_await ag_code ag_frame co_code cr_await cr_code cr_frame cr_origin
     f_back f_builtins f_code f_generator f_globals f_locals f_trace gi_code gi_frame
     gi_yieldfrom tb_frame tb_next mro""".split())

@@ -34,9 +34,9 @@ import typing as _typing
 from typing import Any
 
 from . import sched
-from .limits import (_INSPECT, _NAMEDTUPLE_API, _STR_TYPES, GUARDED_NAMES, MAX_SIZE, Budget,
+from .limits import (_INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
                      Object, ResourceLimit, SyncObject, _add_, _floordiv_, _fmt_,
-                     _guarded_method, _inplace, _lshift_, _mod_, _mul_, _no_hash,
+                     _guarded_method, _in_, _inplace, _setslice_, _slice_, _lshift_, _mod_, _mul_, _no_hash,
                      _plain_repr, _pow_, _scrub, _sized)
 from .modules import (_Enum_Enum, _Enum_Flag, _Enum_IntEnum, _Enum_IntFlag, _Enum_StrEnum,
                       ModuleProxy)
@@ -53,9 +53,10 @@ _ALLOWED_META = frozenset({type, _enum.EnumType, getattr(_typing, "NamedTupleMet
 # -- the guards that know which classes are uploaded ---------------------------------------------
 
 class _StandIn(type):
-    """Stand-in for a builtin type (`bytes`, `bytearray`, `str`): isinstance checks and
-    type() comparisons work as with the type itself, calls are checked (a size for bytes, no
-    addresses in str())."""
+    """Stand-in for a builtin type (str, bytes, bytearray, list, tuple, dict, set, frozenset):
+    isinstance checks and type() comparisons work as with the type itself; calls are checked
+    (a size for bytes, no addresses in str(), the size of what is made for all) and cost steps
+    by the size of what they make."""
 
     _real: type
 
@@ -71,8 +72,9 @@ class _StandIn(type):
             if len(args) == 1 and not kwargs:
                 return _sized(_scrub(str(args[0])), "str()")
             return _sized(str(*args, **kwargs), "str()")
-        if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
-            raise ResourceLimit(f"{real.__name__}({args[0]}) is over {MAX_SIZE} bytes")
+        if real is bytes or real is bytearray:
+            if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
+                raise ResourceLimit(f"{real.__name__}({args[0]}) is over {MAX_SIZE} bytes")
         return _sized(real(*args, **kwargs), real.__name__)
 
     def __getattr__(cls, name: str) -> Any:
@@ -96,7 +98,28 @@ class str_(metaclass=_StandIn):
     _real = str
 
 
-_STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_, str: str_}
+class list_(metaclass=_StandIn):
+    _real = list
+
+
+class tuple_(metaclass=_StandIn):
+    _real = tuple
+
+
+class dict_(metaclass=_StandIn):
+    _real = dict
+
+
+class set_(metaclass=_StandIn):
+    _real = set
+
+
+class frozenset_(metaclass=_StandIn):
+    _real = frozenset
+
+
+_STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_, str: str_, list: list_,
+                              tuple: tuple_, dict: dict_, set: set_, frozenset: frozenset_}
 _REAL: dict[Any, type] = {v: k for k, v in _STANDIN.items()}
 
 
@@ -142,7 +165,7 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         if type(name) is not str:
             raise TypeError("attribute name must be a str")
         if name.startswith("_"):
-            if name.startswith("__") or not (
+            if name.startswith("__") or name.endswith("_") or not (
                     type(obj) in readable or obj in readable if isinstance(obj, type)
                     else type(obj) in readable or name in _NAMEDTUPLE_API):
                 if default:
@@ -152,9 +175,9 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         elif name in _INSPECT:
             raise AttributeError(f"attribute {name!r} is not accessible in gesmas classes")
         elif name in GUARDED_NAMES:
-            if isinstance(obj, _STR_TYPES + (int,)):
+            if isinstance(obj, GUARDABLE):
                 return _guarded_method(obj, name)
-            if isinstance(obj, type) and issubclass(_REAL.get(obj, obj), _STR_TYPES + (int,)):
+            if isinstance(obj, type) and issubclass(_REAL.get(obj, obj), GUARDABLE):
                 return lambda self, *a, **k: _guarded_method(self, name)(*a, **k)
         return getattr(obj, name, *default)
 
@@ -204,7 +227,8 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         "_write_": _write_, "_augattr_": _augattr_, "_augitem_": _augitem_,
         "_inplacevar_": _inplace, "__metaclass__": maker,
         "_mul_": _mul_, "_add_": _add_, "_pow_": _pow_, "_lshift_": _lshift_,
-        "_mod_": _mod_, "_floordiv_": _floordiv_, "_fmt_": _fmt_,
+        "_mod_": _mod_, "_floordiv_": _floordiv_, "_fmt_": _fmt_, "_in_": _in_,
+        "_slice_": _slice_, "_setslice_": _setslice_,
         "builtins": {"getattr": _getattr_, "setattr": _setattr_, "delattr": _delattr_,
                      "hasattr": _hasattr_, "type": _type_},
     }
