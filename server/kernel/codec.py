@@ -80,6 +80,17 @@ def _encode(v: Any, out: bytearray) -> None:
         raise NotPlainValue(f"{t.__name__} is not a plain value")
 
 
+def may_exceed(v: Any, limit: int) -> bool:
+    """False when `v` surely takes at most `limit` bytes encoded (cheap: no walk of a scalar,
+    a str or bytes); True when `encoded_size` has to tell."""
+    t = type(v)
+    if t is bytes:
+        return len(v) > limit - 16
+    if t is str:
+        return 4 * len(v) > limit - 16
+    return t is list or t is dict
+
+
 def encoded_size(v: Any) -> int:
     """Bytes `v` takes encoded (a plain value)."""
     out = bytearray()

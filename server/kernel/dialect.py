@@ -56,6 +56,7 @@ SPECIAL_METHODS = frozenset("""
 _BINOPS = {ast.Mult: "_mul_", ast.Add: "_add_", ast.Pow: "_pow_", ast.LShift: "_lshift_",
            ast.Mod: "_mod_", ast.FloorDiv: "_floordiv_"}
 _TRUSTING_DECORATORS = ("property", "cached_property")
+_GROWING = (ast.Add, ast.Mult, ast.Pow, ast.LShift, ast.Mod, ast.FloorDiv)
 
 
 class DialectError(ValueError):
@@ -166,8 +167,20 @@ class _Policy(RestrictingNodeTransformer):
         target = node.target
         if isinstance(target, ast.Name):
             return super().visit_AugAssign(node)     # x = _inplacevar_(op, x, v)
-        node = self.node_contents_visit(node)
         op = ast.Constant(_OP_TEXT[type(node.op)] + "=")
+        if isinstance(target, ast.Attribute) and not isinstance(node.op, _GROWING):
+            return self.node_contents_visit(node)    # _write_(obj).attr -= v: cannot grow
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+            # n.attr += v  ->  n.attr = _inplacevar_("+=", n.attr, v): n is a name, so
+            # evaluating it twice changes nothing
+            load = ast.copy_location(ast.Attribute(
+                ast.copy_location(ast.Name(target.value.id, ast.Load()), target.value),
+                target.attr, ast.Load()), target)
+            value = self.visit(node.value)
+            call = _call("_inplacevar_", [op, self.visit(load), value], node)
+            stmt: ast.stmt = ast.Assign([self.visit(target)], call)
+            return ast.fix_missing_locations(ast.copy_location(stmt, node))
+        node = self.node_contents_visit(node)
         if isinstance(target, ast.Attribute):
             call = _call("_augattr_", [target.value, ast.Constant(target.attr), op, node.value],
                          node)

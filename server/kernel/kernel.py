@@ -406,7 +406,7 @@ class Kernel:
         if not rerun:                        # a re-run was checked when it first ran
             _bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
         timeout = cmd.timeout
-        call_deadline = self._deadline(timeout, KernelError)
+        call_deadline = None if timeout is None else self._deadline(timeout, KernelError)
         req = Request(self, index, s.id, f"{rec.cls.name} {cmd.name!r}.{cmd.method}",
                       nowait="would wait, and the call's timeout is 0" if timeout == 0 else "")
         req.seq = cmd.seq
@@ -437,7 +437,7 @@ class Kernel:
             if budget.steps > budget.limit:
                 raise BudgetExceeded(budget.limit)
             value = codec.plain_copy(value, "result")
-            if type(value) in (list, dict, str, bytes) and \
+            if codec.may_exceed(value, self.config.max_result_bytes) and \
                     codec.encoded_size(value) > self.config.max_result_bytes:
                 return None, Error(Code.RESOURCE_EXHAUSTED,
                                    f"{req.label} returned more than "

@@ -424,6 +424,8 @@ _INPLACE: dict[str, Callable[[Any, Any], Any]] = {
 
 
 def _inplace(op: str, a: Any, b: Any) -> Any:
+    if type(a) is int and type(b) is int and (op == "+=" or op == "-="):
+        return a + b if op == "+=" else a - b          # the common counter, cannot blow up
     # `x += y`: mutable containers keep their identity, as in plain Python
     if op == "+=" and type(a) is list:
         a += b
