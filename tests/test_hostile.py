@@ -207,7 +207,7 @@ def test_an_object_over_its_size_limit_takes_no_new_calls_until_deleted():
     restored = Kernel.restore(h.kernel.checkpoint_blob, Config(max_object_bytes=100_000))
     assert restored.state_digest() == h.kernel.state_digest()
     e = h.error(h.call(s, "a", "m"), Code.RESOURCE_EXHAUSTED)
-    assert "more than 100000" in e.message
+    assert "more than 100000 bytes" in e.message
     from gesmas.server.kernel import DeleteObject
     assert h.run(DeleteObject(ts=h.ts, name="a")).error is None
     h.create("A", "a")
@@ -586,3 +586,31 @@ def test_stand_in_containers_behave_like_the_builtins_and_survive_checkpoints():
     assert h.value(h.call(s, "s", "m")) == [True, True, True, [0, 1, 2], {"a": 1}, [1, 3],
                                             [1], True, True, True, [2], 1]
     healthy(h, s)
+
+
+def test_an_object_growing_between_checkpoints_is_measured_by_the_steps_it_spends():
+    """No checkpoint here: the size is measured again once the calls on the object spent
+    enough steps to have grown by a quarter of the limit."""
+    h = H(Config(max_object_bytes=1_000_000))
+    s = h.open_session()
+    h.register(method("self.x.append('y' * 60000)\nreturn len(self.x)", init="self.x = []"))
+    h.create("A", "a")
+    results = [h.results[h.call(s, "a", "m")] for _ in range(40)]
+    ok = [c for c in results if c.error is None]
+    refused = [c for c in results if c.error is not None]
+    assert refused and all(c.error.code == Code.RESOURCE_EXHAUSTED for c in refused)
+    assert 16 <= len(ok) <= 25, len(ok)      # ~1 MB of 60 KB strings, measured every ~250 KB
+    k, trace = replay(h.log, Kernel(Config(max_object_bytes=1_000_000)))
+    assert trace == h.trace
+
+
+def test_state_size_is_the_same_for_shared_and_unshared_immutables():
+    from gesmas.server.kernel.limits import state_size
+    word = "".join(["ab", "cd"])
+    shared = [word, word, (word,), {"k": word}]
+    unshared = ["abcd", "".join(["a", "bcd"]), ("abcd",), {"k": "ab" + "cd"}]
+    assert state_size(shared, 10 ** 9) == state_size(unshared, 10 ** 9)
+    nested: object = (1,)
+    for _ in range(200):
+        nested = (nested, nested)            # 2^200 paths: the walk stops at the limit
+    assert state_size(nested, 10_000) > 10_000

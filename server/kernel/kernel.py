@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from . import codec
 from .codec import Command
-from .limits import Budget
+from .limits import Budget, state_size
 from .errors import Code, Error, KernelError
 from .registry import ClassVersion, Registry, safe_str
 from .limits import ResourceLimit
@@ -100,12 +100,13 @@ class Session:
 
 
 class ObjectRecord:
-    __slots__ = ("name", "cls", "instance")
+    __slots__ = ("name", "cls", "instance", "steps")
 
     def __init__(self, name: str, cls: ClassVersion, instance: Any) -> None:
         self.name = name
         self.cls = cls
         self.instance = instance
+        self.steps = 0       # steps its calls spent since its size was last measured
 
 
 @dataclass(frozen=True)
@@ -390,8 +391,8 @@ class Kernel:
             raise KernelError(Code.NOT_FOUND, why or f"no object named {cmd.name!r}")
         if not rerun and cmd.name in self.over_limit:
             raise KernelError(Code.RESOURCE_EXHAUSTED,
-                              f"object {cmd.name!r} holds {self.over_limit[cmd.name]} bytes, "
-                              f"more than {self.config.max_object_bytes}: it takes no new "
+                              f"object {cmd.name!r} holds more than "
+                              f"{self.config.max_object_bytes} bytes of state: it takes no new "
                               "calls (delete it)")
         if cmd.class_name and cmd.class_name != rec.cls.name:
             raise KernelError(Code.INVALID_ARGUMENT,
@@ -484,6 +485,7 @@ class Kernel:
         else:
             outcome = task.throw(throw)
         req.interrupting = False
+        self._account(req)
         if task.dead:
             self._finish(req, outcome)
 
@@ -559,6 +561,28 @@ class Kernel:
         deadline = self.now + timeout
         return deadline if deadline < 1e15 else None    # inf or astronomically far: no limit
 
+    def _account(self, req: Request) -> None:
+        """Charge the steps of the run that just ended to the object it ran on. Growth costs
+        steps (one per 64 bytes made), so once an object's calls spent enough steps to have
+        grown by a quarter of max_object_bytes, its size is measured again; an object over
+        the limit takes no new calls (`_start`)."""
+        rec = self.objects.get(req.obj)
+        if rec is None:
+            return
+        rec.steps += self._budget.steps
+        if rec.steps * 64 > self.config.max_object_bytes >> 2:
+            rec.steps = 0
+            self._measure(rec)
+
+    def _measure(self, rec: ObjectRecord) -> None:
+        limit = self.config.max_object_bytes
+        self._budget.steps = 0
+        size = state_size(rec.instance, limit)
+        if size > limit:
+            self.over_limit[rec.name] = size
+        else:
+            self.over_limit.pop(rec.name, None)
+
     def _wake(self, w: Waiter) -> None:
         """Semaphore.release handed a permit to `w`: run it after the current request."""
         req = w.request
@@ -593,6 +617,7 @@ class Kernel:
                 assert task is not None
                 self._budget.steps = 0
                 outcome = task.switch(True)
+                self._account(req)
                 if task.dead:
                     self._finish(req, outcome)
             else:
@@ -644,10 +669,8 @@ class Kernel:
                 self._drop(name, f"its state cannot be saved in a checkpoint "
                                  f"({_type_name(e)}: {safe_str(e, 200)})")
                 continue
-            if len(data) > self.config.max_object_bytes:
-                self.over_limit[name] = len(data)
-            else:
-                self.over_limit.pop(name, None)
+            rec.steps = 0
+            self._measure(rec)
             saved.append((name, rec.cls.name, rec.cls.version, data))
         return saved
 

@@ -434,3 +434,50 @@ def _inplace(op: str, a: Any, b: Any) -> Any:
         a |= b
         return a
     return _INPLACE[op](a, b)
+
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, range)
+
+
+def state_size(obj: Any, limit: int) -> int:
+    """A logical size of `obj` in bytes, the same on every replica whatever the history of
+    the process: strings and bytes count their length, numbers 8 (big integers their bytes),
+    a container 8 per slot plus its items; mutable containers and instances count once
+    however often they are referenced, immutable values at every reference (their sharing
+    differs between a replica restored from a snapshot and one that was not). Stops as soon
+    as the total passes `limit` (so its cost is bounded by the limit, not by the state)."""
+    total = 0
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is str or t is bytes or t is bytearray:
+            total += 8 + len(v)
+        elif t in _ATOMS:
+            total += 8 + ((v.bit_length() >> 3) if t is int else 0)
+        else:
+            if t is not tuple and t is not frozenset:
+                if id(v) in seen:
+                    continue
+                seen.add(id(v))
+            if isinstance(v, dict):
+                total += 8 + 16 * len(v)
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            elif isinstance(v, (list, tuple, set, frozenset, _deque)):
+                total += 8 + 8 * len(v)
+                stack.extend(v)
+            elif t.__module__.startswith("gesmas.server"):
+                total += 64                      # a Semaphore, a context: fixed, opaque
+            else:
+                total += 16
+                d = getattr(v, "__dict__", None)
+                if type(d) is dict:
+                    stack.append(d)
+                for slot in getattr(type(v), "__slots__", ()):
+                    if isinstance(slot, str) and hasattr(v, slot):
+                        stack.append(getattr(v, slot))
+        if total > limit:
+            break
+    return total
