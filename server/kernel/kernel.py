@@ -603,7 +603,7 @@ class Kernel:
         while dl and dl[0][0] <= self.now:
             _, _, w = heapq.heappop(dl)
             if w.live:
-                self._abort(w.request, Timeout(f"no result within the timeout"))
+                self._abort(w.request, Timeout("no result within the timeout"))
         if len(dl) > 64 and len(dl) > 2 * self._waiting:
             self._deadlines = [e for e in dl if e[2].live]
             heapq.heapify(self._deadlines)

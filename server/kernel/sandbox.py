@@ -86,38 +86,14 @@ class _StandIn(type):
         return repr(cls._real)
 
 
-class bytes_(metaclass=_StandIn):
-    _real = bytes
+def _stand_in(real: type) -> type:
+    name = real.__name__ + "_"          # a module-level name, so pickle finds it (defaultdict(list))
+    return _StandIn(name, (), {"_real": real, "__module__": __name__, "__qualname__": name})
 
 
-class bytearray_(metaclass=_StandIn):
-    _real = bytearray
-
-
-class str_(metaclass=_StandIn):
-    _real = str
-
-
-class list_(metaclass=_StandIn):
-    _real = list
-
-
-class tuple_(metaclass=_StandIn):
-    _real = tuple
-
-
-class dict_(metaclass=_StandIn):
-    _real = dict
-
-
-class set_(metaclass=_StandIn):
-    _real = set
-
-
-class frozenset_(metaclass=_StandIn):
-    _real = frozenset
-
-
+bytes_, bytearray_, str_ = _stand_in(bytes), _stand_in(bytearray), _stand_in(str)
+list_, tuple_, dict_ = _stand_in(list), _stand_in(tuple), _stand_in(dict)
+set_, frozenset_ = _stand_in(set), _stand_in(frozenset)
 _STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_, str: str_, list: list_,
                               tuple: tuple_, dict: dict_, set: set_, frozenset: frozenset_}
 _REAL: dict[Any, type] = {v: k for k, v in _STANDIN.items()}
