@@ -614,3 +614,27 @@ def test_state_size_is_the_same_for_shared_and_unshared_immutables():
     for _ in range(200):
         nested = (nested, nested)            # 2^200 paths: the walk stops at the limit
     assert state_size(nested, 10_000) > 10_000
+
+
+def test_a_checkpoint_of_the_previous_format_still_restores():
+    """Snapshots written before per-object checkpoints (format 1) load after an upgrade."""
+    import io
+    import pickle
+    from gesmas.objects import standard_sources
+    h = H()
+    s = h.open_session()
+    for _, src in standard_sources():
+        h.register(src)
+    h.run(CreateObject(ts=h.ts, class_name="Queue", name="q"))
+    h.call(s, "q", "produce", "kept")
+    k = h.kernel
+    buf = io.BytesIO()
+    pickle.dump(k.registry.dump(), buf, protocol=5)
+    p = pickle.Pickler(buf, protocol=5)
+    p.persistent_id = k.registry.persistent_id
+    p.dump(({"format": 1, "index": k.index, "now": k.now, "order": k._order,
+             "sessions": k.sessions,
+             "objects": [(n, r.cls.name, r.cls.version, r.instance)
+                         for n, r in k.objects.items()]}, []))
+    restored = Kernel.restore(buf.getvalue())
+    assert restored.state_digest() == k.state_digest()

@@ -758,19 +758,28 @@ class Kernel:
         Budget.current = k._budget
         buf = io.BytesIO(blob)
         k.registry.load(pickle.load(buf))
-        state, pending, objects = pickle.load(buf)
-        if state["format"] != CHECKPOINT_FORMAT:
+        up = pickle.Unpickler(buf)          # format 1 pickled instances with references
+        up.persistent_load = k.registry.persistent_load  # type: ignore[method-assign]
+        loaded = up.load()
+        state = loaded[0]
+        if state["format"] == 1:            # before per-object pickles (gesmas <= d805759)
+            pending = loaded[1]
+            objects = [(n, c, v, inst) for n, c, v, inst in state["objects"]]
+        elif state["format"] == CHECKPOINT_FORMAT:
+            _, pending, objects = loaded
+        else:
             raise ValueError(f"checkpoint format {state['format']} is not supported")
         k.index, k.now, k._order = state["index"], state["now"], state["order"]
         k.sessions = state["sessions"]
-        k.dropped, k.over_limit = state["dropped"], state["over_limit"]
+        k.dropped, k.over_limit = state.get("dropped", {}), state.get("over_limit", {})
         for name, cname, version, data in objects:
             cv = k.registry.get(cname, version)
             k._budget.steps = 0
             try:
                 if cv is None:
                     raise LookupError(f"class {cname} version {version} did not load")
-                k.objects[name] = ObjectRecord(name, cv, k._unpickle(data))
+                instance = k._unpickle(data) if type(data) is bytes else data
+                k.objects[name] = ObjectRecord(name, cv, instance)
             except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
                 k._drop(name, f"its state cannot be restored ({_type_name(e)}: "
                               f"{safe_str(e, 200)})")
@@ -781,9 +790,10 @@ class Kernel:
 
     def state_digest(self, volatile: bool = True) -> str:
         """A hash of the whole state, waiters included: equal on replicas that applied the
-        same log (without `volatile`, the log index and kernel time are left out). Pickled without a memo where it can be, so that which objects happen to be
-        shared (an interned string, say) does not change the bytes; an object with reference
-        cycles is pickled with a memo instead."""
+        same log (without `volatile`, the log index and kernel time are left out). Pickled
+        without a memo where it can be, so that which objects happen to be shared (an
+        interned string, say) does not change the bytes; an object with reference cycles is
+        pickled with a memo instead."""
         h = hashlib.sha256()
         h.update(pickle.dumps(self.registry.dump(), protocol=5))
         waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
