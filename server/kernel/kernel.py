@@ -27,6 +27,7 @@ in insertion order.
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 import heapq
 
@@ -120,16 +121,26 @@ class PendingCall:
     deadlines: tuple[float | None, ...]
 
 
+class Kind(enum.Enum):
+    """What a request runs. Only a CALL (an Invoke) may wait, has a (session, seq) and a
+    stored result, and can be interrupted by a checkpoint and re-run."""
+
+    CALL = "call"
+    CONSTRUCTOR = "constructor"
+    HOOK = "session hook"
+
+
 class Request:
     """One call being run. `index` (the log index of the command that started it) is its id."""
 
-    __slots__ = ("kernel", "index", "session", "seq", "tags", "task", "deadline", "deadlines",
-                 "replay", "draws", "waiter", "obj", "cmd", "nowait", "label", "outcome",
-                 "interrupting")
+    __slots__ = ("kernel", "kind", "index", "session", "seq", "tags", "task", "deadline",
+                 "deadlines", "replay", "draws", "waiter", "obj", "cmd", "nowait", "label",
+                 "outcome", "interrupting")
 
-    def __init__(self, kernel: Kernel, index: int, session: int, label: str,
-                 nowait: str = "") -> None:
+    def __init__(self, kernel: Kernel, kind: Kind, index: int, session: int, label: str,
+                 obj: str) -> None:
         self.kernel = kernel
+        self.kind = kind
         self.index = index
         self.session = session
         self.seq = 0
@@ -140,9 +151,9 @@ class Request:
         self.replay: list[float | None] = []
         self.draws = 0
         self.waiter: Waiter | None = None
-        self.obj: str = ""
-        self.cmd: codec.Invoke | None = None
-        self.nowait = nowait     # why this request may not wait, if it may not
+        self.obj = obj
+        self.cmd: codec.Invoke | None = None       # a CALL's command, for its re-run
+        self.nowait = ""         # why a CALL may not wait (its timeout is 0), if it may not
         self.label = label
         self.outcome: Any = None
         self.interrupting = False  # the kernel is throwing a checkpoint's Interrupted into it
@@ -272,14 +283,10 @@ class Kernel:
         self._complete(cmd.tag, True)
 
     def _run_hook(self, rec: ObjectRecord, sid: int) -> None:
-        req = Request(self, self.index, sid, f"{rec.cls.name} {rec.name!r} session hook",
-                      nowait="a session hook may not wait")
+        req = Request(self, Kind.HOOK, self.index, sid,
+                      f"{rec.cls.name} {rec.name!r} session hook", rec.name)
         instance = rec.instance
-        req.task = Task(lambda: self._body(
-            req, lambda s: instance._on_session_end(s), (sid,), {}))
-        req.task.kernel = self
-        req.task.request = req
-        self._run(req)
+        self._spawn(req, lambda s: instance._on_session_end(s), (sid,), {})
 
     # -- classes and objects -------------------------------------------------------------------
 
@@ -312,18 +319,14 @@ class Kernel:
             sig = None
         if sig is not None:
             _bind_sig(sig, cls.name, tuple(args), kwargs)
-        req = Request(self, self.index, cmd.session if type(cmd.session) is int else 0,
-                      f"{cls.name}()", nowait="a constructor may not wait")
+        req = Request(self, Kind.CONSTRUCTOR, self.index,
+                      cmd.session if type(cmd.session) is int else 0, f"{cls.name}()", name)
         made: list[Any] = []
 
         def construct() -> None:
             made.append(cls.cls(*args, **kwargs))
 
-        req.obj = name
-        req.task = Task(lambda: self._body(req, construct, (), {}))
-        req.task.kernel = self
-        req.task.request = req
-        self._run(req)
+        self._spawn(req, construct, (), {})
         error = req.outcome[1]
         if error is not None:
             raise KernelError(error.code, error.message, error.type)
@@ -408,11 +411,12 @@ class Kernel:
             _bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
         timeout = cmd.timeout
         call_deadline = None if timeout is None else self._deadline(timeout, KernelError)
-        req = Request(self, index, s.id, f"{rec.cls.name} {cmd.name!r}.{cmd.method}",
-                      nowait="would wait, and the call's timeout is 0" if timeout == 0 else "")
+        req = Request(self, Kind.CALL, index, s.id, f"{rec.cls.name} {cmd.name!r}.{cmd.method}",
+                      cmd.name)
+        if timeout == 0:
+            req.nowait = "would wait, and the call's timeout is 0"
         req.seq = cmd.seq
         req.tags = tags
-        req.obj = cmd.name
         req.cmd = cmd
         req.replay = list(replay)
         if rerun:
@@ -421,10 +425,7 @@ class Kernel:
             req.deadline = call_deadline
         s.touched[cmd.name] = None
         s.inflight[cmd.seq] = req
-        req.task = Task(lambda: self._body(req, fn, (rec.instance, *args), kwargs))
-        req.task.kernel = self
-        req.task.request = req
-        self._run(req)
+        self._spawn(req, fn, (rec.instance, *args), kwargs)
 
     # -- running requests ----------------------------------------------------------------------
 
@@ -475,6 +476,14 @@ class Kernel:
         except BaseException as e:
             return None, Error(Code.APPLICATION, safe_str(e), _type_name(e))
 
+    def _spawn(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> None:
+        """Start `req` in a greenlet of its own that runs `fn(*args, **kwargs)`."""
+        task = req.task = Task(lambda: self._body(req, fn, args, kwargs))
+        task.kernel = self
+        task.request = req
+        self._run(req)
+
     def _run(self, req: Request, throw: BaseException | None = None) -> None:
         task = req.task
         assert task is not None
@@ -492,38 +501,39 @@ class Kernel:
     def _finish(self, req: Request, outcome: Any) -> None:
         req.task = None
         s = self.sessions.get(req.session)
-        if s is not None and req.cmd is not None:
+        call = req.kind is Kind.CALL
+        if s is not None and call:
             s.inflight.pop(req.seq, None)
         if outcome is _INTERRUPTED:
-            assert req.cmd is not None          # only waiters are interrupted; hooks never wait
+            assert call and req.cmd is not None   # only waiters are interrupted; calls alone wait
             # the re-run waits again where it was waiting, until the same deadline
             self._pending.append(PendingCall(req.index, req.cmd, tuple(req.tags),
                                              req.deadline, tuple(req.deadlines[-1:])))
             return
         req.outcome = outcome
         value, error = outcome
-        if req.cmd is not None:
+        if call:
             if s is not None:
                 s.results[req.seq] = (value, error)
                 if len(s.results) > self.config.max_results:
                     old = next(iter(s.results))
                     del s.results[old]
                     s.dropped = max(s.dropped, old)
-        elif error is not None and req.nowait.startswith("a session hook"):
+        elif error is not None and req.kind is Kind.HOOK:
             log.warning("%s failed: %s", req.label, error)
         for tag in req.tags:
             self._out.append(Completion(tag, value, error))
 
     def _block(self, req: Request, sem: Semaphore, timeout: float | None) -> bool:
         """Called by Semaphore.acquire inside `req`'s greenlet: wait for a permit."""
-        if req.cmd is not None and req.session not in self.sessions:
+        if req.kind is not Kind.CALL:
+            raise RuntimeError(f"a {req.kind.value} may not wait")
+        if req.session not in self.sessions:
             raise SessionEnded(f"session {req.session} has ended")
         if req.replay:                                  # re-run after a checkpoint
             deadline = req.replay.pop(0)
         else:
             if req.nowait:
-                if req.cmd is None:
-                    raise RuntimeError(req.nowait)
                 raise Timeout(req.nowait)
             if timeout == 0:
                 raise Timeout("would wait, and acquire's timeout is 0")
@@ -722,7 +732,7 @@ class Kernel:
 
     def _finish_error(self, req: Request, error: Error) -> None:
         s = self.sessions.get(req.session)
-        if s is not None and req.cmd is not None:
+        if s is not None and req.kind is Kind.CALL:
             s.results[req.seq] = (None, error)
         for tag in req.tags:
             self._out.append(Completion(tag, None, error))
