@@ -203,42 +203,8 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
 
 # --- server commands ---------------------------------------------------------------------
 
-SERVER_KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret",
-               "unsafe_no_fsync")
-
-
 def _comma_list(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
-
-
-def _load_config(args: argparse.Namespace) -> None:
-    """Fill the flags not given on the command line from the --config JSON file (keys as
-    the flags, with '_' or '-': id, client_addr, raft_addr, peers, data_dir, secret,
-    unsafe_no_fsync), then apply the defaults."""
-    if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--config {args.config}: {e}") from None
-        if not isinstance(config, dict):
-            raise UsageError(f"--config {args.config}: expected a JSON object")
-        for key, value in config.items():
-            attr = key.replace("-", "_")
-            if attr not in SERVER_KEYS:
-                raise UsageError(f"--config {args.config}: unknown key {key!r}")
-            if attr == "peers" and isinstance(value, str):
-                value = _comma_list(value)
-            if attr == "id" and not isinstance(value, int):
-                raise UsageError(f"--config {args.config}: id must be an integer")
-            if getattr(args, attr) is None:
-                setattr(args, attr, value)
-    if args.secret is None:
-        args.secret = os.environ.get("GESMAS_CLUSTER_SECRET") or None
-    if args.unsafe_no_fsync is None:
-        args.unsafe_no_fsync = False
-    if args.peers is None:
-        args.peers = []
 
 
 def _node() -> Any:
@@ -255,7 +221,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    _load_config(args)
+    # flags, --config file and environment are merged by gesmas.server.config, in one place
     return int(_node().run_server(args) or 0)
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .node import HASH_SEED
+from .config import HASH_SEED
 
 
 def free_ports(n: int) -> list[int]:

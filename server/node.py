@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -31,6 +29,8 @@ import grpc
 from gesmas.objects import standard_sources
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
+from .config import HASH_SEED, MAX_MESSAGE, ConfigError, NodeConfig
+from .config import load as load_config
 from .gateway import CallFailed, Gateway
 from .kernel import Config as KernelConfig
 from .kernel import Kernel, codec
@@ -38,26 +38,6 @@ from .kernel.errors import Code, Error
 from .kernel.kernel import Completion
 
 log = logging.getLogger(__name__)
-
-HASH_SEED = "0"
-MAX_MESSAGE = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    node_id: int
-    client_addr: str                       # host:port of the gRPC gateway
-    raft_addr: str                         # host:port of this node's Raft endpoint
-    peers: tuple[tuple[str, str], ...]     # (raft addr, client addr or "") of the others
-    data_dir: str
-    secret: str | None = None
-    fsync: bool = True
-    default_ttl: float = 10.0
-    commit_timeout: float = 5.0            # a proposal not applied by then fails UNAVAILABLE
-    checkpoint_every: int = 20_000         # commands between checkpoints
-    duty_period: float = 0.05              # seconds between two rounds of leader duties
-    skip_entries: frozenset[int] = frozenset()   # poison log entries (README), all replicas
-
 
 class StateMachine:
     """What the Replica drives: the kernel plus node-local bookkeeping on the apply thread."""
@@ -476,53 +456,21 @@ def ensure_hash_seed() -> None:
                   [sys.executable, "-m", "gesmas.client.cli", *sys.argv[1:]], env)
 
 
-def _is_loopback(addr: str) -> bool:
-    host = addr.rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def config_from_args(args: Any) -> NodeConfig:
-    values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        with open(args.config, encoding="utf-8") as f:
-            values = json.load(f)
-    def pick(name: str, default: Any = None) -> Any:
-        v = getattr(args, name, None)
-        return v if v not in (None, "") else values.get(name, default)
-    peers = pick("peers", "")
-    if isinstance(peers, str):
-        peers = [p for p in peers.split(",") if p.strip()]
-    pairs = []
-    for p in peers:
-        raft, _, client = p.strip().partition("=")
-        pairs.append((raft, client))
-    node_id = pick("id")
-    if node_id is None or pick("client_addr") is None or pick("raft_addr") is None:
-        raise SystemExit("gesmas server: --id, --client-addr and --raft-addr are required "
-                         "(or a --config file with id, client_addr, raft_addr, peers, data_dir)")
-    secret = pick("secret") or os.environ.get("GESMAS_CLUSTER_SECRET") or None
-    addrs = [pick("raft_addr"), *(r for r, _ in pairs)]
-    if secret is None and not all(_is_loopback(a) for a in addrs):
-        raise SystemExit("gesmas server: a cluster secret (--secret or GESMAS_CLUSTER_SECRET) is "
-                         "required when any Raft address is not loopback: replicas exchange "
-                         "pickled messages, so an open Raft port would run anyone's code")
-    data_dir = pick("data_dir") or f"gesmas-data-{node_id}"
-    return NodeConfig(node_id=int(node_id), client_addr=pick("client_addr"),
-                      raft_addr=pick("raft_addr"), peers=tuple(pairs), data_dir=data_dir,
-                      secret=secret, fsync=not bool(pick("unsafe_no_fsync", False)),
-                      checkpoint_every=int(os.environ.get("GESMAS_CHECKPOINT_EVERY") or 20_000),
-                      skip_entries=frozenset(int(i) for i in pick("skip_entries") or ()))
-
-
 def _setup_logging() -> None:
     logging.basicConfig(level=os.environ.get("GESMAS_LOG", "WARNING").upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def run_server(args: Any) -> int:
+    """`gesmas server`: one replica in the foreground; 2 (with a message) for a bad
+    configuration."""
     ensure_hash_seed()
     _setup_logging()
-    config = config_from_args(args)
+    try:
+        config = load_config(vars(args))
+    except ConfigError as e:
+        print(f"gesmas: {e}", file=sys.stderr)
+        return 2
     os.makedirs(config.data_dir, exist_ok=True)
 
     async def main() -> None:

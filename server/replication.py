@@ -53,7 +53,6 @@ defaults' 0.1 s heartbeat).
 """
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import logging
 import os
@@ -73,6 +72,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 
 from . import raftwire
+from .config import is_loopback
 from .journal import DurableJournal, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -456,16 +456,6 @@ class _RaftNode(SyncObj):
 
 
 # ------------------------------------------------------------------------------ Replica
-def _is_loopback(addr: str) -> bool:
-    host = addr.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class Replica:
     """One Raft replica driving a deterministic state machine. See the module docstring.
 
@@ -486,7 +476,7 @@ class Replica:
                  bind_addr: Optional[str] = None, tuning: RaftTuning = RaftTuning()):
         peers = [p for p in peer_addrs if p != self_addr]
         addrs = [self_addr, *peers] + ([bind_addr] if bind_addr else [])
-        if password is None and not all(_is_loopback(a) for a in addrs):
+        if password is None and not all(is_loopback(a) for a in addrs):
             raise ValueError("a cluster secret (password) is required when any replica address "
                              "is not loopback: pysyncobj speaks pickle over TCP")
         if password is not None and not HAS_CRYPTO:

@@ -1,23 +1,80 @@
-"""The server's configuration: flags and the --config file give the same settings."""
+"""The server's configuration: flags, the --config file and the environment are merged in
+one place (gesmas.server.config), with one precedence order."""
 from __future__ import annotations
 
 import json
 
-from gesmas.client.cli import build_parser
-from gesmas.server.node import Node, config_from_args
+import pytest
+
+from gesmas.client import cli
+from gesmas.server import config as server_config
+from gesmas.server.config import ConfigError, load
+from gesmas.server.node import Node
 
 
-def args(*argv: str):
-    return build_parser().parse_args(["server", "--id", "1", "--client-addr", "127.0.0.1:1",
-                                      "--raft-addr", "127.0.0.1:2", *argv])
+def flags(argv: list[str]) -> dict:
+    return vars(cli.build_parser().parse_args(["server", *argv]))
+
+
+def write(tmp_path, data) -> str:
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_flags_override_the_file_which_overrides_the_environment(tmp_path):
+    path = write(tmp_path, {"id": 2, "client_addr": "h:7102", "raft-addr": "127.0.0.1:7202",
+                            "peers": ["127.0.0.1:7201=h:7101", "127.0.0.1:7203"],
+                            "data-dir": "/d", "checkpoint_every": 500})
+    cfg = load(flags(["--config", path, "--client-addr", "0.0.0.0:9"]),
+               {"GESMAS_CLUSTER_SECRET": "s3cret", "GESMAS_CHECKPOINT_EVERY": "7"})
+    assert (cfg.node_id, cfg.client_addr, cfg.raft_addr, cfg.data_dir, cfg.secret, cfg.fsync,
+            cfg.checkpoint_every) == (2, "0.0.0.0:9", "127.0.0.1:7202", "/d", "s3cret", True,
+                                      500)
+    assert cfg.peers == (("127.0.0.1:7201", "h:7101"), ("127.0.0.1:7203", ""))
+    cfg = load(flags(["--id", "1", "--client-addr", "h:1", "--raft-addr", "127.0.0.1:2",
+                      "--peers", "127.0.0.1:3,127.0.0.1:4", "--unsafe-no-fsync"]),
+               {"GESMAS_CHECKPOINT_EVERY": "7"})
+    assert cfg.peers == (("127.0.0.1:3", ""), ("127.0.0.1:4", ""))
+    assert (cfg.checkpoint_every, cfg.fsync, cfg.secret, cfg.data_dir) == (
+        7, False, None, "gesmas-data-1")
 
 
 def test_skip_entries_from_flags_and_config_file_reach_the_kernel(tmp_path):
-    cfg = config_from_args(args("--skip-entry", "7", "--skip-entry", "9"))
+    base = ["--id", "1", "--client-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:2"]
+    cfg = load(flags([*base, "--skip-entry", "7", "--skip-entry", "9"]), {})
     assert cfg.skip_entries == frozenset({7, 9})
-    path = tmp_path / "node.json"
-    path.write_text(json.dumps({"skip_entries": [12]}))
-    assert config_from_args(args("--config", str(path))).skip_entries == frozenset({12})
-    assert config_from_args(args()).skip_entries == frozenset()
+    path = write(tmp_path, {"skip_entries": [12]})
+    assert load(flags([*base, "--config", path]), {}).skip_entries == frozenset({12})
+    assert load(flags(base), {}).skip_entries == frozenset()
     kernel = Node(cfg).make_state_machine().kernel
     assert kernel.config.skip_entries == frozenset({7, 9})
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"colour": "red"}, "unknown key 'colour'"),
+    ([1, 2], "expected a JSON object"),
+    ({"id": "two", "client_addr": "h:1", "raft_addr": "127.0.0.1:2"}, "id must be an integer"),
+    ({"id": 1, "client_addr": "h:1"}, "are required"),
+    ({"id": 1, "client_addr": "h:1", "raft_addr": "10.0.0.1:2"}, "secret"),
+    ({"id": 1, "client_addr": "h:1", "raft_addr": "127.0.0.1:2", "skip_entries": 5},
+     "skip_entries"),
+    ({"id": 1, "client_addr": "h:1", "raft_addr": "127.0.0.1:2", "peers": 5}, "peers"),
+])
+def test_bad_configurations_are_refused_naming_the_setting(tmp_path, data, message):
+    with pytest.raises(ConfigError, match=message):
+        load(flags(["--config", write(tmp_path, data)]), {})
+
+
+def test_the_cli_reports_a_bad_configuration_as_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("gesmas.server.node.ensure_hash_seed", lambda: None)
+    rc = cli.main(["server", "--config", write(tmp_path, {"colour": "red"})])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown key 'colour'" in err and err.startswith("gesmas: ")
+
+
+def test_loopback_addresses():
+    assert all(server_config.is_loopback(a) for a in
+               ["127.0.0.1:1", "127.9.9.9:2", "localhost:3", "[::1]:4"])
+    assert not any(server_config.is_loopback(a) for a in
+                   ["10.0.0.1:1", "127.example.com:2", "0.0.0.0:3", "[::]:4"])
