@@ -16,6 +16,7 @@ from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from . import wire
+from .calls import CallFailed
 from .kernel import codec
 from .kernel.errors import Code, Error
 
@@ -25,13 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 MAX_NAME = 256
-
-
-class CallFailed(Exception):
-    def __init__(self, error: Error, leader_hint: str = "") -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.leader_hint = leader_hint
 
 
 def _invalid(message: str) -> CallFailed:

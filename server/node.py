@@ -1,26 +1,19 @@
 """One replica = one process: a Raft node (replication.Replica), the kernel on its apply thread,
 a grpc.aio gateway on the event loop, and the leader's duties.
 
-Threads: pysyncobj's thread applies committed commands to the kernel (`StateMachine.apply`)
-and hands completions to the event loop, one `call_soon_threadsafe` per batch (`_post`); the
-event loop runs the gateway and the duties. A blocked call costs a pending future, no thread.
-
-Leader duties, each done by proposing a command, never by touching state directly:
-- Tick when the earliest wait deadline is due;
-- ExpireSession when a session's TTL passes without keep-alive (keep-alives go to the leader,
-  which tracks them in memory; a new leader grants every session a fresh TTL, as etcd does);
-- Checkpoint every `checkpoint_every` commands, so snapshots stay small;
-- RegisterClass of the standard classes when the cluster has none of them yet.
+Threads: pysyncobj's thread applies committed commands to the kernel (`StateMachine.apply`);
+calls waiting here and the hand-off of their answers to the event loop are in calls.py; the
+event loop runs the gateway and, every `duty_period`, the leader's duties (duties.py), which
+are commands proposed through the log. Membership changes (AddNode / RemoveNode) go through
+pysyncobj on the leader. A blocked call costs a pending future, no thread.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -31,7 +24,9 @@ from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from .config import HASH_SEED, MAX_MESSAGE, ConfigError, NodeConfig
 from .config import load as load_config
-from .gateway import CallFailed, Gateway
+from .calls import CallFailed, PendingCalls
+from .duties import LeaderDuties
+from .gateway import Gateway
 from .kernel import Config as KernelConfig
 from .kernel import Kernel, codec
 from .kernel.errors import Code, Error
@@ -69,41 +64,20 @@ class StateMachine:
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self._tags = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Tags name a call on this replica. Calls from an earlier run of this node may still
         # wait in the replicated state under their tags, so each run gets its own prefix.
-        self._prefix = f"{config.node_id}.{os.urandom(4).hex()}:"
-        self._pending: dict[str, list[Any]] = {}        # tag -> [future, applied, proposed at]
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # completions waiting for the event loop (apply thread -> loop), one wake-up per batch
-        self._ready_lock = threading.Lock()
-        self._ready: list[tuple[list[Completion], str]] = []
-        self._ready_scheduled = False
-        # node-local view of sessions, kept on the apply thread, read by the duties
-        self._lock = threading.Lock()
-        self._sessions: dict[int, float] = {}            # session id -> ttl
-        self._last_seen: dict[int, float] = {}           # leader's keep-alive times
-        self._expiring: dict[int, float] = {}
-        self._next_deadline: float | None = None
-        self._applied_index = 0
-        self._since_checkpoint = 0
-        self._has_standard = False
-        self._was_leader = False
+        self.calls = PendingCalls(f"{config.node_id}.{os.urandom(4).hex()}:")
+        self.leader_duties = LeaderDuties(config.checkpoint_every, config.default_ttl,
+                                          standard_sources)
         self._leader_ready = False        # leader, and its state machine is up to date
-        self._last_tick = 0.0
-        self._checkpoint_proposed = 0.0
-        self._standard_proposed = 0.0
         self.replica: Any = None
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
     def make_state_machine(self, kernel: Kernel | None = None) -> StateMachine:
         kernel = kernel or Kernel(self._kernel_config())
-        with self._lock:
-            self._sessions = {s.id: s.ttl for s in kernel.sessions.values()}
-            now = time.monotonic()
-            self._last_seen = {sid: now for sid in self._sessions}
-            self._has_standard = kernel.registry.latest("Queue") is not None
+        self.leader_duties.reset(kernel, time.monotonic())
         return StateMachine(self, kernel)
 
     def restore_state_machine(self, blob: bytes) -> StateMachine:
@@ -114,69 +88,18 @@ class Node:
 
     def _applied(self, index: int, cmd: codec.Command, out: list[Completion], kernel: Kernel,
                  deliver: bool) -> None:
-        t = type(cmd)
-        if t is codec.OpenSession:
-            session = kernel.sessions.get(index)
-            if session is not None:
-                with self._lock:
-                    self._sessions[index] = session.ttl
-                    self._last_seen[index] = time.monotonic()
-        elif isinstance(cmd, (codec.CloseSession, codec.ExpireSession)):
-            with self._lock:
-                self._sessions.pop(cmd.session, None)
-                self._last_seen.pop(cmd.session, None)
-                self._expiring.pop(cmd.session, None)
-        elif t is codec.RegisterClass and not self._has_standard:
-            self._has_standard = kernel.registry.latest("Queue") is not None
-        elif t is codec.Checkpoint:
-            self._since_checkpoint = 0
-        self._since_checkpoint += 1
-        self._applied_index = index
-        self._next_deadline = kernel.next_deadline()
+        self.leader_duties.applied(index, kernel, time.monotonic())
         if deliver:
-            # only this run's calls wait here; other replicas answer their own
-            prefix = self._prefix
-            mine = [c for c in out if c.tag.startswith(prefix)]
-            if mine or cmd.tag.startswith(prefix):
-                self._post(mine, cmd.tag)
-
-    def _post(self, out: list[Completion], applied_tag: str) -> None:
-        """Hand completions to the event loop (apply thread); one wake-up per batch."""
-        if self._loop is None:
-            return
-        with self._ready_lock:
-            self._ready.append((out, applied_tag))
-            if self._ready_scheduled:
-                return
-            self._ready_scheduled = True
-        self._loop.call_soon_threadsafe(self._deliver_ready)
+            self.calls.applied(out, cmd.tag)
 
     # -- the gateway side (event loop) ------------------------------------------------------
 
     def new_tag(self) -> str:
-        return f"{self._prefix}{next(self._tags)}"
-
-    def _deliver_ready(self) -> None:
-        with self._ready_lock:
-            ready, self._ready = self._ready, []
-            self._ready_scheduled = False
-        for out, tag in ready:
-            self._deliver(out, tag)
-
-    def _deliver(self, out: list[Completion], applied_tag: str) -> None:
-        p = self._pending.get(applied_tag)
-        if p is not None:
-            p[1] = True
-        for c in out:
-            p = self._pending.get(c.tag)
-            if p is not None and not p[0].done():
-                p[0].set_result(c)
+        return self.calls.new_tag()
 
     async def call(self, cmd: codec.Command) -> Completion:
         """Propose `cmd` and wait for its completion on this replica."""
-        assert self._loop is not None
-        fut = self._loop.create_future()
-        self._pending[cmd.tag] = [fut, False, time.monotonic()]
+        fut = self.calls.open(cmd.tag, time.monotonic())
         try:
             self._propose(cmd)
             return await fut
@@ -189,7 +112,7 @@ class Node:
                     pass
             raise
         finally:
-            self._pending.pop(cmd.tag, None)
+            self.calls.close(cmd.tag)
 
     def _propose(self, cmd: codec.Command) -> None:
         from .replication import NotLeader, Overloaded, ReplicaStopped
@@ -212,7 +135,7 @@ class Node:
         with the same (session, seq), which the kernel deduplicates, and the other commands are
         idempotent or harmless to repeat (a second OpenSession just expires unused)."""
         def on_failure(f: Any) -> None:
-            self._post([Completion(tag, None, Error(
+            self.calls.post([Completion(tag, None, Error(
                 Code.UNAVAILABLE, f"the command was not committed ({f.reason}); retry",
                 "NotCommitted"))], "")
         return on_failure
@@ -220,30 +143,17 @@ class Node:
     def _role_changed(self, is_leader: bool, leader: str | None) -> None:
         self._leader_ready = is_leader
 
-    def _fail_stale(self) -> None:
-        """Fail calls whose command was not applied in time (lost in a leader change)."""
-        limit = time.monotonic() - self.config.commit_timeout
-        for tag, (fut, applied, at) in list(self._pending.items()):
-            if not applied and at < limit and not fut.done():
-                fut.set_result(Completion(tag, None, Error(
-                    Code.UNAVAILABLE, "the command was not committed in time; retry",
-                    "NotCommitted")))
-
     # -- sessions and leadership -----------------------------------------------------------
 
     def keep_alive(self, session: int) -> float:
         if not self.replica.is_leader():
             raise CallFailed(Error(Code.UNAVAILABLE, "keep-alives go to the leader",
                                    "NotLeader"), self.leader_client_addr() or "")
-        with self._lock:
-            ttl = self._sessions.get(session)
-            if ttl is None:
-                if session <= self._applied_index:
-                    raise CallFailed(Error(Code.NOT_FOUND,
-                                           f"session {session} is not open (expired or closed)",
-                                           "SessionExpired"))
-                ttl = self.config.default_ttl
-            self._last_seen[session] = time.monotonic()
+        ttl = self.leader_duties.keep_alive(session, time.monotonic())
+        if ttl is None:
+            raise CallFailed(Error(Code.NOT_FOUND,
+                                   f"session {session} is not open (expired or closed)",
+                                   "SessionExpired"))
         return ttl
 
     def leader_client_addr(self) -> str | None:
@@ -366,56 +276,25 @@ class Node:
             self.leader_client_addr() or "")
 
     async def duties(self) -> None:
-        """The leader's time-based work, each done by proposing a command."""
+        """The leader's time-based work (duties.py), each done by proposing a command."""
         while True:
             await asyncio.sleep(self.config.duty_period)
-            self._fail_stale()
+            now = time.monotonic()
+            self.calls.fail_stale(now, self.config.commit_timeout)
+            leader = self._leader_ready and self.replica.is_leader()
             try:
-                self._duty_round()
+                for cmd in self.leader_duties.step(now, time.time(), leader):
+                    self._propose(cmd)
             except CallFailed:
                 pass
             except Exception:
                 log.exception("leader duty failed")
 
-    def _duty_round(self) -> None:
-        leader = self._leader_ready and self.replica.is_leader()
-        now = time.monotonic()
-        if leader and not self._was_leader:          # new leader: fresh TTL for everyone
-            with self._lock:
-                self._last_seen = {sid: now for sid in self._sessions}
-                self._expiring.clear()
-            log.info("%s is the leader", self.config.raft_addr)
-        self._was_leader = leader
-        if not leader:
-            return
-        wall = time.time()
-        d = self._next_deadline
-        if d is not None and d <= wall and now - self._last_tick > 0.05:
-            self._last_tick = now
-            self._propose(codec.Tick(ts=wall))
-        with self._lock:
-            due = [sid for sid, ttl in self._sessions.items()
-                   if now - self._last_seen.get(sid, now) > ttl
-                   and now - self._expiring.get(sid, 0.0) > 2.0]
-            for sid in due:
-                self._expiring[sid] = now
-        for sid in due:
-            log.info("session %d expired", sid)
-            self._propose(codec.ExpireSession(ts=wall, session=sid))
-        if (self._since_checkpoint >= self.config.checkpoint_every
-                and now - self._checkpoint_proposed > 5.0):
-            self._checkpoint_proposed = now
-            self._propose(codec.Checkpoint(ts=wall))
-        if not self._has_standard and now - self._standard_proposed > 5.0:
-            self._standard_proposed = now
-            for _, source in standard_sources():
-                self._propose(codec.RegisterClass(ts=wall, source=source))
-
     # -- running ---------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
         from .replication import Replica
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.calls.loop = asyncio.get_running_loop()
         c = self.config
         self.replica = Replica(
             self_addr=c.raft_addr, peer_addrs=[p[0] for p in c.peers], data_dir=c.data_dir,

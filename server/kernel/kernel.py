@@ -172,6 +172,9 @@ class Kernel:
         self._budget = Budget(config.step_budget)
         self.registry = Registry(self._budget, config.max_source)
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
+        # output besides completions, for the host (the leader's duties): sessions opened
+        # (id, ttl) and ended (id, None) by the last apply
+        self.session_changes: list[tuple[int, float | None]] = []
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
         self._order = 0                  # block sequence number
         self._waiting = 0                # live waiters
@@ -206,6 +209,8 @@ class Kernel:
             raise ValueError(f"log index {index} is not after {self.index}")
         self.index = index
         out = self._out = []
+        if self.session_changes:
+            self.session_changes = []
         Budget.current = self._budget
         if isinstance(command, Command):
             cmd = command
@@ -260,6 +265,7 @@ class Kernel:
             raise KernelError(Code.INVALID_ARGUMENT,
                               f"session ttl must be in (0, 3600] seconds, not {ttl!r}")
         self.sessions[self.index] = Session(self.index, float(ttl))
+        self.session_changes.append((self.index, float(ttl)))
         self._complete(cmd.tag, self.index)
 
     def _session(self, sid: Any) -> Session:
@@ -272,6 +278,7 @@ class Kernel:
     def _end_session(self, cmd: codec.CloseSession | codec.ExpireSession, how: str) -> None:
         s = self._session(cmd.session)
         del self.sessions[s.id]              # first: a call of s can no longer wait (_block)
+        self.session_changes.append((s.id, None))
         for req in sorted(s.inflight.values(), key=lambda r: r.waiter.order if r.waiter else 0):
             self._abort(req, SessionEnded(f"session {s.id} {how} while waiting"))
         self._drain()

@@ -1,0 +1,133 @@
+"""The leader's time-based work, as a step function with no I/O and no clock of its own.
+
+The leader never changes state directly: each duty is a command it proposes through the log.
+`LeaderDuties.step(now, wall, leader)` returns those commands; the node proposes them every
+`duty_period` seconds. Callers pass the time (`now` monotonic, `wall` for command timestamps),
+so tests drive it with a fake clock (tests/test_duties.py).
+
+- Tick when the earliest wait deadline is due (at most one per 50 ms);
+- ExpireSession when a session's TTL passes without keep-alive. Keep-alives go to the leader,
+  which keeps them here, in memory (not in the log); a replica that becomes the leader grants
+  every session a fresh TTL, as etcd does. An expiry is proposed again after 2 s if it did not
+  take effect;
+- Checkpoint every `checkpoint_every` applied commands (at most one proposal per 5 s);
+- RegisterClass of the standard classes while the cluster has none (at most every 5 s).
+
+Threads: `applied` and `reset` run on the apply thread, `step` and `keep_alive` on the event
+loop; one lock guards what both sides touch.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+from .kernel import Kernel, codec
+
+log = logging.getLogger(__name__)
+
+TICK_GAP = 0.05            # seconds between two Tick proposals
+EXPIRE_RETRY = 2.0         # seconds before an expiry is proposed again
+PROPOSE_RETRY = 5.0        # seconds between two checkpoint / standard-class proposals
+
+
+class LeaderDuties:
+    def __init__(self, checkpoint_every: int, default_ttl: float,
+                 standard_sources: Callable[[], list[tuple[str, str]]]) -> None:
+        self.checkpoint_every = checkpoint_every
+        self.default_ttl = default_ttl
+        self._standard_sources = standard_sources
+        self._lock = threading.Lock()
+        # what the replica applied (apply thread)
+        self._sessions: dict[int, float] = {}     # session id -> ttl
+        self.applied_index = 0
+        self._checkpoint_index = 0
+        self._next_deadline: float | None = None
+        self._has_standard = False
+        # the leader's own bookkeeping (event loop)
+        self._last_seen: dict[int, float] = {}
+        self._expiring: dict[int, float] = {}
+        self._was_leader = False
+        self._last_tick = 0.0
+        self._checkpoint_proposed = 0.0
+        self._standard_proposed = 0.0
+
+    # -- apply thread ---------------------------------------------------------------------------
+
+    def reset(self, kernel: Kernel, now: float) -> None:
+        """Start over from `kernel` (a fresh or restored state machine)."""
+        with self._lock:
+            self._sessions = {s.id: s.ttl for s in kernel.sessions.values()}
+            self._last_seen = {sid: now for sid in self._sessions}
+            self._expiring.clear()
+        self._has_standard = kernel.registry.latest("Queue") is not None
+        self._checkpoint_index = kernel.checkpoint_index or 0
+        self._next_deadline = kernel.next_deadline()
+
+    def applied(self, index: int, kernel: Kernel, now: float) -> None:
+        """`kernel` applied the command at `index`; read what the duties depend on."""
+        changes = kernel.session_changes
+        if changes:
+            with self._lock:
+                for sid, ttl in changes:
+                    if ttl is None:
+                        self._sessions.pop(sid, None)
+                        self._last_seen.pop(sid, None)
+                        self._expiring.pop(sid, None)
+                    else:
+                        self._sessions[sid] = ttl
+                        self._last_seen[sid] = now
+        if not self._has_standard:
+            self._has_standard = kernel.registry.latest("Queue") is not None
+        self._checkpoint_index = kernel.checkpoint_index or 0
+        self.applied_index = index
+        self._next_deadline = kernel.next_deadline()
+
+    # -- event loop -----------------------------------------------------------------------------
+
+    def keep_alive(self, session: int, now: float) -> float | None:
+        """Record a keep-alive; the session's TTL, or None if it is not open. A session id
+        beyond what this replica applied is one it has not seen open yet: granted the
+        default TTL."""
+        with self._lock:
+            ttl = self._sessions.get(session)
+            if ttl is None:
+                if session <= self.applied_index:
+                    return None
+                ttl = self.default_ttl
+            self._last_seen[session] = now
+        return ttl
+
+    def step(self, now: float, wall: float, leader: bool) -> list[codec.Command]:
+        """The commands the leader should propose now (none on a follower)."""
+        if leader and not self._was_leader:          # new leader: fresh TTL for everyone
+            with self._lock:
+                self._last_seen = {sid: now for sid in self._sessions}
+                self._expiring.clear()
+            log.info("this replica is the leader")
+        self._was_leader = leader
+        if not leader:
+            return []
+        out: list[codec.Command] = []
+        d = self._next_deadline
+        if d is not None and d <= wall and now - self._last_tick > TICK_GAP:
+            self._last_tick = now
+            out.append(codec.Tick(ts=wall))
+        with self._lock:
+            due = [sid for sid, ttl in self._sessions.items()
+                   if now - self._last_seen.get(sid, now) > ttl
+                   and now - self._expiring.get(sid, 0.0) > EXPIRE_RETRY]
+            for sid in due:
+                self._expiring[sid] = now
+        for sid in due:
+            log.info("session %d expired", sid)
+            out.append(codec.ExpireSession(ts=wall, session=sid))
+        if (self.applied_index - self._checkpoint_index >= self.checkpoint_every
+                and now - self._checkpoint_proposed > PROPOSE_RETRY):
+            self._checkpoint_proposed = now
+            out.append(codec.Checkpoint(ts=wall))
+        if not self._has_standard and now - self._standard_proposed > PROPOSE_RETRY:
+            self._standard_proposed = now
+            out.extend(codec.RegisterClass(ts=wall, source=source)
+                       for _, source in self._standard_sources())
+        return out
