@@ -1,11 +1,11 @@
-"""The replica-to-replica encryption and framing (server/raftwire.py)."""
+"""The replica-to-replica encryption and framing (server/replication/raftwire.py)."""
 from __future__ import annotations
 
 import pickle
 
 import pytest
 
-from gesmas.server.raftwire import (COMPRESS_FROM, HEADER_LEN, AeadEncryptor, Framing,
+from gesmas.server.replication.raftwire import (COMPRESS_FROM, HEADER_LEN, AeadEncryptor, Framing,
                                     derive_master)
 
 SALT = b"0123456789abcdef"

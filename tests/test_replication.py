@@ -16,7 +16,7 @@ from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 
-from gesmas.server.journal import DurableJournal, JournalError
+from gesmas.server.replication.journal import DurableJournal, JournalError
 from gesmas.server.replication import (NotLeader, Replica, ReplicaStopped, _DurableTransport,
                                        _install_journal_factory, _RaftNode, coalesce,
                                        batch, filter_append_entries,

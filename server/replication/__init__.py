@@ -1,0 +1,44 @@
+"""Replication: the one module that owns pysyncobj (Raft log, durable journal, snapshots).
+
+Theory of operation
+-------------------
+``Replica`` wraps a pysyncobj ``SyncObj`` (``_RaftNode``) and drives a deterministic state
+machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply thread:
+
+* ``propose(data)`` enqueues the bytes as one replicated call of ``_RaftNode._gesmas_apply``;
+  a follower forwards it to the leader (pysyncobj does this by itself). When the entry is
+  committed every replica calls ``sm.apply(index, data)`` with the same Raft index (the entry
+  being applied is always ``raftLastApplied + 1``: pysyncobj increments it after each entry)
+  and this node passes the completions to ``on_completions``.
+* Snapshots. pysyncobj's custom ``serializer``/``deserializer`` hooks write and read a file
+  holding the state machine's last checkpoint (blob, index K) and the commands applied after K
+  (DESIGN §5). Loading one = ``restore(blob)`` and re-applying those commands with completions
+  suppressed. The state machine object is never pickled: with a custom serializer pysyncobj
+  passes ``data=None`` for its own fields.
+* Durability (DESIGN §7). pysyncobj internals are touched only here, each override small
+  and explained where it is:
+  1. ``DurableJournal`` (journal.py) replaces ``FileJournal``, plugged in through
+     ``_install_journal_factory``; it fsyncs in groups and stores term/vote durably.
+  2. ``_DurableTransport.send``/``flush`` queue every outgoing Raft message; ``flush`` syncs
+     the journal once and then releases them: a follower acks, and votes go out, only once
+     what they claim is on disk. A leader's append_entries (and forwarded commands) leave just
+     before the sync, so followers write in parallel (``_early`` says why that is safe).
+  3. ``_DurableTransport._onMessageReceived`` + ``filter_append_entries``: a follower
+     truncates its log only on a real conflict.
+  4. ``Replica._align_journal``: at start-up pysyncobj would discard the journal after a crash
+     between writing a snapshot and compacting the log.
+  5. ``_RaftNode._gesmas_submit`` encodes commands with pickle protocol 4, not 2.
+  6. ``_install_wire``: ChaCha20-Poly1305 instead of Fernet and no zlib for small messages
+     (raftwire.py); ``flush`` sends what it has for a node as one ``gesmas_batch``.
+
+Measurements of this layer are in docs/performance.md ("Replication alone").
+"""
+from .overrides import _DurableTransport, _install_journal_factory, _RaftNode  # noqa: F401
+from .replica import SNAPSHOT_NAME, Replica
+from .transport import batch, coalesce, filter_append_entries, split_early
+from .types import (NotLeader, Overloaded, ProposeFailure, RaftTuning, ReplicaStopped,
+                    ReplicationError)
+
+__all__ = ["NotLeader", "Overloaded", "ProposeFailure", "RaftTuning", "Replica", "ReplicaStopped",
+           "ReplicationError", "SNAPSHOT_NAME", "batch", "coalesce", "filter_append_entries",
+           "split_early"]

@@ -1,0 +1,357 @@
+"""`Replica`: one Raft replica driving a deterministic state machine, with its snapshots
+(the state machine's checkpoint plus the commands applied since) and membership changes."""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from pysyncobj import SyncObjConf
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.encryptor import HAS_CRYPTO
+from pysyncobj.node import TCPNode
+
+from ..config import is_loopback
+from .journal import DurableJournal, fsync_dir
+
+from .overrides import _install_journal_factory, _RaftNode
+from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
+                    ReplicaStopped)
+
+log = logging.getLogger(__name__)
+
+
+SNAPSHOT_NAME = "snapshot.bin"
+_SNAPSHOT_FORMAT = 1
+
+
+class Replica:
+    """One Raft replica driving a deterministic state machine. See the module docstring.
+
+    Callbacks run on pysyncobj's tick thread (the apply thread) and must not block:
+    ``on_completions(list)``, ``on_role_change(is_leader, leader)``, ``on_fatal(exc)``.
+    ``on_role_change`` reports ``is_leader=True`` only once this leader has applied an entry
+    of its own term, i.e. its state machine is up to date: start leader duties then, stop them
+    on ``is_leader=False``. Construct the Replica on a thread that lives as long as it:
+    pysyncobj's tick thread stops when its creating thread ends.
+    """
+
+    def __init__(self, self_addr: str, peer_addrs: Iterable[str], data_dir: str, *,
+                 fresh: Callable[[], Any], restore: Callable[[bytes], Any],
+                 on_completions: Callable[[list], None],
+                 on_role_change: Optional[Callable[[bool, Optional[str]], None]] = None,
+                 on_fatal: Optional[Callable[[BaseException], None]] = None,
+                 password: Optional[str] = None, fsync: bool = True,
+                 bind_addr: Optional[str] = None, tuning: RaftTuning = RaftTuning()):
+        peers = [p for p in peer_addrs if p != self_addr]
+        addrs = [self_addr, *peers] + ([bind_addr] if bind_addr else [])
+        if password is None and not all(is_loopback(a) for a in addrs):
+            raise ValueError("a cluster secret (password) is required when any replica address "
+                             "is not loopback: pysyncobj speaks pickle over TCP")
+        if password is not None and not HAS_CRYPTO:
+            raise ValueError("password needs the 'cryptography' package (pip install cryptography)")
+        self.self_addr = self_addr
+        self.data_dir = data_dir
+        self.tuning = tuning
+        self._fresh, self._restore = fresh, restore
+        self._on_completions, self._on_role_change = on_completions, on_role_change
+        self._on_fatal = on_fatal
+        self.fatal: Optional[BaseException] = None
+        self._ready = threading.Event()
+        self._role: Optional[Tuple[bool, Optional[str]]] = None
+        # Apply-thread state: the state machine and what a snapshot needs (DESIGN §5).
+        self._sm = fresh()
+        self._ckpt_index: Optional[int] = None
+        self._ckpt_blob: Optional[bytes] = None
+        self._since: List[Tuple[int, bytes]] = []
+        self.snapshots_loaded = 0
+        os.makedirs(data_dir, exist_ok=True)
+        self._journal = DurableJournal(data_dir, fsync=fsync)
+        self._startup_snapshot = os.path.isfile(os.path.join(data_dir, SNAPSHOT_NAME))
+        _install_journal_factory()
+        t = tuning
+        conf = SyncObjConf(
+            password=password, journalFile=self._journal,
+            fullDumpFile=os.path.join(data_dir, SNAPSHOT_NAME),
+            serializer=self._write_snapshot, deserializer=self._read_snapshot,
+            bindAddress=bind_addr or self_addr, dynamicMembershipChange=True,
+            commandsWaitLeader=False, onReady=self._ready.set,
+            appendEntriesPeriod=t.append_entries_period, raftMinTimeout=t.raft_min_timeout,
+            raftMaxTimeout=t.raft_max_timeout, leaderFallbackTimeout=t.leader_fallback_timeout,
+            connectionTimeout=t.connection_timeout, connectionRetryTime=t.connection_retry_time,
+            appendEntriesUseBatch=t.use_batch, appendEntriesBatchSizeBytes=t.batch_size_bytes,
+            logCompactionMinEntries=t.log_compaction_min_entries,
+            logCompactionMinTime=t.log_compaction_min_time,
+            logCompactionBatchSize=t.snapshot_chunk_bytes, autoTickPeriod=t.auto_tick_period,
+            commandsQueueSize=t.commands_queue_size)
+        self._node: Optional[_RaftNode] = _RaftNode(self, self_addr, peers, conf, self._journal)
+        self._tick_thread = self._node._SyncObj__thread
+        self._node.addOnTickCallback(self._on_tick)
+
+    # ----------------------------------------------------------------- gateway API
+    def propose(self, data: bytes, on_failure: Optional[Callable[[ProposeFailure], None]] = None,
+                forward: bool = True) -> None:
+        """Submit one command; never blocks. Thread-safe.
+
+        Raises ``NotLeader`` if no leader is known (or this node is a follower and ``forward``
+        is False), ``Overloaded`` if the queue is full, ``ValueError`` if ``data`` is too big.
+        Later failures reach ``on_failure`` (on the tick thread); success is the completion.
+        """
+        node = self._live_node()
+        if len(data) > self.tuning.max_command_bytes:
+            raise ValueError(f"command of {len(data)} bytes exceeds "
+                             f"{self.tuning.max_command_bytes}")
+        leader = node._getLeader()
+        if leader is None or (not forward and not node._isLeader()):
+            raise NotLeader(leader.id if leader is not None else None)
+        outcome = _Outcome(self, on_failure)
+        try:
+            node._gesmas_submit(data, outcome)
+        except BlockingIOError:
+            pass  # wake-up pipe full: the command is queued and the loop is awake anyway
+        outcome.submitted = True
+        if outcome.queue_full:
+            raise Overloaded("replication queue full")
+
+    def is_leader(self) -> bool:
+        node = self._node
+        return node is not None and node._isLeader()
+
+    def leader(self) -> Optional[str]:
+        node = self._node
+        leader = node._getLeader() if node is not None else None
+        return leader.id if leader is not None else None
+
+    def wait_ready(self, timeout: Optional[float] = None) -> bool:
+        """Wait until this replica has caught up with the leader's commit index once."""
+        return self._ready.wait(timeout)
+
+    def status(self) -> Dict[str, Any]:
+        node = self._node
+        if node is None:
+            raise ReplicaStopped("replica destroyed")
+        for _ in range(5):  # getStatus iterates dicts the tick thread may be resizing
+            try:
+                raw = node.getStatus()
+                break
+            except RuntimeError:
+                continue
+        else:
+            raw = {}
+        peers = {}
+        for key, value in raw.items():
+            if key.startswith("partner_node_status_server_"):
+                addr = key[len("partner_node_status_server_"):]
+                peers[addr] = {"connected": value == 2,
+                               "match_index": raw.get("match_idx_server_" + addr),
+                               "next_index": raw.get("next_node_idx_server_" + addr)}
+        leader = raw.get("leader")
+        return {
+            "self": self.self_addr,
+            "state": {0: "follower", 1: "candidate", 2: "leader"}.get(raw.get("state"), "?"),
+            "leader": leader.id if leader is not None else None,
+            "term": raw.get("raft_term"),
+            "commit_index": raw.get("commit_idx"),
+            "last_applied": raw.get("last_applied"),
+            "leader_commit_index": raw.get("leader_commit_idx"),
+            "log_len": raw.get("log_len"),
+            "log_last_index": self._journal_last_index(),
+            "has_quorum": raw.get("has_quorum"),
+            "peers": peers,
+            "ready": self._ready.is_set(),
+            "checkpoint_index": self._ckpt_index,
+            "commands_since_checkpoint": len(self._since),
+            "journal_syncs": self._journal.syncs,
+            "journal_synced_records": self._journal.synced_records,
+            "fsync": self._journal.fsync_enabled,
+            "snapshots_loaded": self.snapshots_loaded,
+            "fatal": repr(self.fatal) if self.fatal is not None else None,
+        }
+
+    def _journal_last_index(self) -> Optional[int]:
+        try:
+            return self._journal.last_index
+        except IndexError:  # compacted concurrently on the tick thread
+            return None
+
+    def add_node(self, addr: str, on_done: Optional[Callable[[bool, str], None]] = None) -> None:
+        """Add a replica (dynamic membership). Start it first with all current members as peers;
+        wait for ``on_done(True, ...)`` before the next change."""
+        self._live_node().addNodeToCluster(addr, callback=_membership_callback(on_done))
+
+    def remove_node(self, addr: str, on_done: Optional[Callable[[bool, str], None]] = None) -> None:
+        self._live_node().removeNodeFromCluster(addr, callback=_membership_callback(on_done))
+
+    def force_compaction(self) -> None:
+        """Take a snapshot and compact the log at the next opportunity (tests, admin)."""
+        self._live_node().forceLogCompaction()
+
+    def destroy(self, timeout: float = 5.0) -> None:
+        node, self._node = self._node, None
+        if node is None:
+            return
+        node.destroy()
+        thread = self._tick_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    # ------------------------------------------------------------- apply thread
+    def _live_node(self) -> _RaftNode:
+        node = self._node
+        if node is None or self.fatal is not None:
+            raise ReplicaStopped(f"replica stopped: {self.fatal!r}" if self.fatal else
+                                 "replica destroyed")
+        return node
+
+    def _apply_committed(self, index: int, data: bytes) -> None:
+        if self.fatal is not None:
+            return
+        sm = self._sm
+        log.debug("applying log entry %d", index)
+        try:
+            completions = sm.apply(index, data)
+        except BaseException as exc:  # the state machine may be half-updated: fail-stop
+            self._fail(exc, f"state machine failed applying index {index}")
+            return
+        self._since.append((index, data))
+        ckpt = sm.checkpoint_index
+        if ckpt is not None and ckpt != self._ckpt_index:
+            self._ckpt_index, self._ckpt_blob = ckpt, sm.checkpoint_blob
+            self._since = [(i, d) for i, d in self._since if i > ckpt]
+        if completions:
+            try:
+                self._on_completions(completions)
+            except Exception:
+                log.exception("on_completions raised (ignored)")
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        log.critical("%s: %r; this replica stops", what, exc, exc_info=exc)
+        self.fatal = exc
+        node = self._node
+        if node is not None:
+            node.destroy()
+        if self._on_fatal is not None:
+            try:
+                self._on_fatal(exc)
+            except Exception:
+                log.exception("on_fatal raised")
+
+    def _on_tick(self) -> None:
+        node = self._node
+        if node is None or self._on_role_change is None:
+            return
+        leader = node._getLeader()
+        # A leader is 'ready' once it applied an entry of its own term (its no-op): its state
+        # machine then reflects every earlier committed entry.
+        ready_leader = node._isLeader() and \
+            self._journal.term_at(node.raftLastApplied) == node.raftCurrentTerm
+        role = (ready_leader, leader.id if leader is not None else None)
+        if role != self._role:
+            self._role = role
+            try:
+                self._on_role_change(*role)
+            except Exception:
+                log.exception("on_role_change raised (ignored)")
+
+    # --------------------------------------------------------------- snapshots
+    def _write_snapshot(self, filename: str, raft_data) -> None:
+        """pysyncobj ``serializer``: runs on the tick thread; ``raft_data`` is
+        (entry at lastApplied, entry before it, cluster nodes)."""
+        if self.fatal is not None:
+            raise ReplicaStopped("not snapshotting a failed state machine")
+        last_entry, prev_entry, cluster = raft_data
+        payload = {
+            "format": _SNAPSHOT_FORMAT,
+            "last_entry": last_entry, "prev_entry": prev_entry,
+            "cluster": sorted(n.id for n in cluster),
+            "checkpoint_index": self._ckpt_index, "checkpoint_blob": self._ckpt_blob,
+            "commands": [(i, d) for i, d in self._since if i <= last_entry[1]],
+        }
+        with open(filename, "wb") as f:
+            pickle.dump(payload, f, protocol=5)
+            f.flush()
+            if self._journal.fsync_enabled:
+                os.fsync(f.fileno())
+        # pysyncobj renames it into place; DurableJournal.deleteEntriesTo fsyncs the directory
+        # before it drops any log entry.
+
+    def _read_snapshot(self, filename: str):
+        """pysyncobj ``deserializer`` (at start-up and after receiving a snapshot)."""
+        try:
+            with open(filename, "rb") as f:
+                if self._journal.fsync_enabled:  # a received snapshot: durable before acked
+                    os.fsync(f.fileno())
+                payload = pickle.load(f)
+            if self._journal.fsync_enabled:
+                fsync_dir(os.path.dirname(os.path.abspath(filename)))
+            if payload.get("format") != _SNAPSHOT_FORMAT:
+                raise ValueError(f"unknown snapshot format {payload.get('format')!r}")
+            blob = payload["checkpoint_blob"]
+            sm = self._restore(blob) if blob is not None else self._fresh()
+            commands = list(payload["commands"])
+            for index, data in commands:  # completions suppressed: nobody waits for them
+                sm.apply(index, data)
+            if self._startup_snapshot:
+                self._startup_snapshot = False
+                self._align_journal(payload["prev_entry"], payload["last_entry"])
+            self._sm = sm
+            self._ckpt_index, self._ckpt_blob = payload["checkpoint_index"], blob
+            self._since = commands
+            self.snapshots_loaded += 1
+            log.info("loaded snapshot at index %d (checkpoint %s + %d commands)",
+                     payload["last_entry"][1], self._ckpt_index, len(commands))
+            return (payload["last_entry"], payload["prev_entry"],
+                    {TCPNode(a) for a in payload["cluster"]})
+        except BaseException as exc:
+            self._fail(exc, f"cannot load snapshot {filename}")
+            raise
+
+    def _align_journal(self, prev_entry, last_entry) -> None:
+        """Start the journal at the snapshot's two entries if it holds them.
+
+        Replaces part of ``SyncObj.__loadDumpFile``: at start-up it clears the journal unless
+        its first two entries are the snapshot's. After a crash between the snapshot's rename
+        and the journal's compaction (``__tryLogCompaction`` -> ``deleteEntriesTo``), that
+        would discard every acknowledged entry after the snapshot point; compacting here (an
+        atomic rename) keeps them."""
+        journal = self._journal
+        if journal.first_index is None or journal.first_index >= prev_entry[1]:
+            return
+        if journal.entry_at(prev_entry[1]) == tuple(prev_entry) and \
+                journal.entry_at(last_entry[1]) == tuple(last_entry):
+            journal.deleteEntriesTo(prev_entry[1] - journal.first_index)
+
+
+class _Outcome:
+    """pysyncobj callback for one proposal: forwards failures, notices a full queue."""
+    __slots__ = ("replica", "on_failure", "submitted", "queue_full")
+
+    def __init__(self, replica: Replica, on_failure):
+        self.replica, self.on_failure = replica, on_failure
+        self.submitted = False
+        self.queue_full = False
+
+    def __call__(self, result, err):
+        if err == FAIL_REASON.SUCCESS:
+            return
+        if err == FAIL_REASON.QUEUE_FULL and not self.submitted:
+            self.queue_full = True  # raised synchronously by propose()
+            return
+        if self.on_failure is None:
+            return
+        reason, maybe = _FAILURES.get(err, (f"error_{err}", True))
+        try:
+            self.on_failure(ProposeFailure(reason, maybe, self.replica.leader()))
+        except Exception:
+            log.exception("on_failure raised (ignored)")
+
+
+def _membership_callback(on_done):
+    if on_done is None:
+        return None
+
+    def callback(result, err):
+        on_done(err == FAIL_REASON.SUCCESS, _FAILURES.get(err, ("ok", False))[0])
+    return callback

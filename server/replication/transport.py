@@ -1,0 +1,153 @@
+"""Pure functions over Raft messages: conflict-only truncation of append_entries, coalescing
+and batching of outgoing messages, and which ones may leave before the journal is synced.
+No I/O: `overrides.py` calls them and the tests check them directly."""
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, List, Optional, Tuple
+
+
+from .journal import DurableJournal
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------- pysyncobj override 2: conflict-only truncation
+def filter_append_entries(journal: DurableJournal, msg: dict) -> Optional[dict]:
+    """Rewrite an append_entries message so pysyncobj truncates only on a real conflict.
+
+    Replaces part of ``SyncObj.__onMessageReceived`` (branch ``append_entries`` with
+    ``prevLogIdx``): once the previous entry matches, pysyncobj deletes *every* entry after
+    ``prevLogIdx`` and appends the message's entries. A stale or duplicated message (the
+    leader resends from a reset nextIndex, batches overlap) thus cuts entries this follower
+    has already acknowledged -- which the leader may have counted for a commit. Raft (Fig. 2,
+    AppendEntries step 3) deletes only from the first entry whose term differs.
+
+    Returns the message to hand to pysyncobj, or None to drop it:
+    * prefix mismatch, snapshot or chunked messages: unchanged (pysyncobj rejects/handles);
+    * entries already present with the same term are stripped and ``prevLogIdx`` moved past
+      them, so pysyncobj truncates exactly at the first conflicting entry, or appends;
+    * if every entry is already present and the log goes further, the message carries nothing
+      new and handing it over would truncate: it is dropped (no reply; the leader has already
+      advanced nextIndex past it and keeps sending).
+    Whenever pysyncobj then handles the message, the log ends at the last entry the leader
+    vouched for, so its ``commit = min(leaderCommit, lastLogIndex)`` is Raft's
+    ``min(leaderCommit, index of last new entry)``. (``commit_index`` is left alone: pysyncobj
+    also uses it to decide when a catching-up follower is ready.)
+    """
+    if "prevLogIdx" not in msg or msg.get("transmission") is not None:
+        return msg
+    prev_idx, prev_term = msg["prevLogIdx"], msg["prevLogTerm"]
+    if prev_idx is None or journal.term_at(prev_idx) != prev_term:
+        return msg
+    entries = msg.get("entries") or []
+    k = 0
+    while k < len(entries) and journal.term_at(entries[k][1]) == entries[k][2]:
+        k += 1
+    if k == 0 and (entries or prev_idx == journal.last_index):
+        return msg  # nothing already present: pysyncobj's own handling is right
+    if k == len(entries):
+        verified = entries[-1][1] if entries else prev_idx
+        if verified < journal.last_index:
+            return None
+        return dict(msg, prevLogIdx=verified, prevLogTerm=journal.term_at(verified), entries=[])
+    return dict(msg, prevLogIdx=entries[k - 1][1], prevLogTerm=entries[k - 1][2],
+                entries=entries[k:])
+
+
+# ---------------------------------------------------- pysyncobj override 3: group-commit transport
+def _ae_tail(msg: dict) -> Tuple[int, int]:
+    entries = msg.get("entries")
+    if entries:
+        return entries[-1][1], entries[-1][2]
+    return msg["prevLogIdx"], msg["prevLogTerm"]
+
+
+def _plain_ae(msg: Any) -> bool:
+    return (isinstance(msg, dict) and msg.get("type") == "append_entries"
+            and "prevLogIdx" in msg and msg.get("prevLogIdx") is not None
+            and "transmission" not in msg)
+
+
+def coalesce(messages: List[Any], max_bytes: int) -> List[Any]:
+    """Merge consecutive messages to one node that say the same thing as one message.
+
+    Contiguous append_entries of one term become one (entries concatenated, latest commit
+    index); consecutive successful, non-reset next_node_idx acks become the last one.
+    """
+    out: List[Any] = []
+    size = 0
+    for msg in messages:
+        prev = out[-1] if out else None
+        if prev is not None and _plain_ae(prev) and _plain_ae(msg) \
+                and prev["term"] == msg["term"] \
+                and _ae_tail(prev) == (msg["prevLogIdx"], msg["prevLogTerm"]):
+            extra = sum(len(e[0]) for e in msg.get("entries") or ())
+            if size + extra <= max_bytes:
+                entries = list(prev.get("entries") or ()) + list(msg.get("entries") or ())
+                merged = dict(prev, entries=entries,
+                              commit_index=max(prev["commit_index"], msg["commit_index"]))
+                out[-1], size = merged, size + extra
+                continue
+        if prev is not None and isinstance(prev, dict) and isinstance(msg, dict) \
+                and prev.get("type") == msg.get("type") == "next_node_idx" \
+                and prev["success"] and msg["success"] and not prev["reset"] and not msg["reset"] \
+                and msg["next_node_idx"] >= prev["next_node_idx"]:
+            out[-1] = msg
+            continue
+        out.append(msg)
+        size = sum(len(e[0]) for e in msg.get("entries") or ()) if _plain_ae(msg) else 0
+    return out
+
+
+BATCH = "gesmas_batch"
+
+
+def batch(messages: List[Any]) -> List[Any]:
+    """Wrap runs of messages to one node in one ``gesmas_batch`` message (in order).
+
+    Each message costs its own pickle, encryption, send call and wake-up of the receiver; a
+    flush typically has an append_entries plus forwarded commands or their answers for a
+    node. Snapshot chunks (``transmission``) travel alone: they are already large.
+    """
+    out: List[Any] = []
+    for alone, group in itertools.groupby(
+            messages, key=lambda m: not isinstance(m, dict) or "transmission" in m):
+        run = list(group)
+        if alone or len(run) == 1:
+            out.extend(run)
+        else:
+            out.append({"type": BATCH, "messages": run})
+    return out
+
+
+def _early(message: Any) -> bool:
+    """May this message leave before the journal's pending records are synced?
+
+    Yes for a leader's append_entries and for a command forwarded to the leader: they ask the
+    receiver to store entries or propose a command and claim nothing about this node's log.
+    A leader counts its own log towards a commit without an ack (pysyncobj's ``_onTick`` starts
+    the count at 1), but it computes commits only at the start of a loop iteration, and the
+    followers' acks are read only by the poll that follows ``flush``: by then this flush's sync
+    has made the leader's copy durable. So an entry is still committed only once a majority
+    has it on disk. Acks (next_node_idx) and votes stay held: they claim durable state.
+    """
+    return isinstance(message, dict) and (message.get("type") == "apply_command"
+                                           or _plain_ae(message))
+
+
+def split_early(outbox: List[Tuple[Any, Any]]) -> Tuple[List[Tuple[Any, Any]],
+                                                         List[Tuple[Any, Any]]]:
+    """(messages that may leave before the sync, the rest); per destination, a message never
+    overtakes an earlier one, so only each node's leading run of early messages goes first."""
+    early: List[Tuple[Any, Any]] = []
+    late: List[Tuple[Any, Any]] = []
+    blocked: set = set()
+    for node, message in outbox:
+        if node not in blocked and _early(message):
+            early.append((node, message))
+        else:
+            blocked.add(node)
+            late.append((node, message))
+    return early, late
