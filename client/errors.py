@@ -18,7 +18,8 @@ status code when not (transport failures, proxies): e.g. UNAVAILABLE -> ``Unavai
     ├── AlreadyExists       the object exists with another class
     └── Internal            a bug in gesmas (also: unknown or unexpected status codes)
 
-This module mirrors ``gesmas.server.kernel.errors`` but must not import the server.
+This module mirrors ``gesmas.server.kernel.errors`` but must not import the server; what both
+sides share is in ``gesmas.protocol``.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import Any, ClassVar
 
 import grpc
 
+from gesmas.protocol.errors import ERROR_METADATA_KEY, SESSION_EXPIRED_TYPE
 from gesmas.v1 import gesmas_pb2 as pb
 
 __all__ = [
@@ -46,12 +48,6 @@ __all__ = [
     "error_from_detail",
     "error_from_rpc",
 ]
-
-#: Trailing-metadata key of the serialized ErrorDetail (same as gesmas.server.wire).
-ERROR_METADATA_KEY = "gesmas-error-bin"
-
-#: ErrorDetail.type of an ABORTED error caused by the end of the caller's session.
-SESSION_EXPIRED_TYPE = "SessionExpired"
 
 
 class GesmasError(Exception):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gesmas.protocol import values
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
@@ -127,10 +128,10 @@ class Gateway(pb_grpc.GesmasServicer):
             codec.Invoke, session=request.session, seq=request.seq, ack=request.ack,
             class_name=request.class_name, name=_name("object_name", request.object_name),
             method=_name("method", request.method),
-            args=wire.from_values(request.args), kwargs=wire.from_value_map(request.kwargs),
+            args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
             timeout=timeout)
         value = await self._answer(context, cmd)
-        return pb.InvokeResponse(result=wire.to_value(value, "result"))
+        return pb.InvokeResponse(result=values.to_value(value, "result"))
 
     async def CreateObject(self, request: Any, context: Any) -> Any:
         return await self._guard(context, self._create_object, request)
@@ -140,7 +141,7 @@ class Gateway(pb_grpc.GesmasServicer):
             codec.CreateObject, session=request.session,
             class_name=_name("class_name", request.class_name),
             name=_name("object_name", request.object_name),
-            args=wire.from_values(request.args), kwargs=wire.from_value_map(request.kwargs))
+            args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs))
         value = await self._answer(context, cmd)
         return pb.CreateObjectResponse(created=bool(value["created"]))
 

@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINKS = {"client": "client", "server": "server", "objects": "objects", "v1": "protos/gesmas/v1"}
+LINKS = {"client": "client", "server": "server", "objects": "objects", "protocol": "protocol",
+         "v1": "protos/gesmas/v1"}
 
 
 def test_mypy_finds_no_type_errors(tmp_path):

@@ -1,0 +1,205 @@
+"""Plain Python values <-> ``gesmas.v1.Value`` messages: the value rules of the wire contract,
+used by the client and the server alike.
+
+Plain values are None, bool, int (int64), float, str, bytes, list/tuple (sent as a list) and
+dict with str keys, nested to any depth. Subclasses of these types (an IntEnum, an
+OrderedDict) are sent as their base type. Anything else, an int outside int64 or a dict key
+that is not a str raises ``ValueError`` naming the path of the offending part, e.g.
+``args[1]['x']: type set is not a plain value`` (the client turns it into InvalidArgument).
+These are on the hot path of every Invoke: the common case is a chain of ``type(x) is`` tests
+(faster than a dict of converters), paths are only built when an error unwinds, and nested
+messages are filled in place rather than built and copied. Map keys come back sorted, so a
+dict's order never depends on the protobuf runtime's map order (replicas must agree).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gesmas.v1 import gesmas_pb2 as pb
+
+__all__ = ["INT64_MAX", "INT64_MIN", "from_value", "from_value_map", "from_values", "to_value",
+           "to_value_map", "to_values"]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+Value = pb.Value
+
+
+# --- values: Python -> wire -------------------------------------------------------------
+
+
+class _BadValue(ValueError):
+    """A conversion failure while unwinding: ``parts`` collects the path innermost first."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.parts: list[str] = []
+
+    def finish(self, root: str) -> ValueError:
+        path = root + "".join(reversed(self.parts))
+        return ValueError(f"{path}: {self.reason}")
+
+
+def _fill(v: Any, x: Any) -> None:
+    """Set the message ``v`` (an empty Value) to represent ``x``."""
+    t = type(x)
+    if t is str:
+        try:
+            v.string_value = x
+        except UnicodeEncodeError:
+            raise _BadValue("str is not valid Unicode text (lone surrogate)") from None
+    elif t is int:
+        if INT64_MIN <= x <= INT64_MAX:
+            v.int_value = x
+        else:
+            raise _BadValue(f"int {x} is outside the int64 range")
+    elif x is None:
+        v.null_value = 0
+    elif t is bool:
+        v.bool_value = x
+    elif t is float:
+        v.double_value = x
+    elif t is bytes:
+        v.bytes_value = x
+    elif t is list or t is tuple:
+        _fill_list(v.list_value.values, x)
+        v.list_value.SetInParent()  # an empty list is still a list, not null
+    elif t is dict:
+        _fill_map(v.map_value.fields, x)
+        v.map_value.SetInParent()
+    else:
+        _fill_subclass(v, x)
+
+
+def _fill_list(out: Any, items: Iterable[Any]) -> None:
+    i = 0
+    try:
+        for item in items:
+            _fill(out.add(), item)
+            i += 1
+    except _BadValue as e:
+        e.parts.append(f"[{i}]")
+        raise
+
+
+def _fill_map(out: Any, d: Mapping[Any, Any]) -> None:
+    for k, item in d.items():
+        if type(k) is not str:
+            if not isinstance(k, str):
+                raise _BadValue(f"key {k!r} of type {type(k).__name__} is not a str")
+            k = str.__str__(k)
+        try:
+            target = out[k]
+        except UnicodeEncodeError:
+            raise _BadValue(f"key {k!r} is not valid Unicode text (lone surrogate)") from None
+        try:
+            _fill(target, item)
+        except _BadValue as e:
+            e.parts.append(f"[{k!r}]")
+            raise
+
+
+def _fill_subclass(v: Any, x: Any) -> None:
+    """The slow path: subclasses of the plain types, sent as the base type."""
+    if isinstance(x, int):  # bool cannot be subclassed: never here
+        _fill(v, int(x))
+    elif isinstance(x, float):
+        v.double_value = float(x)
+    elif isinstance(x, str):
+        _fill(v, str.__str__(x))
+    elif isinstance(x, bytes):
+        v.bytes_value = bytes(x)
+    elif isinstance(x, (list, tuple)):
+        _fill_list(v.list_value.values, x)
+        v.list_value.SetInParent()
+    elif isinstance(x, dict):
+        _fill_map(v.map_value.fields, x)
+        v.map_value.SetInParent()
+    else:
+        raise _BadValue(f"type {type(x).__name__} is not a plain value")
+
+
+def to_value(x: Any, path: str = "value") -> pb.Value:
+    """Convert a plain Python value to a ``Value`` message; ``path`` names it in errors."""
+    v = Value()
+    try:
+        _fill(v, x)
+    except _BadValue as e:
+        raise e.finish(path) from None
+    return v
+
+
+def to_values(items: Iterable[Any], out: Any = None, path: str = "args") -> Any:
+    """Convert a sequence of arguments. With ``out`` (a repeated Value field, e.g.
+    ``request.args``) fill it in place and return it; otherwise return a list of Values."""
+    target = pb.ListValue().values if out is None else out
+    try:
+        _fill_list(target, items)
+    except _BadValue as e:
+        raise e.finish(path) from None
+    return list(target) if out is None else out
+
+
+def to_value_map(d: Mapping[str, Any], out: Any = None, path: str = "kwargs") -> Any:
+    """Convert a str-keyed mapping of arguments. With ``out`` (a map<string, Value> field,
+    e.g. ``request.kwargs``) fill it in place and return it; otherwise return a dict of
+    Values."""
+    target = pb.MapValue().fields if out is None else out
+    try:
+        _fill_map(target, d)
+    except _BadValue as e:
+        raise e.finish(path) from None
+    return dict(target) if out is None else out
+
+
+# --- values: wire -> Python -------------------------------------------------------------
+
+
+def _read(v: Any) -> Any:
+    kind = v.WhichOneof("kind")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "int_value":
+        return v.int_value
+    if kind == "null_value" or kind is None:
+        return None
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "double_value":
+        return v.double_value
+    if kind == "bytes_value":
+        return v.bytes_value
+    if kind == "list_value":
+        return [_read(item) for item in v.list_value.values]
+    if kind == "map_value":
+        return {k: _read(item) for k, item in sorted(v.map_value.fields.items())}
+    raise _BadValue(f"unknown Value kind {kind!r}")  # a newer peer; cannot happen in v1
+
+
+def from_value(v: pb.Value, path: str = "value") -> Any:
+    """Convert a ``Value`` message to a plain Python value (lists, dicts, None, ...).
+    A Value with no member set reads as None. Map keys come back sorted, so the dict's
+    order does not depend on the protobuf runtime's map order (replicas must agree)."""
+    try:
+        return _read(v)
+    except _BadValue as e:
+        raise e.finish(path) from None
+
+
+def from_values(values: Iterable[pb.Value], path: str = "args") -> list[Any]:
+    """Convert a repeated Value field (e.g. ``request.args``) to a list."""
+    try:
+        return [_read(v) for v in values]
+    except _BadValue as e:
+        raise e.finish(path) from None
+
+
+def from_value_map(values: Mapping[str, pb.Value], path: str = "kwargs") -> dict[str, Any]:
+    """Convert a map<string, Value> field (e.g. ``request.kwargs``) to a dict, keys sorted."""
+    try:
+        return {k: _read(v) for k, v in sorted(values.items())}
+    except _BadValue as e:
+        raise e.finish(path) from None
