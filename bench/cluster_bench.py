@@ -43,6 +43,8 @@ from typing import Any, Callable
 
 from gesmas.client import Client, GesmasError, ObjectProxy
 
+from stats import pct  # bench/ is the script's directory, first on sys.path
+
 CLIENT_LOGGER = "gesmas.client.client"
 OP_TIMEOUT = 30.0          # `timeout=` of every benchmark call: bounds each call's waits/retries
 # Session TTLs. The client sends a keep-alive every ttl/3 s, and keep-alives must reach the
@@ -97,14 +99,6 @@ def install_retry_counter() -> RetryCounter:
 
 
 # -- statistics -------------------------------------------------------------------------------
-
-def pct(sorted_xs: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (nan if empty)."""
-    if not sorted_xs:
-        return float("nan")
-    k = max(0, min(len(sorted_xs) - 1, math.ceil(q / 100 * len(sorted_xs)) - 1))
-    return sorted_xs[k]
-
 
 def summary(lat_ms: list[float]) -> dict[str, float]:
     xs = sorted(lat_ms)

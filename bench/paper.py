@@ -63,6 +63,7 @@ from collections import deque
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stats import pct  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITEM = b"paper-item-0123456789abcdef"
@@ -78,13 +79,6 @@ def log(msg: str) -> None:
 
 
 # -- statistics -------------------------------------------------------------------------------
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    return xs[max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))]
-
 
 def stats(lat_ms: list[float]) -> dict[str, float]:
     return {"n": len(lat_ms), "mean_ms": sum(lat_ms) / len(lat_ms) if lat_ms else float("nan"),

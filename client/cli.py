@@ -209,7 +209,7 @@ def _comma_list(text: str) -> list[str]:
 
 def _node() -> Any:
     try:
-        return importlib.import_module("gesmas.server.node")
+        return importlib.import_module("gesmas.server.main")
     except ImportError as e:
         raise GesmasError(f"the server is not available in this installation: {e}") from None
 

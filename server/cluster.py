@@ -80,38 +80,13 @@ class LocalCluster:
     secret: str = field(default_factory=lambda: secrets.token_hex(16))
     members: list[Member] = field(default_factory=list)
     _tmp: str | None = None
-    # Fault injection (tests/test_faults.py). With raft_proxies, replicas reach each other's
-    # Raft ports only through one TCP proxy per pair of replicas, made by
-    # proxy_factory(listen_port, target_port, name), which partition() cuts and heal() mends.
-    raft_proxies: bool = False
-    proxy_factory: Any = None
     env: dict[str, str] = field(default_factory=dict)     # extra environment of the servers
-    proxies: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="gesmas-")
             self.data_dir = self._tmp
-        pairs = [(i, j) for i in range(self.nodes) for j in range(i + 1, self.nodes)]
-        proxy_ports: list[int] = []
-        if self.base_port is None:
-            n_proxy = len(pairs) if self.raft_proxies else 0
-            ports = free_ports(2 * self.nodes + n_proxy)
-            if self.raft_proxies:
-                # pysyncobj: of two replicas, the one whose own address is the greater string
-                # connects, and introduces itself by that address. Proxy addresses must sort
-                # below every Raft address so that the same replica still connects (through
-                # the proxy) and the other still recognises it.
-                ports.sort()
-                if len({len(str(p)) for p in ports}) != 1:
-                    raise RuntimeError(f"raft_proxies needs ports of one length: {ports}")
-                proxy_ports, ports = ports[:n_proxy], ports[n_proxy:]
-            client, raft = ports[:self.nodes], ports[self.nodes:]
-        else:
-            client = [self.base_port + i + 1 for i in range(self.nodes)]
-            raft = [self.base_port + 100 + i + 1 for i in range(self.nodes)]
-            proxy_ports = [self.base_port + 50 + k for k in range(len(pairs))]
-        self._proxy_ports = dict(zip(pairs, proxy_ports)) if self.raft_proxies else {}
+        client, raft = self._ports()
         for i in range(self.nodes):
             d = os.path.join(self.data_dir, f"node{i + 1}")
             self.members.append(Member(i + 1, f"127.0.0.1:{client[i]}", f"127.0.0.1:{raft[i]}",
@@ -121,13 +96,17 @@ class LocalCluster:
     def addresses(self) -> str:
         return ",".join(m.client_addr for m in self.members)
 
+    def _ports(self) -> tuple[list[int], list[int]]:
+        """The client and Raft ports of the replicas."""
+        if self.base_port is None:
+            ports = free_ports(2 * self.nodes)
+            return ports[:self.nodes], ports[self.nodes:]
+        return ([self.base_port + i + 1 for i in range(self.nodes)],
+                [self.base_port + 100 + i + 1 for i in range(self.nodes)])
+
     def peer_raft_addr(self, m: Member, o: Member) -> str:
-        """The Raft address by which `m` knows `o`: with raft_proxies, the proxy of the pair
-        when `m` is the replica that connects (its address is the greater), else o's own."""
-        if not self.raft_proxies or m.raft_addr < o.raft_addr:
-            return o.raft_addr
-        a, b = sorted((m.node_id - 1, o.node_id - 1))
-        return f"127.0.0.1:{self._proxy_ports[(a, b)]}"
+        """The Raft address by which `m` knows `o` (a test cluster may put a proxy there)."""
+        return o.raft_addr
 
     def command(self, m: Member) -> list[str]:
         peers = ",".join(f"{self.peer_raft_addr(m, o)}={o.client_addr}"
@@ -143,7 +122,6 @@ class LocalCluster:
         if m.proc is not None and m.proc.poll() is None:
             raise RuntimeError(f"replica {m.node_id} is already running (pid {m.proc.pid})")
         os.makedirs(m.data_dir, exist_ok=True)
-        self._start_proxies()
         env = dict(os.environ, PYTHONHASHSEED=HASH_SEED, GESMAS_CLUSTER_SECRET=self.secret)
         env.update(self.env)
         log = open(m.log_path, "ab")
@@ -159,7 +137,9 @@ class LocalCluster:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until a leader is elected and the standard classes are registered."""
-        from gesmas.client import Client, GesmasError
+        import grpc
+        from gesmas.v1 import gesmas_pb2 as pb
+        from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
@@ -167,12 +147,15 @@ class LocalCluster:
                 if m.proc is not None and m.proc.poll() is not None:
                     raise RuntimeError(f"node {m.node_id} exited with {m.proc.returncode}; "
                                        f"log:\n{self.tail(m)}")
-            try:
-                with Client(self.addresses, session_ttl=5.0) as c:
-                    if {"Queue", "Lock", "Counter"} <= c.list_classes().keys():
-                        return
-            except (GesmasError, OSError) as e:
-                last = e
+                with grpc.insecure_channel(m.client_addr) as channel:
+                    try:
+                        names = {c.name for c in pb_grpc.GesmasStub(channel).ListClasses(
+                            pb.ListClassesRequest(), timeout=2.0).classes}
+                    except grpc.RpcError as e:
+                        last = e
+                        continue
+                if {"Queue", "Lock", "Counter"} <= names:
+                    return
             time.sleep(0.2)
         raise TimeoutError(f"cluster not ready in {timeout}s: {last}\n" +
                            "\n".join(self.tail(m) for m in self.members))
@@ -186,7 +169,7 @@ class LocalCluster:
             if sig in (signal.SIGKILL, signal.SIGTERM):
                 m.proc.wait(timeout=30)
 
-    # -- fault injection: restarts, the leader, partitions -------------------------------------
+    # -- operations: restarts, the leader, status --------------------------------------------
 
     def restart_member(self, m: Member, sig: int = signal.SIGKILL) -> None:
         """Stop `m` (kill -9 by default) if it runs, and start it again on its data dir."""
@@ -246,41 +229,8 @@ class LocalCluster:
             time.sleep(0.1)
         raise TimeoutError(f"node {m.node_id} did not catch up to {target}\n{self.tail(m)}")
 
-    def _start_proxies(self) -> None:
-        if not self.raft_proxies or self.proxies:
-            return
-        factory = self.proxy_factory
-        if factory is None:
-            raise ValueError("raft_proxies=True needs a proxy_factory "
-                             "(the fault tests pass tests/faultproxy.py's FaultProxy)")
-        for (a, b), port in self._proxy_ports.items():
-            hi, lo = sorted((self.members[a], self.members[b]), key=lambda x: x.raft_addr,
-                            reverse=True)
-            target = int(lo.raft_addr.rsplit(":", 1)[1])
-            proxy = factory(port, target, f"{hi.node_id}->{lo.node_id}")
-            proxy.start()
-            self.proxies[(a + 1, b + 1)] = proxy
-
-    def link(self, a: Member, b: Member) -> Any:
-        """The proxy between members `a` and `b` (raft_proxies only)."""
-        lo, hi = sorted((a.node_id, b.node_id))
-        return self.proxies[(lo, hi)]
-
-    def partition(self, m: Member) -> None:
-        """Cut `m` off from every other replica (raft_proxies only); clients still reach it."""
-        for o in self.members:
-            if o is not m:
-                self.link(m, o).cut()
-
-    def heal(self) -> None:
-        for proxy in self.proxies.values():
-            proxy.heal()
-
     def stop(self) -> None:
         stop_by_pid([m.proc for m in self.members])
-        for proxy in self.proxies.values():
-            proxy.close()
-        self.proxies.clear()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

@@ -53,6 +53,15 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
+def require_secret(secret: str | None, raft_addrs: Any) -> None:
+    """The one rule for the cluster secret: required when any Raft address is not loopback."""
+    if secret is None and not all(is_loopback(a) for a in raft_addrs):
+        raise ConfigError("a cluster secret (--secret or GESMAS_CLUSTER_SECRET; the Replica's "
+                          "password) is required when any Raft address is not loopback: "
+                          "replicas exchange pickled messages, so an open Raft port would run "
+                          "anyone's code")
+
+
 def read_file(path: str) -> dict[str, Any]:
     """The settings of a --config JSON file, keys normalised to flag names with '_'."""
     try:
@@ -111,10 +120,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         raise ConfigError(f"id must be an integer, not {node_id!r}")
     peers = _peers(pick("peers", []))
     secret = pick("secret") or environ.get("GESMAS_CLUSTER_SECRET") or None
-    if secret is None and not all(is_loopback(a) for a in (raft_addr, *(r for r, _ in peers))):
-        raise ConfigError("a cluster secret (--secret or GESMAS_CLUSTER_SECRET) is required "
-                          "when any Raft address is not loopback: replicas exchange pickled "
-                          "messages, so an open Raft port would run anyone's code")
+    require_secret(secret, (raft_addr, *(r for r, _ in peers)))
     skip = pick("skip_entries") or ()
     if not isinstance(skip, (list, tuple)):
         raise ConfigError(f"skip_entries must be a list of log indices, not {skip!r}")

@@ -48,22 +48,6 @@ def _address(kind: str, value: str) -> str:
     return value.strip()
 
 
-def _current_nodes(nodes: list[dict[str, Any]],
-                   peers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Status nodes reconciled with the Raft configuration: members this replica knows only
-    from pysyncobj (added while it ran, client address unknown here) are listed, removed ones
-    (still in this replica's --peers) are not. nodes[0] is this replica."""
-    if not peers:
-        return nodes
-    known = {n["node_id"] for n in nodes}
-    out = [nodes[0]] + [n for n in nodes[1:] if n["node_id"] in peers]
-    for raft in sorted(peers.keys() - known):
-        p = peers[raft]
-        out.append({"node_id": raft, "address": "", "connected": bool(p.get("connected")),
-                    "match_index": int(p.get("match_index") or 0)})
-    return out
-
-
 class Gateway(pb_grpc.GesmasServicer):
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -206,7 +190,6 @@ class Gateway(pb_grpc.GesmasServicer):
         if request.with_digest:
             digest = await self._answer(context, self._cmd(codec.Query, what="digest"))
         st = self.node.status()
-        st["nodes"] = _current_nodes(st["nodes"], self.node.replica.status().get("peers", {}))
         return pb.StatusResponse(
             node_id=st["node_id"], leader_address=st["leader_address"] or "",
             is_leader=st["is_leader"], term=st["term"], commit_index=st["commit_index"],

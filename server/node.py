@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
-import sys
 import time
 from typing import Any
 
@@ -22,8 +20,7 @@ import grpc
 from gesmas.objects import standard_sources
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-from .config import HASH_SEED, MAX_MESSAGE, ConfigError, NodeConfig
-from .config import load as load_config
+from .config import MAX_MESSAGE, NodeConfig
 from .calls import CallFailed, PendingCalls
 from .duties import LeaderDuties
 from .gateway import Gateway
@@ -180,7 +177,8 @@ class Node:
         return {"node_id": self.config.raft_addr, "leader_address": self.leader_client_addr(),
                 "is_leader": self.replica.is_leader(), "term": int(st.get("term", 0)),
                 "commit_index": int(st.get("commit_index", 0)),
-                "last_applied": int(st.get("last_applied", 0)), "nodes": nodes}
+                "last_applied": int(st.get("last_applied", 0)),
+                "nodes": _current_nodes(nodes, peer_state)}
 
     # -- membership (admin RPCs AddNode / RemoveNode) ----------------------------------------
     #
@@ -324,50 +322,17 @@ class Node:
             self.replica.destroy()
 
 
-# -- entry points used by the CLI ---------------------------------------------------------------
-
-def ensure_hash_seed() -> None:
-    """Re-execute this process with a fixed PYTHONHASHSEED (DESIGN §3.3): string hashing
-    must be the same on every replica."""
-    if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
-        env = dict(os.environ, PYTHONHASHSEED=HASH_SEED)
-        os.execve(sys.executable,
-                  [sys.executable, "-m", "gesmas.client.cli", *sys.argv[1:]], env)
-
-
-def _setup_logging() -> None:
-    logging.basicConfig(level=os.environ.get("GESMAS_LOG", "WARNING").upper(),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-
-
-def run_server(args: Any) -> int:
-    """`gesmas server`: one replica in the foreground; 2 (with a message) for a bad
-    configuration."""
-    ensure_hash_seed()
-    _setup_logging()
-    try:
-        config = load_config(vars(args))
-    except ConfigError as e:
-        print(f"gesmas: {e}", file=sys.stderr)
-        return 2
-    os.makedirs(config.data_dir, exist_ok=True)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await Node(config).serve(stop)
-
-    asyncio.run(main())
-    return 0
-
-
-def run_up(args: Any) -> int:
-    from .cluster import run_up as up
-    return up(args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    print("run a replica with `gesmas server ...`", file=sys.stderr)
-    sys.exit(2)
+def _current_nodes(nodes: list[dict[str, Any]],
+                   peers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Status nodes reconciled with the Raft configuration: members this replica knows only
+    from pysyncobj (added while it ran, client address unknown here) are listed, removed ones
+    (still in this replica's --peers) are not. nodes[0] is this replica."""
+    if not peers:
+        return nodes
+    known = {n["node_id"] for n in nodes}
+    out = [nodes[0]] + [n for n in nodes[1:] if n["node_id"] in peers]
+    for raft in sorted(peers.keys() - known):
+        p = peers[raft]
+        out.append({"node_id": raft, "address": "", "connected": bool(p.get("connected")),
+                    "match_index": int(p.get("match_index") or 0)})
+    return out

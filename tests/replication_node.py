@@ -16,7 +16,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -247,15 +246,7 @@ class NodeMain:
 
 
 # ------------------------------------------------------------------------ test/bench client
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from gesmas.server.cluster import free_ports  # noqa: E402,F401  (re-exported for tests)
 
 
 class NodeProc:

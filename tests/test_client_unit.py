@@ -560,10 +560,10 @@ def test_cli_plain_word_is_a_string():
 
 def test_cli_server_commands_hand_over_their_arguments(monkeypatch, tmp_path, capsys):
     got: dict[str, Any] = {}
-    node = types.ModuleType("gesmas.server.node")
+    node = types.ModuleType("gesmas.server.main")
     node.run_up = lambda args: got.setdefault("up", args) and 0  # type: ignore[attr-defined]
     node.run_server = lambda args: got.setdefault("server", args) and 0  # type: ignore
-    monkeypatch.setitem(__import__("sys").modules, "gesmas.server.node", node)
+    monkeypatch.setitem(__import__("sys").modules, "gesmas.server.main", node)
     monkeypatch.setenv("GESMAS_CLUSTER_SECRET", "s3cret")
 
     assert cli.main(["up", "--nodes", "5", "--base-port", "8100", "--unsafe-no-fsync"]) == 0

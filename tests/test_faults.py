@@ -36,10 +36,12 @@ from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 try:
+    from tests.faultcluster import FaultCluster
     from tests.faultproxy import FaultProxy
     from tests.lincheck import (CounterModel, HistoryRecorder, LockModel, QueueModel, check,
                                 check_queue_exactly_once)
 except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
+    from faultcluster import FaultCluster
     from faultproxy import FaultProxy
     from lincheck import (CounterModel, HistoryRecorder, LockModel, QueueModel, check,
                           check_queue_exactly_once)
@@ -493,7 +495,7 @@ def raw_status_error(m: Member, timeout: float) -> GesmasError | None:
 
 
 def test_partition_isolating_the_leader():
-    cluster = LocalCluster(nodes=3, raft_proxies=True, proxy_factory=FaultProxy)
+    cluster = FaultCluster(nodes=3, proxy_factory=FaultProxy)
     load = Load(cluster)
     try:
         cluster.start(timeout=90)

@@ -67,7 +67,7 @@ def test_bad_configurations_are_refused_naming_the_setting(tmp_path, data, messa
 
 
 def test_the_cli_reports_a_bad_configuration_as_a_usage_error(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("gesmas.server.node.ensure_hash_seed", lambda: None)
+    monkeypatch.setattr("gesmas.server.main.ensure_hash_seed", lambda: None)
     rc = cli.main(["server", "--config", write(tmp_path, {"colour": "red"})])
     err = capsys.readouterr().err
     assert rc == 2 and "unknown key 'colour'" in err and err.startswith("gesmas: ")

@@ -13,9 +13,8 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
-from ..config import is_loopback
+from ..config import require_secret
 from .journal import DurableJournal, fsync_dir
-
 from .overrides import _install_journal_factory, _RaftNode
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
@@ -47,9 +46,7 @@ class Replica:
                  bind_addr: Optional[str] = None, tuning: RaftTuning = RaftTuning()):
         peers = [p for p in peer_addrs if p != self_addr]
         addrs = [self_addr, *peers] + ([bind_addr] if bind_addr else [])
-        if password is None and not all(is_loopback(a) for a in addrs):
-            raise ValueError("a cluster secret (password) is required when any replica address "
-                             "is not loopback: pysyncobj speaks pickle over TCP")
+        require_secret(password, addrs)
         if password is not None and not HAS_CRYPTO:
             raise ValueError("password needs the 'cryptography' package (pip install cryptography)")
         self.self_addr = self_addr

@@ -1,0 +1,56 @@
+"""The process entry points of the server, run by the CLI (`gesmas server`, `gesmas up`)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from .config import HASH_SEED, ConfigError
+from .config import load as load_config
+
+
+def ensure_hash_seed() -> None:
+    """Re-execute this process with a fixed PYTHONHASHSEED (DESIGN §3.3): string hashing
+    must be the same on every replica."""
+    if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        env = dict(os.environ, PYTHONHASHSEED=HASH_SEED)
+        os.execve(sys.executable,
+                  [sys.executable, "-m", "gesmas.client.cli", *sys.argv[1:]], env)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("GESMAS_LOG", "WARNING").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def run_server(args: Any) -> int:
+    """`gesmas server`: one replica in the foreground; 2 (with a message) for a bad
+    configuration."""
+    ensure_hash_seed()
+    _setup_logging()
+    try:
+        config = load_config(vars(args))
+    except ConfigError as e:
+        print(f"gesmas: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(config.data_dir, exist_ok=True)
+    from .node import Node
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await Node(config).serve(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def run_up(args: Any) -> int:
+    """`gesmas up`: a local cluster in the foreground until Ctrl-C."""
+    from .cluster import run_up as up
+    return up(args)
