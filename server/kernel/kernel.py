@@ -19,7 +19,9 @@ Checkpoints (DESIGN §5): greenlets cannot be pickled, so `Checkpoint` detaches 
 throws `Interrupted` into each (oldest block first) so that it unwinds, pickles the now
 quiescent state together with the list of interrupted calls, then re-runs those calls at once
 with the same request ids and the same deadlines. Every replica does the same at the same log
-index; `Kernel.restore(blob)` does the same from the pickled state.
+index; `Kernel.restore(blob)` does the same from the pickled state (the format, per-object
+pickles and the state digest are in checkpoint.py; the records the kernel keeps, in
+records.py).
 
 Determinism: no clock, randomness, threads or I/O here; time and random numbers come from the
 log (`sched.Context`); dicts are the only containers iterated for decisions, and they iterate
@@ -27,139 +29,30 @@ in insertion order.
 """
 from __future__ import annotations
 
-import enum
-import hashlib
 import heapq
 
 import greenlet
 import inspect
-import io
 import logging
-import pickle
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import codec
+from . import checkpoint, codec
 from .codec import Command
 from .limits import Budget, state_size
 from .errors import Code, Error, KernelError
-from .registry import ClassVersion, Registry, safe_str
+from .records import (Completion, Config, Kind, ObjectRecord, PendingCall, Request,
+                      Session)
+from .registry import Registry, safe_str, type_name
 from .limits import ResourceLimit
 from .sched import (Aborted, BudgetExceeded, Interrupted, Semaphore, SessionEnded, Task,
                     Timeout, Waiter)
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 2
 
 
-@dataclass(frozen=True)
-class Completion:
-    """The answer to the call identified by `tag`: a plain value, or an error."""
-
-    tag: str
-    value: Any = None
-    error: Error | None = None
-
-
-@dataclass(frozen=True)
-class Config:
-    step_budget: int = 200_000        # steps per run of a request between two waits
-    max_waiters: int = 1_000_000      # blocked requests, all objects together
-    max_results: int = 10_000         # unacknowledged results kept per session
-    max_result_bytes: int = 1 << 20   # encoded size of one call's result
-    max_object_bytes: int = 64 << 20  # pickled size of one object's state, checked at checkpoints
-    max_source: int = 256 * 1024      # characters of one class source
-    # Log indices the operator declared poison (a command that kills the process whatever the
-    # kernel does): they complete with INTERNAL without running. Same list on every replica.
-    skip_entries: frozenset[int] = frozenset()
-
-
-class Session:
-    __slots__ = ("id", "ttl", "results", "acked", "dropped", "touched", "inflight")
-
-    def __init__(self, sid: int, ttl: float) -> None:
-        self.id = sid
-        self.ttl = ttl
-        self.results: dict[int, tuple[Any, Error | None]] = {}
-        self.acked = 0
-        self.dropped = 0                         # highest seq whose result was evicted
-        self.touched: dict[str, None] = {}       # objects used, in first-use order
-        self.inflight: dict[int, Request] = {}   # seq -> request; empty in a checkpoint
-
-    def __getstate__(self) -> tuple[Any, ...]:
-        return (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
-                [(seq, r.index, r.tags) for seq, r in self.inflight.items()])
-
-    def __setstate__(self, state: tuple[Any, ...]) -> None:
-        (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
-         inflight) = state
-        if inflight:
-            raise ValueError("a checkpoint cannot hold requests in flight")
-        self.inflight = {}
-
-
-class ObjectRecord:
-    __slots__ = ("name", "cls", "instance", "steps")
-
-    def __init__(self, name: str, cls: ClassVersion, instance: Any) -> None:
-        self.name = name
-        self.cls = cls
-        self.instance = instance
-        self.steps = 0       # steps its calls spent since its size was last measured
-
-
-@dataclass(frozen=True)
-class PendingCall:
-    """A call interrupted by a checkpoint, to be re-run right after it."""
-
-    index: int
-    cmd: codec.Invoke
-    tags: tuple[str, ...]
-    deadline: float | None
-    deadlines: tuple[float | None, ...]
-
-
-class Kind(enum.Enum):
-    """What a request runs. Only a CALL (an Invoke) may wait, has a (session, seq) and a
-    stored result, and can be interrupted by a checkpoint and re-run."""
-
-    CALL = "call"
-    CONSTRUCTOR = "constructor"
-    HOOK = "session hook"
-
-
-class Request:
-    """One call being run. `index` (the log index of the command that started it) is its id."""
-
-    __slots__ = ("kernel", "kind", "index", "session", "seq", "tags", "task", "deadline",
-                 "deadlines", "replay", "draws", "waiter", "obj", "cmd", "nowait", "label",
-                 "outcome", "interrupting")
-
-    def __init__(self, kernel: Kernel, kind: Kind, index: int, session: int, label: str,
-                 obj: str) -> None:
-        self.kernel = kernel
-        self.kind = kind
-        self.index = index
-        self.session = session
-        self.seq = 0
-        self.tags: list[str] = []
-        self.task: Task | None = None
-        self.deadline: float | None = None         # from the call's timeout
-        self.deadlines: list[float | None] = []    # each wait's deadline, for exact re-runs
-        self.replay: list[float | None] = []
-        self.draws = 0
-        self.waiter: Waiter | None = None
-        self.obj = obj
-        self.cmd: codec.Invoke | None = None       # a CALL's command, for its re-run
-        self.nowait = ""         # why a CALL may not wait (its timeout is 0), if it may not
-        self.label = label
-        self.outcome: Any = None
-        self.interrupting = False  # the kernel is throwing a checkpoint's Interrupted into it
-
-
-_INTERRUPTED = object()
+_INTERRUPTED = object()          # a request's outcome: interrupted by a checkpoint
 
 
 class Kernel:
@@ -481,7 +374,7 @@ class Kernel:
         except greenlet.GreenletExit:
             raise                            # the kernel ends this greenlet (see _interrupt)
         except BaseException as e:
-            return None, Error(Code.APPLICATION, safe_str(e), _type_name(e))
+            return None, Error(Code.APPLICATION, safe_str(e), type_name(e))
 
     def _spawn(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> None:
@@ -671,25 +564,21 @@ class Kernel:
         self._complete(cmd.tag, self.index)
 
     def _save_objects(self) -> list[tuple[str, str, int, bytes]]:
-        """Each object's state pickled on its own and loaded back once, as a restore would.
-        An object whose state cannot be saved or loaded (a generator, a lambda, a failing
-        __hash__...) is dropped, the same on every replica: the checkpoint always succeeds
-        and the log stays bounded. Objects over max_object_bytes are marked (see _start)."""
-        saved = []
-        for name, rec in list(self.objects.items()):
-            self._budget.steps = 0
-            try:
-                data = self._pickle(rec.instance)
-                self._budget.steps = 0
-                self._unpickle(data)
-            except BaseException as e:
-                self._drop(name, f"its state cannot be saved in a checkpoint "
-                                 f"({_type_name(e)}: {safe_str(e, 200)})")
-                continue
-            rec.steps = 0
-            self._measure(rec)
-            saved.append((name, rec.cls.name, rec.cls.version, data))
-        return saved
+        return checkpoint.save_objects(self)
+
+    def _dump(self, pending: list[PendingCall],
+              objects: list[tuple[str, str, int, bytes]]) -> bytes:
+        return checkpoint.dump(self, pending, objects)
+
+    @classmethod
+    def restore(cls, blob: bytes, config: Config = Config()) -> Kernel:
+        """A kernel in the state right after the checkpoint that made `blob`."""
+        return checkpoint.restore(cls, blob, config)
+
+    def state_digest(self, volatile: bool = True) -> str:
+        """A hash of the whole state, waiters included: equal on replicas that applied the
+        same log (without `volatile`, the log index and kernel time are left out)."""
+        return checkpoint.state_digest(self, volatile)
 
     def _drop(self, name: str, why: str) -> None:
         log.warning("object %r dropped at log index %d: %s", name, self.index, why)
@@ -698,18 +587,6 @@ class Kernel:
         self.dropped[name] = f"object {name!r} was dropped at log index {self.index}: {why}"
         while len(self.dropped) > 1000:
             del self.dropped[next(iter(self.dropped))]
-
-    def _pickle(self, obj: Any) -> bytes:
-        buf = io.BytesIO()
-        p = pickle.Pickler(buf, protocol=5)
-        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
-        p.dump(obj)
-        return buf.getvalue()
-
-    def _unpickle(self, data: bytes) -> Any:
-        up = pickle.Unpickler(io.BytesIO(data))
-        up.persistent_load = self.registry.persistent_load  # type: ignore[method-assign]
-        return up.load()
 
     def _interrupt(self, req: Request) -> None:
         """Unwind a detached waiter with Interrupted; it lands in self._pending."""
@@ -757,80 +634,9 @@ class Kernel:
             self._drain()
 
     def _state(self) -> dict[str, Any]:
-        return {"format": CHECKPOINT_FORMAT, "index": self.index, "now": self.now,
+        return {"format": checkpoint.FORMAT, "index": self.index, "now": self.now,
                 "order": self._order, "sessions": self.sessions, "dropped": self.dropped,
                 "over_limit": self.over_limit}
-
-    def _dump(self, pending: list[PendingCall],
-              objects: list[tuple[str, str, int, bytes]]) -> bytes:
-        buf = io.BytesIO()
-        pickle.dump(self.registry.dump(), buf, protocol=5)
-        pickle.dump((self._state(), pending, objects), buf, protocol=5)
-        return buf.getvalue()
-
-    @classmethod
-    def restore(cls, blob: bytes, config: Config = Config()) -> Kernel:
-        """A kernel in the state right after the checkpoint that made `blob`."""
-        k = cls(config)
-        Budget.current = k._budget
-        buf = io.BytesIO(blob)
-        k.registry.load(pickle.load(buf))
-        up = pickle.Unpickler(buf)          # format 1 pickled instances with references
-        up.persistent_load = k.registry.persistent_load  # type: ignore[method-assign]
-        loaded = up.load()
-        state = loaded[0]
-        if state["format"] == 1:            # before per-object pickles (gesmas <= d805759)
-            pending = loaded[1]
-            objects = [(n, c, v, inst) for n, c, v, inst in state["objects"]]
-        elif state["format"] == CHECKPOINT_FORMAT:
-            _, pending, objects = loaded
-        else:
-            raise ValueError(f"checkpoint format {state['format']} is not supported")
-        k.index, k.now, k._order = state["index"], state["now"], state["order"]
-        k.sessions = state["sessions"]
-        k.dropped, k.over_limit = state.get("dropped", {}), state.get("over_limit", {})
-        for name, cname, version, data in objects:
-            cv = k.registry.get(cname, version)
-            k._budget.steps = 0
-            try:
-                if cv is None:
-                    raise LookupError(f"class {cname} version {version} did not load")
-                instance = k._unpickle(data) if type(data) is bytes else data
-                k.objects[name] = ObjectRecord(name, cv, instance)
-            except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
-                k._drop(name, f"its state cannot be restored ({_type_name(e)}: "
-                              f"{safe_str(e, 200)})")
-        k.checkpoint_index, k.checkpoint_blob = k.index, blob
-        k._out = []
-        k._rerun(pending)
-        return k
-
-    def state_digest(self, volatile: bool = True) -> str:
-        """A hash of the whole state, waiters included: equal on replicas that applied the
-        same log (without `volatile`, the log index and kernel time are left out). Pickled
-        without a memo where it can be, so that which objects happen to be shared (an
-        interned string, say) does not change the bytes; an object with reference cycles is
-        pickled with a memo instead."""
-        h = hashlib.sha256()
-        h.update(pickle.dumps(self.registry.dump(), protocol=5))
-        waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
-                 for r in self._blocked()]
-        state = self._state()
-        del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
-        if not volatile:
-            del state["index"], state["now"]
-        objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]
-        for part in (state, waits, *objects):
-            buf = io.BytesIO()
-            p = pickle.Pickler(buf, protocol=5)
-            p.fast = True
-            p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
-            try:
-                p.dump(part)
-            except ValueError:                       # a cycle
-                buf = io.BytesIO(self._pickle(part))
-            h.update(buf.getvalue())
-        return h.hexdigest()
 
     # -- reads through the log ---------------------------------------------------------------
 
@@ -865,11 +671,6 @@ class Kernel:
         else:
             raise KernelError(Code.INVALID_ARGUMENT, f"unknown query {what!r}")
         self._complete(cmd.tag, value)
-
-
-def _type_name(e: BaseException) -> str:
-    name = type(e).__name__
-    return name if type(name) is str else "Exception"
 
 
 def _args(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:

@@ -201,3 +201,9 @@ def safe_str(e: BaseException, limit: int = 1000) -> str:
         return f"<{type(e).__name__} with an unprintable message>"
     text = limits._scrub(text)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def type_name(e: BaseException) -> str:
+    """The name of an exception's type (uploaded classes cannot rename theirs, but be sure)."""
+    name = type(e).__name__
+    return name if type(name) is str else "Exception"

@@ -1,0 +1,130 @@
+"""Checkpoints: the kernel's state as bytes, and back (DESIGN §5).
+
+A checkpoint is two pickles: the registry's sources (classes are re-made from their source,
+never pickled), then (state, interrupted calls, objects) where each object's state is a pickle
+of its own, so that one object that cannot be saved is dropped without failing the others.
+Functions of the kernel (`self`), called by its methods of the same names.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from .limits import Budget
+from .records import Config, ObjectRecord, PendingCall
+from .registry import safe_str, type_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kernel import Kernel
+
+FORMAT = 2
+
+
+def save_objects(self: Kernel) -> list[tuple[str, str, int, bytes]]:
+    """Each object's state pickled on its own and loaded back once, as a restore would.
+    An object whose state cannot be saved or loaded (a generator, a lambda, a failing
+    __hash__...) is dropped, the same on every replica: the checkpoint always succeeds
+    and the log stays bounded. Objects over max_object_bytes are marked (see _start)."""
+    saved = []
+    for name, rec in list(self.objects.items()):
+        self._budget.steps = 0
+        try:
+            data = pickle_state(self, rec.instance)
+            self._budget.steps = 0
+            unpickle_state(self, data)
+        except BaseException as e:
+            self._drop(name, f"its state cannot be saved in a checkpoint "
+                             f"({type_name(e)}: {safe_str(e, 200)})")
+            continue
+        rec.steps = 0
+        self._measure(rec)
+        saved.append((name, rec.cls.name, rec.cls.version, data))
+    return saved
+
+
+def pickle_state(self: Kernel, obj: Any) -> bytes:
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=5)
+    p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+    p.dump(obj)
+    return buf.getvalue()
+
+def unpickle_state(self: Kernel, data: bytes) -> Any:
+    up = pickle.Unpickler(io.BytesIO(data))
+    up.persistent_load = self.registry.persistent_load  # type: ignore[method-assign]
+    return up.load()
+
+
+def dump(self: Kernel, pending: list[PendingCall],
+          objects: list[tuple[str, str, int, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    pickle.dump(self.registry.dump(), buf, protocol=5)
+    pickle.dump((self._state(), pending, objects), buf, protocol=5)
+    return buf.getvalue()
+
+
+def restore(cls: type[Kernel], blob: bytes, config: Config) -> Kernel:
+    """A kernel in the state right after the checkpoint that made `blob`."""
+    k = cls(config)
+    Budget.current = k._budget
+    buf = io.BytesIO(blob)
+    k.registry.load(pickle.load(buf))
+    up = pickle.Unpickler(buf)          # format 1 pickled instances with references
+    up.persistent_load = k.registry.persistent_load  # type: ignore[method-assign]
+    loaded = up.load()
+    state = loaded[0]
+    if state["format"] == 1:            # before per-object pickles (gesmas <= d805759)
+        pending = loaded[1]
+        objects = [(n, c, v, inst) for n, c, v, inst in state["objects"]]
+    elif state["format"] == FORMAT:
+        _, pending, objects = loaded
+    else:
+        raise ValueError(f"checkpoint format {state['format']} is not supported")
+    k.index, k.now, k._order = state["index"], state["now"], state["order"]
+    k.sessions = state["sessions"]
+    k.dropped, k.over_limit = state.get("dropped", {}), state.get("over_limit", {})
+    for name, cname, version, data in objects:
+        cv = k.registry.get(cname, version)
+        k._budget.steps = 0
+        try:
+            if cv is None:
+                raise LookupError(f"class {cname} version {version} did not load")
+            instance = unpickle_state(k, data) if type(data) is bytes else data
+            k.objects[name] = ObjectRecord(name, cv, instance)
+        except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
+            k._drop(name, f"its state cannot be restored ({type_name(e)}: "
+                          f"{safe_str(e, 200)})")
+    k.checkpoint_index, k.checkpoint_blob = k.index, blob
+    k._out = []
+    k._rerun(pending)
+    return k
+
+
+def state_digest(self: Kernel, volatile: bool = True) -> str:
+    """A hash of the whole state, waiters included: equal on replicas that applied the
+    same log (without `volatile`, the log index and kernel time are left out). Pickled
+    without a memo where it can be, so that which objects happen to be shared (an
+    interned string, say) does not change the bytes; an object with reference cycles is
+    pickled with a memo instead."""
+    h = hashlib.sha256()
+    h.update(pickle.dumps(self.registry.dump(), protocol=5))
+    waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
+             for r in self._blocked()]
+    state = self._state()
+    del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
+    if not volatile:
+        del state["index"], state["now"]
+    objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]
+    for part in (state, waits, *objects):
+        buf = io.BytesIO()
+        p = pickle.Pickler(buf, protocol=5)
+        p.fast = True
+        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+        try:
+            p.dump(part)
+        except ValueError:                       # a cycle
+            buf = io.BytesIO(pickle_state(self, part))
+        h.update(buf.getvalue())
+    return h.hexdigest()

@@ -1,0 +1,120 @@
+"""The kernel's records: commands' answers, its configuration, sessions, objects, and the
+requests it runs (of three kinds)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import codec
+from .errors import Error
+from .registry import ClassVersion
+from .sched import Task, Waiter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kernel import Kernel
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The answer to the call identified by `tag`: a plain value, or an error."""
+
+    tag: str
+    value: Any = None
+    error: Error | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    step_budget: int = 200_000        # steps per run of a request between two waits
+    max_waiters: int = 1_000_000      # blocked requests, all objects together
+    max_results: int = 10_000         # unacknowledged results kept per session
+    max_result_bytes: int = 1 << 20   # encoded size of one call's result
+    max_object_bytes: int = 64 << 20  # pickled size of one object's state, checked at checkpoints
+    max_source: int = 256 * 1024      # characters of one class source
+    # Log indices the operator declared poison (a command that kills the process whatever the
+    # kernel does): they complete with INTERNAL without running. Same list on every replica.
+    skip_entries: frozenset[int] = frozenset()
+
+
+class Session:
+    __slots__ = ("id", "ttl", "results", "acked", "dropped", "touched", "inflight")
+
+    def __init__(self, sid: int, ttl: float) -> None:
+        self.id = sid
+        self.ttl = ttl
+        self.results: dict[int, tuple[Any, Error | None]] = {}
+        self.acked = 0
+        self.dropped = 0                         # highest seq whose result was evicted
+        self.touched: dict[str, None] = {}       # objects used, in first-use order
+        self.inflight: dict[int, Request] = {}   # seq -> request; empty in a checkpoint
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
+                [(seq, r.index, r.tags) for seq, r in self.inflight.items()])
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
+         inflight) = state
+        if inflight:
+            raise ValueError("a checkpoint cannot hold requests in flight")
+        self.inflight = {}
+
+
+class ObjectRecord:
+    __slots__ = ("name", "cls", "instance", "steps")
+
+    def __init__(self, name: str, cls: ClassVersion, instance: Any) -> None:
+        self.name = name
+        self.cls = cls
+        self.instance = instance
+        self.steps = 0       # steps its calls spent since its size was last measured
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A call interrupted by a checkpoint, to be re-run right after it."""
+
+    index: int
+    cmd: codec.Invoke
+    tags: tuple[str, ...]
+    deadline: float | None
+    deadlines: tuple[float | None, ...]
+
+
+class Kind(enum.Enum):
+    """What a request runs. Only a CALL (an Invoke) may wait, has a (session, seq) and a
+    stored result, and can be interrupted by a checkpoint and re-run."""
+
+    CALL = "call"
+    CONSTRUCTOR = "constructor"
+    HOOK = "session hook"
+
+
+class Request:
+    """One call being run. `index` (the log index of the command that started it) is its id."""
+
+    __slots__ = ("kernel", "kind", "index", "session", "seq", "tags", "task", "deadline",
+                 "deadlines", "replay", "draws", "waiter", "obj", "cmd", "nowait", "label",
+                 "outcome", "interrupting")
+
+    def __init__(self, kernel: Kernel, kind: Kind, index: int, session: int, label: str,
+                 obj: str) -> None:
+        self.kernel = kernel
+        self.kind = kind
+        self.index = index
+        self.session = session
+        self.seq = 0
+        self.tags: list[str] = []
+        self.task: Task | None = None
+        self.deadline: float | None = None         # from the call's timeout
+        self.deadlines: list[float | None] = []    # each wait's deadline, for exact re-runs
+        self.replay: list[float | None] = []
+        self.draws = 0
+        self.waiter: Waiter | None = None
+        self.obj = obj
+        self.cmd: codec.Invoke | None = None       # a CALL's command, for its re-run
+        self.nowait = ""         # why a CALL may not wait (its timeout is 0), if it may not
+        self.label = label
+        self.outcome: Any = None
+        self.interrupting = False  # the kernel is throwing a checkpoint's Interrupted into it
