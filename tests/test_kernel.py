@@ -1,4 +1,4 @@
-"""Unit tests of the kernel (server/kernel/) with small classes defined here.
+"""Unit tests of the kernel (gesmas.server.kernel) with small classes defined here.
 
 The standard objects in objects/ are tested elsewhere; these classes exist only to poke at
 the scheduler, exactly-once, sessions, the dialect, versions and checkpoints.

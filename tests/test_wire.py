@@ -337,8 +337,9 @@ def test_client_errors_pickle():
     assert (again.message, again.type, again.leader_hint) == ("gone", "SessionExpired", "h:1")
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "client").glob("*.py"))
-                         + sorted((ROOT / "protocol").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "client" / "gesmas" / "client").glob("*.py"))
+                         + sorted((ROOT / "protocol" / "gesmas" / "protocol").glob("*.py")),
+                         ids=lambda p: p.name)
 def test_the_client_and_the_protocol_do_not_import_the_server(path):
     """Dependencies point one way: client <- protocol -> server. (The CLI's server commands
     load the server by name, at run time, only when asked to run one.)"""
