@@ -638,3 +638,17 @@ def test_a_checkpoint_of_the_previous_format_still_restores():
                          for n, r in k.objects.items()]}, []))
     restored = Kernel.restore(buf.getvalue())
     assert restored.state_digest() == k.state_digest()
+
+
+@pytest.mark.parametrize("rebind,attr", [
+    ("(self := Semaphore(3))", "_value"),
+    ("for self in [Semaphore(3)]:\n    pass", "_value"),
+    ("self = Semaphore(3)", "_value"),
+    ("import collections as self", "_names"),
+    ("f = lambda self: self._value\nreturn f(Semaphore(3))", "_value"),
+])
+def test_a_method_that_rebinds_self_does_not_read_underscore_names_natively(rebind, attr):
+    body = rebind + f"\nreturn self.{attr}"
+    h, s, err = call_m(body)
+    assert err is not None and err.type == "AttributeError" and "not accessible" in err.message, \
+        (body, err)

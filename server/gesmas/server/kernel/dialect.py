@@ -75,10 +75,23 @@ def _bounds(s: ast.Slice) -> list[ast.expr]:
 
 
 def _rebinds(fn: ast.FunctionDef, name: str) -> bool:
+    """Whether anything in `fn` (nested scopes included, to be safe) could bind `name` other
+    than `fn`'s first parameter: an assignment, a del, another parameter, an `except ... as`,
+    an import alias, a def or class of that name, a match capture."""
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
             return True
         if isinstance(node, ast.arg) and node.arg == name and node is not fn.args.args[0]:
+            return True
+        if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and \
+                node.name == name:
+            return True
+        if isinstance(node, ast.alias) and (node.asname or node.name) == name:
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node is not fn and \
+                node.name == name:
+            return True
+        if isinstance(node, ast.MatchMapping) and node.rest == name:
             return True
     return False
 
