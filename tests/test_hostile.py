@@ -375,6 +375,10 @@ def test_classes_can_only_be_made_while_the_source_loads():
 
 @pytest.mark.parametrize("src", [
     "class B(Semaphore):\n    pass\n",
+    "class N(int):\n    def bit_length(self):\n        return 0\n",
+    "class L(list):\n    def __len__(self):\n        return 0\n",
+    "class D(dict):\n    def items(self):\n        return iter([])\n",
+    "import collections\nclass Q(collections.deque):\n    pass\n",
     "class B(type):\n    pass\n",
     "class B(metaclass=type):\n    pass\n",
     "import typing\nclass B(typing.Protocol):\n    pass\n",
@@ -523,8 +527,6 @@ def test_standard_objects_are_unaffected_by_a_hostile_neighbour():
 
 @pytest.mark.parametrize("body", [
     "return round(5, -10 ** 7)",
-    "return N(10) ** 10 ** 8",
-    "return len(L([0]) * 10 ** 10)",
     "a = [0]\nwhile True:\n    a.extend(a)",
     "a = [0]\nwhile True:\n    a[len(a):] = a",
     "d = collections.deque([0])\nwhile True:\n    d.extend(d)",
@@ -533,9 +535,7 @@ def test_standard_objects_are_unaffected_by_a_hostile_neighbour():
     "return len(list(collections.Counter({'a': 10 ** 12}).elements()))",
 ])
 def test_native_amplifiers_on_subclasses_and_in_place_growth_are_bounded(body):
-    prelude = ("import collections\nclass N(int):\n    def bit_length(self):\n        return 0\n"
-               "class L(list):\n    def __len__(self):\n        return 0\n")
-    h, s, err = call_m(body, prelude=prelude)
+    h, s, err = call_m(body, prelude="import collections")
     assert err is not None and err.code == Code.RESOURCE_EXHAUSTED, (body, err)
     healthy(h, s)
 
@@ -652,3 +652,143 @@ def test_a_method_that_rebinds_self_does_not_read_underscore_names_natively(rebi
     h, s, err = call_m(body)
     assert err is not None and err.type == "AttributeError" and "not accessible" in err.message, \
         (body, err)
+
+
+# -- a red-team review's findings (each broke a promise before its fix) ----------------------
+
+@pytest.mark.parametrize("body,prelude", [
+    ("dataclasses.dataclass(object)", "import dataclasses"),
+    ("dataclasses.dataclass(frozen=True)(Semaphore)", "import dataclasses"),
+    ("dataclasses.dataclass(type(context()))", "import dataclasses"),
+    ("functools.total_ordering(Semaphore)", "import functools"),
+    ("dataclasses.dataclass(A)", "import dataclasses"),
+])
+def test_class_decorators_cannot_change_classes_at_run_time(body, prelude):
+    h, s, err = call_m(body, prelude=prelude)
+    assert err is not None and err.type == "TypeError", (body, err)
+    h2 = H()
+    s2 = h2.open_session()
+    h2.register(QUEUE_PROBE)
+    h2.create("Q", "q")
+    h2.call(s2, "q", "put", 1)
+    assert h2.value(h2.call(s2, "q", "try_take")) == 1        # other kernels unaffected
+    healthy(h, s)
+
+
+def test_class_decorators_still_work_where_the_class_is_defined():
+    src = ("import dataclasses, functools\n@dataclasses.dataclass(frozen=True)\nclass P:\n"
+           "    pass\n@functools.total_ordering\nclass V:\n    def __init__(self, n):\n"
+           "        self.n = n\n    def __eq__(self, o):\n        return self.n == o.n\n"
+           "    def __lt__(self, o):\n        return self.n < o.n\n"
+           "class B:\n    def m(self):\n        return [P() == P(), V(2) >= V(1), hash(P()) == hash(P())]\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("B", "b")
+    assert h.value(h.call(s, "b", "m")) == [True, True, True]
+
+
+@pytest.mark.parametrize("body", [
+    "return hash(float('nan'))",
+    "return hash(len)",
+    "return hash(A)",
+    "return hash(lambda: 1)",
+    "return hash(self.m)",
+])
+def test_hashes_that_are_addresses_are_refused(body):
+    h, s, err = call_m(body)
+    assert err is not None and err.type == "TypeError", (body, err)
+
+
+@pytest.mark.parametrize("src", [
+    "class function:\n    pass\nSHARED = function()\nclass B:\n    pass\n",
+    "import dataclasses\nF = dataclasses.field(default=0, metadata={'k': []})\nclass B:\n    pass\n",
+    "import collections\nP = collections.namedtuple('P', 'a', defaults=[[]])\nclass B:\n    pass\n",
+])
+def test_more_mutable_module_level_state_is_refused(src):
+    refused_upload(src)
+
+
+def test_namedtuples_at_module_level_are_fine():
+    src = ("import collections\nP = collections.namedtuple('P', 'a b', defaults=(1,))\n"
+           "class B:\n    def m(self):\n        return [P(0).b, P(5, 6)._asdict()]\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None, h.register(src)
+    h.create("B", "b")
+    assert h.value(h.call(s, "b", "m")) == [1, {"a": 5, "b": 6}]
+
+
+def test_cached_property_is_not_available():
+    refused_upload("import functools\nclass B:\n    @functools.cached_property\n"
+                   "    def box(self):\n        return []\n")
+
+
+def test_generators_with_clean_up_are_refused_at_upload():
+    for body in ["try:\n    yield 1\nfinally:\n    self.x += 1",
+                 "try:\n    yield 1\nexcept GeneratorExit:\n    self.x += 1",
+                 "with self.lock:\n    yield 1"]:
+        refused_upload(method(body))
+    h, s, err = call_m("def g():\n    yield 1\nreturn list(g())")
+    assert err is None and h.last == [1]
+
+
+def test_a_restore_that_fails_for_one_object_keeps_the_others():
+    from gesmas.server.kernel.kernel import ObjectRecord  # noqa: F401
+    h = H()
+    s = h.open_session()
+    h.register(QUEUE_PROBE)
+    h.create("Q", "q")
+    h.create("Q", "q2")
+    h.call(s, "q", "put", 1)
+    assert h.checkpoint().error is None
+    real = Kernel._unpickle if hasattr(Kernel, "_unpickle") else None
+    import gesmas.server.kernel.checkpoint as ck
+    calls = []
+    original = ck.unpickle_state
+
+    def flaky(k, data):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("refuse")
+        return original(k, data)
+    ck.unpickle_state = flaky
+    try:
+        k = Kernel.restore(h.kernel.checkpoint_blob)
+    finally:
+        ck.unpickle_state = original
+    assert len(k.objects) == 1 and len(k.dropped) == 1
+    assert real is None
+
+
+@pytest.mark.parametrize("body", [
+    "return any(iter(int, 1))",
+    "return max(range(3 * 10 ** 8)[:])",
+    "t = ()\nfor i in range(28):\n    t = (t, t)\nreturn hash(t)",
+    "a = []\nfor i in range(22):\n    a = [a, a]\nreturn len(repr(a))",
+    "a = []\nfor i in range(22):\n    a = [a, a]\nreturn a",
+    "a = []\nfor i in range(22):\n    a = [a, a]\nreturn len(f'{a}')",
+    "s = b'x' * 1000\nfor i in range(6):\n    s = s.hex(':').encode('utf-32')\nreturn len(s)",
+    "d = collections.deque([0])\nfor i in range(25):\n    d.extendleft(d)\nreturn len(d)",
+    "x = int.from_bytes(bytes(range(256)) * 8000, 'big')\nreturn x.bit_length()",
+    "x = int('f' * 100000, 16)\nreturn x.bit_length()",
+    "m = (1 << 65000) + 1\nreturn pow(3, -(1 << 2000), m)",
+    "return len('abc'.encode('punycode'))",
+])
+def test_more_native_work_is_bounded(body):
+    h, s, err = call_m(body, prelude="import collections")
+    assert err is not None and err.code == Code.RESOURCE_EXHAUSTED, (body, err)
+    healthy(h, s)
+
+
+def test_a_shared_tree_in_state_does_not_stall_the_digest_or_a_checkpoint():
+    src = ("class B:\n    def __init__(self):\n        t = ()\n"
+           "        for i in range(40):\n            t = (t, t)\n        self.t = t\n"
+           "    def m(self):\n        return 1\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("B", "b")
+    h.kernel.state_digest()
+    assert h.checkpoint().error is None
+    assert Kernel.restore(h.kernel.checkpoint_blob).state_digest() == h.kernel.state_digest()

@@ -7,12 +7,13 @@ Functions of the kernel (`self`), called by its methods of the same names.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from .limits import Budget
+from .limits import Budget, state_size
 from .records import Config, ObjectRecord, PendingCall
 from .registry import safe_str, type_name
 
@@ -117,7 +118,11 @@ def state_digest(self: Kernel, volatile: bool = True) -> str:
     if not volatile:
         del state["index"], state["now"]
     objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]
+    limit = 1 << 22        # unfolded bytes past which a part is hashed by content, not pickled
     for part in (state, waits, *objects):
+        if state_size(part, limit, unfold=True) > limit:
+            h.update(_tree_digest(part, self.registry.persistent_id))
+            continue
         buf = io.BytesIO()
         p = pickle.Pickler(buf, protocol=5)
         p.fast = True
@@ -128,3 +133,52 @@ def state_digest(self: Kernel, volatile: bool = True) -> str:
             buf = io.BytesIO(pickle_state(self, part))
         h.update(buf.getvalue())
     return h.hexdigest()
+
+
+def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
+    """A hash of `obj` by content, the same however its equal parts happen to be shared
+    (pickle's memo is not), computed once per distinct object (so a structure that shares
+    sub-values is not walked exponentially); a container met again inside itself hashes as
+    a cycle marker. For parts too big to pickle without a memo."""
+    done: dict[int, bytes] = {}
+    on_path: set[int] = set()
+    keep: list[Any] = []                  # holds what `done` refers to by id while walking
+    stack: list[tuple[Any, bool]] = [(obj, False)]
+    while stack:
+        v, expanded = stack.pop()
+        key = id(v)
+        if key in done:
+            continue
+        t = type(v)
+        if t is str or t is bytes or t is int or t is float or t is bool or v is None:
+            raw = v.encode("utf-8", "surrogatepass") if t is str else \
+                v if t is bytes else repr(v).encode()
+            done[key] = hashlib.sha256(t.__name__.encode() + b":" + raw).digest()
+            keep.append(v)
+            continue
+        if isinstance(v, dict):
+            children: list[Any] = [x for kv in dict.items(v) for x in kv]
+        elif isinstance(v, (list, tuple, collections.deque)):
+            children = list(v)
+        elif isinstance(v, (set, frozenset)):
+            children = list(v)
+        elif hasattr(v, "__getstate__") and t.__module__.startswith("gesmas.server"):
+            children = [v.__getstate__()]
+        else:
+            d = getattr(v, "__dict__", None)
+            children = [dict(d)] if type(d) is dict else [repr(v)]
+        if not expanded:
+            on_path.add(key)
+            stack.append((v, True))
+            stack.extend((c, False) for c in reversed(children)
+                         if id(c) not in done and id(c) not in on_path)
+            keep.append(children)
+            continue
+        on_path.discard(key)
+        parts = [done.get(id(c), b"cycle") for c in children]
+        if isinstance(v, (set, frozenset)):
+            parts.sort()
+        head = f"{t.__module__}.{t.__qualname__}:{persistent_id(t)}:{len(parts)}:".encode()
+        done[key] = hashlib.sha256(head + b"".join(parts)).digest()
+        keep.append(v)
+    return done[id(obj)]

@@ -172,26 +172,45 @@ def decode_value(buf: bytes) -> Any:
     return v
 
 
+MAX_COPY = 1 << 20     # values (nodes) one plain_copy may visit
+
+
+class TooLarge(ValueError):
+    """A value has more parts than a copy may visit (shared sub-values count every time)."""
+
+
 def plain_copy(v: Any, path: str = "value") -> Any:
-    """A deep copy of `v` as plain values (tuples become lists), or TypeError naming the path
-    of the first part that is not a plain value. Results leave the kernel through this so a
-    stored result cannot change when the object later mutates its own state."""
+    """A deep copy of `v` as plain values (tuples become lists), or NotPlainValue naming the
+    path of the first part that is not a plain value, or TooLarge past MAX_COPY parts (a
+    structure that shares sub-values can be exponentially big unfolded). Results leave the
+    kernel through this so a stored result cannot change when the object later mutates."""
+    t = type(v)
+    if t is str or t is int or t is float or t is bool or v is None:
+        return v
+    return _copy(v, path, [MAX_COPY])
+
+
+def _copy(v: Any, path: str, left: list[int]) -> Any:
     t = type(v)
     if t is str or t is int or t is float or t is bool or v is None:
         return v
     if t is bytes or t is bytearray:
         return bytes(v)
-    if t is list or t is tuple:
-        return [plain_copy(x, f"{path}[{i}]") for i, x in enumerate(v)]
-    if t is dict:
-        out = {}
-        for k, x in v.items():
-            if type(k) is not str:
-                raise NotPlainValue(f"{path}: map key of type {type(k).__name__} is not a str")
-            out[k] = plain_copy(x, f"{path}[{k!r}]")
-        return out
+    if t is list or t is tuple or t is dict:
+        left[0] -= 1 + len(v)
+        if left[0] < 0:
+            raise TooLarge(f"{path}: more than {MAX_COPY} values")
+        if t is dict:
+            out = {}
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise NotPlainValue(f"{path}: map key of type {type(k).__name__} is not "
+                                        "a str")
+                out[k] = _copy(x, f"{path}[{k!r}]", left)
+            return out
+        return [_copy(x, f"{path}[{i}]", left) for i, x in enumerate(v)]
     raise NotPlainValue(f"{path}: {t.__name__} is not a plain value "
-                    "(use None, bool, int, float, str, bytes, list or dict)")
+                        "(use None, bool, int, float, str, bytes, list or dict)")
 
 
 # -- commands ---------------------------------------------------------------------------------

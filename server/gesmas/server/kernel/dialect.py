@@ -70,6 +70,25 @@ def _call(name: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
     return node
 
 
+def _own_nodes(node: ast.AST) -> Any:
+    """The nodes of a function body, not those of functions, lambdas or classes inside it."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef,
+                              ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp)):
+            continue
+        yield child
+        yield from _own_nodes(child)
+
+
+def _yield_in_cleanup(fn: ast.FunctionDef) -> ast.AST | None:
+    for node in _own_nodes(fn):
+        if isinstance(node, (ast.Try, ast.With)):
+            for inner in _own_nodes(node):
+                if isinstance(inner, (ast.Yield, ast.YieldFrom)):
+                    return inner
+    return None
+
+
 def _bounds(s: ast.Slice) -> list[ast.expr]:
     return [x if x is not None else ast.Constant(None) for x in (s.lower, s.upper, s.step)]
 
@@ -248,6 +267,11 @@ class _Policy(RestrictingNodeTransformer):
             self._trusted.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
+        where = _yield_in_cleanup(node)
+        if where is not None:
+            self.error(where, "yield inside try or with is not allowed: its clean-up would run "
+                              "whenever the garbage collector finds the generator, at a "
+                              "different moment on each replica")
         trusted = None
         if getattr(node, "_gesmas_method", False) and node.args.args and all(
                 isinstance(d, ast.Name) and d.id in _TRUSTING_DECORATORS
@@ -297,7 +321,7 @@ class _CountedRange:
         return len(self._r)
 
     def __getitem__(self, i: Any) -> Any:
-        return self._r[i]
+        return _range_wrap(self._r[i])        # a slice of a big range is counted too
 
     def __contains__(self, x: Any) -> bool:
         return x in self._r
@@ -306,9 +330,19 @@ class _CountedRange:
         return repr(self._r)
 
 
+def _range_wrap(r: Any) -> Any:
+    return r if type(r) is not range or len(r) <= 4096 else _CountedRange(r)
+
+
 def _range_(*args: Any) -> Any:
-    r = range(*args)
-    return r if len(r) <= 4096 else _CountedRange(r)
+    return _range_wrap(range(*args))
+
+
+def _iter_(*args: Any) -> Any:
+    """iter(x), or iter(callable, sentinel) counted per item (it has no end of its own)."""
+    if len(args) == 2:
+        return modules._Counted(iter(*args))
+    return iter(*args)
 
 
 def _sum_(iterable: Any, start: Any = 0) -> Any:
@@ -342,7 +376,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "sorted": limits._scanning(sorted), "min": limits._scanning(min),
         "max": limits._scanning(max), "any": limits._scanning(any),
         "all": limits._scanning(all), "round": limits._round_,
-        "range": _range_, "sum": _sum_, "pow": limits._pow_, "divmod": limits._divmod_,
+        "range": _range_, "sum": _sum_, "iter": _iter_, "int": sandbox.int_, "pow": limits._pow_, "divmod": limits._divmod_,
         "repr": limits._repr_, "hash": limits._hash_, "format": limits._format_,
         "__import__": _import_, "__build_class__": builtins.__build_class__,
         "ResourceLimit": limits.ResourceLimit,

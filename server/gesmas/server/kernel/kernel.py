@@ -365,7 +365,7 @@ class Kernel:
             return None, e.error
         except codec.NotPlainValue as e:
             return None, Error(Code.APPLICATION, f"{req.label} returned {e}", "TypeError")
-        except ResourceLimit as e:
+        except (ResourceLimit, codec.TooLarge) as e:
             return None, Error(Code.RESOURCE_EXHAUSTED, f"{req.label}: {safe_str(e)}",
                                "ResourceLimit")
         except MemoryError:
@@ -487,7 +487,11 @@ class Kernel:
     def _measure(self, rec: ObjectRecord) -> None:
         limit = self.config.max_object_bytes
         self._budget.steps = 0
-        size = state_size(rec.instance, limit)
+        try:
+            size = state_size(rec.instance, limit)
+        except BaseException:            # cannot happen by design (no uploaded code runs)
+            log.exception("measuring object %r failed", rec.name)
+            size = limit + 1
         if size > limit:
             self.over_limit[rec.name] = size
         else:
@@ -582,7 +586,7 @@ class Kernel:
 
     def _drop(self, name: str, why: str) -> None:
         log.warning("object %r dropped at log index %d: %s", name, self.index, why)
-        del self.objects[name]
+        self.objects.pop(name, None)      # a restore drops objects it never added
         self.over_limit.pop(name, None)
         self.dropped[name] = f"object {name!r} was dropped at log index {self.index}: {why}"
         while len(self.dropped) > 1000:

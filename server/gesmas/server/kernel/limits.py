@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections as _collections
 import re
 import string
+import types as _types
 from typing import Any, Callable
 
 from . import sched
@@ -97,6 +98,9 @@ def _sized(v: Any, what: str) -> Any:
 
 
 _deque = _collections.deque
+# callables whose hash is their identity (an address): refused by hash()
+_IDENTITY = (_types.FunctionType, _types.BuiltinFunctionType, _types.MethodType,
+             _types.BuiltinMethodType)
 _SEQ = (str, bytes, bytearray, list, tuple)
 _SEQ_ALL = (str, bytes, bytearray, list, tuple, _deque)
 _SIZED_BASES: tuple[type, ...] = (str, bytes, bytearray, list, tuple, dict, set, frozenset,
@@ -156,9 +160,9 @@ def _add_(a: Any, b: Any) -> Any:
 
 
 def _pow_(a: Any, b: Any, mod: Any = None) -> Any:
-    if isinstance(a, int) and isinstance(b, int) and b > 0:
+    if isinstance(a, int) and isinstance(b, int):
         if mod is None:
-            if _bits(a) > 1 and _bits(a) * int(b) > MAX_BITS:
+            if b > 0 and _bits(a) > 1 and _bits(a) * int(b) > MAX_BITS:
                 raise ResourceLimit(f"a power would have more than {MAX_BITS} bits")
         elif isinstance(mod, int) and _bits(b) * max(_bits(mod), 1) > MAX_BITS * 64:
             raise ResourceLimit("a modular power with numbers this big is not allowed")
@@ -223,6 +227,7 @@ def _scrub(s: str) -> str:
 
 def _fmt_(value: Any, conversion: int, spec: Any) -> str:
     """One f-string field: `f"{value!conversion:spec}"`."""
+    _walkable(value, "formatting")
     if conversion == 114:        # !r
         value = _repr_(value)
     elif conversion == 115:      # !s
@@ -238,8 +243,19 @@ def _format_(value: Any, spec: str = "") -> str:
     return _fmt_(value, -1, spec)
 
 
+_WALKED = (tuple, list, dict, set, frozenset, _collections.deque)
+
+
+def _walkable(obj: Any, what: str) -> None:
+    """Refuse to walk a container whose unfolded size (shared parts counted each time they are
+    reached, as repr, hash, == and format reach them) is over MAX_SIZE."""
+    if isinstance(obj, _WALKED) and state_size(obj, MAX_SIZE, unfold=True) > MAX_SIZE:
+        raise ResourceLimit(f"{what} of a value this big (shared parts counted each time)")
+
+
 def _repr_(obj: Any) -> str:
-    return _scrub(repr(obj))
+    _walkable(obj, "repr()")
+    return _sized(_scrub(repr(obj)), "repr()")
 
 
 def _round_(number: Any, *ndigits: Any) -> Any:
@@ -277,8 +293,12 @@ def _scanning(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _hash_(obj: Any) -> int:
-    if type(obj).__hash__ is object.__hash__:
+    t = type(obj)
+    if t.__hash__ is object.__hash__ or isinstance(obj, type) or callable(obj) and t in _IDENTITY:
         _no_hash(obj)
+    if t is float and obj != obj:
+        raise TypeError("NaN has no hash that is the same between replicas")
+    _walkable(obj, "hash()")
     return hash(obj)
 
 
@@ -343,6 +363,11 @@ def _growth_method(name: str) -> Callable[..., Any]:
                     raise ResourceLimit(f"replace() could make more than {MAX_SIZE} items")
             if name == "to_bytes" and args and type(args[0]) is int and args[0] > MAX_SIZE:
                 raise ResourceLimit(f"to_bytes() of {args[0]} bytes is over {MAX_SIZE}")
+            if name in ("encode", "decode"):
+                codec = str(kwargs.get("encoding", args[0] if args else "utf-8"))
+                if codec.lower().replace("-", "_") not in _CODECS:
+                    raise ResourceLimit(f"{name}() with {codec!r} is not available (use "
+                                        "utf-8, ascii, latin-1, utf-16 or utf-32)")
             if name == "translate" and args and isinstance(args[0], dict):
                 longest = max((_rlen(v) for v in args[0].values()
                                if isinstance(v, (str, bytes))), default=1)
@@ -354,6 +379,8 @@ def _growth_method(name: str) -> Callable[..., Any]:
 
 
 _STR_TYPES = (str, bytes, bytearray)
+_CODECS = frozenset("""utf_8 utf8 ascii us_ascii latin_1 latin1 iso_8859_1 utf_16 utf16 utf_32
+    utf32 utf_16_le utf_16_be utf_32_le utf_32_be""".split())
 #: objects whose GUARDED_NAMES methods are replaced by checked ones
 GUARDABLE = _SIZED_BASES + (int,)
 
@@ -382,17 +409,26 @@ def _scan_method(name: str) -> Callable[..., Any]:
     return check
 
 
-def _extend(obj: Any) -> Any:
-    method = obj.extend
+def _from_bytes(data: Any, *args: Any, **kwargs: Any) -> int:
+    if isinstance(data, (bytes, bytearray)) and 8 * _rlen(data) > MAX_BITS:
+        raise ResourceLimit(f"int.from_bytes() would have more than {MAX_BITS} bits")
+    return _sized(int.from_bytes(data, *args, **kwargs), "int.from_bytes()")
 
-    def extend(items: Any) -> None:
-        if isinstance(items, _SIZED_BASES):
-            if _rlen(obj) + _rlen(items) > MAX_SIZE:
-                raise ResourceLimit(f"extend() would hold more than {MAX_SIZE} items")
-            _charge_scan(items)
-        method(items)
-        _sized(obj, "extend()")
-    return extend
+
+def _extending(name: str) -> Callable[[Any], Any]:
+    """extend / extendleft: checked against the size the container would reach."""
+    def check(obj: Any) -> Any:
+        method = getattr(obj, name)
+
+        def extend(items: Any) -> None:
+            if isinstance(items, _SIZED_BASES):
+                if _rlen(obj) + _rlen(items) > MAX_SIZE:
+                    raise ResourceLimit(f"{name}() would hold more than {MAX_SIZE} items")
+                _charge_scan(items)
+            method(items)
+            _sized(obj, f"{name}()")
+        return extend
+    return check
 
 
 def _elements(obj: Any) -> Any:
@@ -402,10 +438,18 @@ def _elements(obj: Any) -> Any:
 
 _GUARDED_METHODS: dict[str, Callable[[Any], Any]] = {
     **{n: _width_method(n) for n in ("center", "ljust", "rjust", "zfill", "expandtabs")},
-    **{n: _growth_method(n) for n in ("join", "replace", "translate", "to_bytes")},
+    # size checked and charged after the fact: each can at most multiply its input by a
+    # small factor (hex 3x, encode to utf-32 4x, upper() of some letters 3x)
+    **{n: _growth_method(n) for n in ("join", "replace", "translate", "to_bytes", "encode",
+                                      "decode", "hex", "upper", "lower", "title",
+                                      "capitalize", "swapcase", "casefold", "strip", "lstrip",
+                                      "rstrip", "partition", "rpartition")},
     **{n: _scan_method(n) for n in ("sort", "copy", "index", "count", "find", "rfind",
-                                    "split", "rsplit", "splitlines", "most_common")},
-    "extend": _extend, "elements": _elements,
+                                    "split", "rsplit", "splitlines", "most_common", "remove",
+                                    "reverse")},
+    "extend": _extending("extend"), "extendleft": _extending("extendleft"),
+    "elements": _elements,
+    "from_bytes": lambda cls: _from_bytes,
 }
 #: attribute names dialect.py sends through `_getattr_` even though they are public
 GUARDED_NAMES = frozenset(_GUARDED_METHODS) | {"format", "format_map"}
@@ -439,13 +483,22 @@ def _inplace(op: str, a: Any, b: Any) -> Any:
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, range)
 
 
-def state_size(obj: Any, limit: int) -> int:
+def _instance_dict(v: Any) -> Any:
+    try:
+        return object.__getattribute__(v, "__dict__")
+    except AttributeError:
+        return None
+
+
+def state_size(obj: Any, limit: int, unfold: bool = False) -> int:
     """A logical size of `obj` in bytes, the same on every replica whatever the history of
     the process: strings and bytes count their length, numbers 8 (big integers their bytes),
     a container 8 per slot plus its items; mutable containers and instances count once
     however often they are referenced, immutable values at every reference (their sharing
     differs between a replica restored from a snapshot and one that was not). Stops as soon
-    as the total passes `limit` (so its cost is bounded by the limit, not by the state)."""
+    as the total passes `limit` (so its cost is bounded by the limit, not by the state).
+    With `unfold`, every reference counts: the size the value has for an operation that
+    walks it without a memo (repr, hash, ==, a pickle without memo)."""
     total = 0
     seen: set[int] = set()
     stack = [obj]
@@ -457,22 +510,25 @@ def state_size(obj: Any, limit: int) -> int:
         elif t in _ATOMS:
             total += 8 + ((v.bit_length() >> 3) if t is int else 0)
         else:
-            if t is not tuple and t is not frozenset:
+            if not unfold and t is not tuple and t is not frozenset:
                 if id(v) in seen:
                     continue
                 seen.add(id(v))
+            # the builtin methods themselves: a subclass's keys() or __iter__ is not called
             if isinstance(v, dict):
-                total += 8 + 16 * len(v)
-                stack.extend(v.keys())
-                stack.extend(v.values())
+                total += 8 + 16 * dict.__len__(v)
+                stack.extend(dict.keys(v))
+                stack.extend(dict.values(v))
             elif isinstance(v, (list, tuple, set, frozenset, _deque)):
-                total += 8 + 8 * len(v)
-                stack.extend(v)
+                base: Any = next(b for b in (list, tuple, set, frozenset, _deque)
+                                 if isinstance(v, b))
+                total += 8 + 8 * base.__len__(v)
+                stack.extend(base.__iter__(v))
             elif t.__module__.startswith("gesmas.server"):
                 total += 64                      # a Semaphore, a context: fixed, opaque
             else:
                 total += 16
-                d = getattr(v, "__dict__", None)
+                d = _instance_dict(v)
                 if type(d) is dict:
                     stack.append(d)
                 for slot in getattr(type(v), "__slots__", ()):

@@ -150,6 +150,30 @@ for _base in (_Enum_Enum, _Enum_IntEnum, _Enum_Flag, _Enum_IntFlag, _Enum_StrEnu
     type.__setattr__(_base, "_create_", classmethod(_no_functional_api))
 
 
+#: the classes made by the source being loaded now (set by the registry), else None
+LOADING: list[list[type] | None] = [None]
+
+
+def _at_load(decorator: Callable[..., Any]) -> Callable[..., Any]:
+    """A class decorator that changes the class it gets (dataclass, total_ordering): only for
+    a class the source being loaded has just made, never at run time, never another class."""
+    def check(cls: Any) -> Any:
+        made = LOADING[0]
+        if made is None or not any(cls is c for c in made):
+            raise TypeError(f"{decorator.__name__} applies only to a class of this source, "
+                            "as a decorator where the class is defined")
+        return cls
+
+    @_functools.wraps(decorator)
+    def wrapper(cls: Any = None, /, **kwargs: Any) -> Any:
+        if kwargs.get("slots"):
+            raise TypeError("dataclass(slots=True) is not available in gesmas classes")
+        if cls is None:
+            return lambda c: decorator(check(c), **kwargs)
+        return decorator(check(cls), **kwargs)
+    return wrapper
+
+
 def _pick(module: Any, names: str) -> dict[str, Any]:
     return {n: getattr(module, n) for n in names.split()}
 
@@ -176,11 +200,13 @@ MODULES: dict[str, ModuleProxy] = {
         "combinations_with_replacement": _counted(_itertools.combinations_with_replacement,
                                                   _check_r),
         "tee": _tee}),
-    "functools": ModuleProxy("functools", _pick(
-        _functools, "reduce partial partialmethod cmp_to_key total_ordering cached_property")),
-    "dataclasses": ModuleProxy("dataclasses", _pick(
-        _dataclasses, "dataclass field fields asdict astuple replace is_dataclass "
-                      "FrozenInstanceError InitVar MISSING KW_ONLY")),
+    "functools": ModuleProxy("functools", {
+        **_pick(_functools, "reduce partial partialmethod cmp_to_key"),
+        "total_ordering": _at_load(_functools.total_ordering)}),
+    "dataclasses": ModuleProxy("dataclasses", {**_pick(
+        _dataclasses, "field fields asdict astuple replace is_dataclass "
+                      "FrozenInstanceError InitVar MISSING KW_ONLY"),
+        "dataclass": _at_load(_dataclasses.dataclass)}),
     "enum": ModuleProxy("enum", {
         "Enum": _Enum_Enum, "IntEnum": _Enum_IntEnum, "Flag": _Enum_Flag,
         "IntFlag": _Enum_IntFlag, "StrEnum": _Enum_StrEnum, "auto": _enum.auto,

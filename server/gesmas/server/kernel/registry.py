@@ -16,6 +16,7 @@ from types import FunctionType
 from typing import Any, Callable
 
 from . import dialect, limits, sandbox
+from .modules import LOADING as _LOADING
 from .errors import Code, KernelError
 
 _MODULE_PREFIX = "gesmas_user_"
@@ -108,7 +109,7 @@ class Registry:
         budget, types = self._budget, self.types
         budget.steps = 0
         made: list[type] = []
-        types.loading = made
+        types.loading = _LOADING[0] = made
         outer, limits.Budget.current = limits.Budget.current, budget
         try:
             exec(code, ns)
@@ -122,7 +123,7 @@ class Registry:
             raise KernelError(Code.INVALID_ARGUMENT, "bad class source: "
                               f"{where}{type(e).__name__}: {safe_str(e)}") from None
         finally:
-            types.loading = None
+            types.loading = _LOADING[0] = None
             limits.Budget.current = outer
         return ns
 

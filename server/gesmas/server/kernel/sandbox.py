@@ -30,22 +30,23 @@ import collections as _collections
 import dataclasses as _dataclasses
 import enum as _enum
 import functools as _functools
+import types as _types
 import typing as _typing
 from typing import Any
 
 from . import sched
 from .limits import (_INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
                      Object, ResourceLimit, SyncObject, _add_, _floordiv_, _fmt_,
-                     _guarded_method, _in_, _inplace, _setslice_, _slice_, _lshift_, _mod_, _mul_, _no_hash,
-                     _plain_repr, _pow_, _scrub, _sized)
+                     _from_bytes, _guarded_method, _in_, _inplace, _setslice_, _slice_, _lshift_, _mod_, _mul_, _no_hash,
+                     _plain_repr, _pow_, _scrub, _sized, _walkable)
 from .modules import (_Enum_Enum, _Enum_Flag, _Enum_IntEnum, _Enum_IntFlag, _Enum_StrEnum,
                       ModuleProxy)
 
+# Not the builtin containers and scalars: a subclass can override the methods that pickle,
+# the size measure or the builtins themselves call (items, __iter__...), so the state saved in
+# a checkpoint could differ from the live one. Hold a dict in an attribute instead.
 _ALLOWED_BASES = frozenset({Object, SyncObject, _Enum_Enum, _Enum_IntEnum, _Enum_Flag,
-                            _Enum_IntFlag, _Enum_StrEnum, _typing.Generic,
-                            _collections.OrderedDict, _collections.defaultdict,
-                            _collections.Counter, _collections.deque, dict, list, set, int, str,
-                            float, tuple, bytes, frozenset})
+                            _Enum_IntFlag, _Enum_StrEnum, _typing.Generic})
 _ALLOWED_BASES |= {getattr(_typing, "_NamedTuple")}
 _ALLOWED_META = frozenset({type, _enum.EnumType, getattr(_typing, "NamedTupleMeta")})
 
@@ -70,6 +71,7 @@ class _StandIn(type):
         real = cls._real
         if real is str:
             if len(args) == 1 and not kwargs:
+                _walkable(args[0], "str()")
                 return _sized(_scrub(str(args[0])), "str()")
             return _sized(str(*args, **kwargs), "str()")
         if real is bytes or real is bytearray:
@@ -92,9 +94,11 @@ def _stand_in(real: type) -> type:
 
 
 bytes_, bytearray_, str_ = _stand_in(bytes), _stand_in(bytearray), _stand_in(str)
+int_ = _stand_in(int)
 list_, tuple_, dict_ = _stand_in(list), _stand_in(tuple), _stand_in(dict)
 set_, frozenset_ = _stand_in(set), _stand_in(frozenset)
-_STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_, str: str_, list: list_,
+_STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_, str: str_, int: int_,
+                              list: list_,
                               tuple: tuple_, dict: dict_, set: set_, frozenset: frozenset_}
 _REAL: dict[Any, type] = {v: k for k, v in _STANDIN.items()}
 
@@ -151,6 +155,8 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         elif name in _INSPECT:
             raise AttributeError(f"attribute {name!r} is not accessible in gesmas classes")
         elif name in GUARDED_NAMES:
+            if name == "from_bytes":
+                return _from_bytes
             if isinstance(obj, GUARDABLE):
                 return _guarded_method(obj, name)
             if isinstance(obj, type) and issubclass(_REAL.get(obj, obj), GUARDABLE):
@@ -259,7 +265,9 @@ class ClassMaker:
 
 # -- after a source loaded: its classes are sealed, its top level must be immutable -------------
 
+_TUPLEGETTER = type(getattr(_collections.namedtuple("_T", "a"), "a"))   # a namedtuple's field
 _IMMUTABLE_LEAVES = (type(None), bool, int, float, complex, str, bytes, range, type(Ellipsis),
+                     _TUPLEGETTER,
                      ModuleProxy, type(len), type(NotImplemented), Object)
 
 
@@ -287,11 +295,17 @@ def _immutable(v: Any, path: str, seen: set[int], types: UserTypes) -> None:
             _immutable(x, f"{path}[{i}]", seen, types)
         return
     if isinstance(v, type):
-        if v in types.readable:
+        namedtuple = issubclass(v, tuple) and hasattr(v, "_fields")
+        if v in types.readable or namedtuple and v.__module__.startswith("gesmas_user_"):
             for k, x in vars(v).items():
+                if namedtuple and k == "_field_defaults":
+                    continue                     # a copy of __new__'s defaults, checked below
                 if not k.startswith("_") or not k.endswith("_") or k in (
-                        "__init__", "__post_init__"):
+                        "__init__", "__post_init__", "__new__"):
                     _immutable(x, f"{path}.{k}", seen, types)
+            if _dataclasses.is_dataclass(v):
+                for fld in _dataclasses.fields(v):
+                    _immutable(fld, f"{path}.{fld.name}", seen, types)
         return              # a class from the dialect or a proxy: read-only for uploaded code
     if isinstance(v, _enum.Enum):
         _immutable(v.value, f"{path}.value", seen, types)
@@ -300,9 +314,9 @@ def _immutable(v: Any, path: str, seen: set[int], types: UserTypes) -> None:
         _immutable(v.__func__, path, seen, types)
         return
     if isinstance(v, property):
-        for f in (v.fget, v.fset, v.fdel):
-            if f is not None:
-                _immutable(f, path, seen, types)
+        for accessor in (v.fget, v.fset, v.fdel):
+            if accessor is not None:
+                _immutable(accessor, path, seen, types)
         return
     if isinstance(v, (_functools.partial, _functools.partialmethod)):
         _immutable(v.func, f"{path}.func", seen, types)
@@ -314,7 +328,7 @@ def _immutable(v: Any, path: str, seen: set[int], types: UserTypes) -> None:
     if isinstance(v, _functools.cached_property):
         _immutable(v.func, path, seen, types)
         return
-    if type(v).__name__ == "function" or callable(v) and type(v).__module__ in (
+    if isinstance(v, _types.FunctionType) or callable(v) and type(v).__module__ in (
             "builtins", "functools", "_functools", "itertools", "math", "_heapq", "_bisect",
             "collections", "dataclasses", "enum", "typing", __name__):
         for part in ("__defaults__", "__kwdefaults__"):
@@ -332,7 +346,12 @@ def _immutable(v: Any, path: str, seen: set[int], types: UserTypes) -> None:
         return
     if isinstance(v, (_typing.TypeVar,)) or type(v).__module__ == "typing":
         return
-    if isinstance(v, _dataclasses.Field) or v is _dataclasses.MISSING:
+    if isinstance(v, _dataclasses.Field):
+        _immutable(v.default, f"{path} (default)", seen, types)
+        _immutable(v.default_factory, f"{path} (default_factory)", seen, types)
+        _immutable(tuple(v.metadata.values()), f"{path} (metadata)", seen, types)
+        return
+    if v is _dataclasses.MISSING:
         return
     raise TypeError(f"{path}: a {type(v).__name__} at module or class level could be changed "
                     "by a method, and such state is not saved in checkpoints; keep state in "
