@@ -69,6 +69,7 @@ class Kernel:
         # (id, ttl) and ended (id, None) by the last apply
         self.session_changes: list[tuple[int, float | None]] = []
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
+        self._measure_every = (config.max_object_bytes >> 2) // 64   # steps between measures
         self._order = 0                  # block sequence number
         self._waiting = 0                # live waiters
         self._deadlines: list[tuple[float, int, Waiter]] = []
@@ -394,7 +395,11 @@ class Kernel:
         else:
             outcome = task.throw(throw)
         req.interrupting = False
-        self._account(req)
+        rec = self.objects.get(req.obj)          # charge the run's steps to its object
+        if rec is not None:
+            rec.steps += self._budget.steps
+            if rec.steps > self._measure_every:
+                self._account(rec)
         if task.dead:
             self._finish(req, outcome)
 
@@ -471,18 +476,12 @@ class Kernel:
         deadline = self.now + timeout
         return deadline if deadline < 1e15 else None    # inf or astronomically far: no limit
 
-    def _account(self, req: Request) -> None:
-        """Charge the steps of the run that just ended to the object it ran on. Growth costs
-        steps (one per 64 bytes made), so once an object's calls spent enough steps to have
-        grown by a quarter of max_object_bytes, its size is measured again; an object over
-        the limit takes no new calls (`_start`)."""
-        rec = self.objects.get(req.obj)
-        if rec is None:
-            return
-        rec.steps += self._budget.steps
-        if rec.steps * 64 > self.config.max_object_bytes >> 2:
-            rec.steps = 0
-            self._measure(rec)
+    def _account(self, rec: ObjectRecord) -> None:
+        """The runs on `rec` spent steps enough to have grown it by a quarter of
+        max_object_bytes (growth costs one step per 64 bytes made; `_run` and `_drain` add the
+        steps up): measure it again. An object over the limit takes no new calls (`_start`)."""
+        rec.steps = 0
+        self._measure(rec)
 
     def _measure(self, rec: ObjectRecord) -> None:
         limit = self.config.max_object_bytes
@@ -531,7 +530,11 @@ class Kernel:
                 assert task is not None
                 self._budget.steps = 0
                 outcome = task.switch(True)
-                self._account(req)
+                rec = self.objects.get(req.obj)
+                if rec is not None:
+                    rec.steps += self._budget.steps
+                    if rec.steps > self._measure_every:
+                        self._account(rec)
                 if task.dead:
                     self._finish(req, outcome)
             else:

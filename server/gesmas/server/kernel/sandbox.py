@@ -271,11 +271,18 @@ _IMMUTABLE_LEAVES = (type(None), bool, int, float, complex, str, bytes, range, t
                      ModuleProxy, type(len), type(NotImplemented), Object)
 
 
+def _read_only(self: Any, *args: Any) -> None:
+    raise TypeError(f"{type(self).__name__} members are read-only")
+
+
 def seal(ns: dict[str, Any], made: list[type], types: UserTypes) -> None:
     """Give the classes `made` identity-free repr/hash, then check that nothing a method could
     change lives at module or class level (it would not be part of any checkpoint). Raises
     TypeError naming the first mutable value."""
     for cls in made:
+        if isinstance(cls, _enum.EnumType):      # members are module-level: read-only
+            type.__setattr__(cls, "__setattr__", _read_only)
+            type.__setattr__(cls, "__delattr__", _read_only)
         if cls.__hash__ is object.__hash__:
             type.__setattr__(cls, "__hash__", _no_hash)
         if cls.__repr__ is object.__repr__:
