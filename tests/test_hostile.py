@@ -785,3 +785,25 @@ def test_a_shared_tree_in_state_does_not_stall_the_digest_or_a_checkpoint():
     h.kernel.state_digest()
     assert h.checkpoint().error is None
     assert Kernel.restore(h.kernel.checkpoint_blob).state_digest() == h.kernel.state_digest()
+
+
+@pytest.mark.parametrize("body", [
+    "for f in {len, abs}:\n    pass",
+    "return list({A, Semaphore})",
+    "return [x for x in {Semaphore(1), Semaphore(2)}]",
+    "return repr({lambda: 1})",
+    "return sorted({float('nan'), 1.5})",
+    "return {len}.pop()",
+    "return list(enumerate({abs}))",
+    "return ','.join({str(x) for x in [1, 2]} | {repr(len)}) and [t for t in {(len,)}]",
+])
+def test_sets_whose_order_would_differ_between_replicas_cannot_be_iterated(body):
+    h, s, err = call_m(body)
+    assert err is not None and err.type == "TypeError" and "same on every replica" in err.message, \
+        (body, err)
+
+
+def test_sets_of_plain_values_iterate_as_usual():
+    h, s, err = call_m("s = {3, 1, 2}\nreturn [sorted(s), len([x for x in s]), "
+                       "sorted(list(frozenset(['a', 'b']))), {1, 2}.pop() in (1, 2)]")
+    assert err is None and h.last == [[1, 2, 3], 3, ["a", "b"], True]

@@ -237,7 +237,7 @@ class _Policy(RestrictingNodeTransformer):
         return node
 
     def visit_comprehension(self, node: ast.comprehension) -> Any:
-        node = self.node_contents_visit(node)
+        node = super().visit_comprehension(node)  # type: ignore[assignment]  # _getiter_(iter)
         node.ifs.insert(0, _call("_stepc_", [], node.iter))
         return node
 
@@ -345,7 +345,7 @@ def _iter_(*args: Any) -> Any:
     """iter(x), or iter(callable, sentinel) counted per item (it has no end of its own)."""
     if len(args) == 2:
         return modules._Counted(iter(*args))
-    return iter(*args)
+    return iter(limits._set_iter(*args))
 
 
 def _sum_(iterable: Any, start: Any = 0) -> Any:
@@ -376,6 +376,8 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "object": limits.Object, "bytes": sandbox.bytes_, "bytearray": sandbox.bytearray_,
         "str": sandbox.str_, "list": sandbox.list_, "tuple": sandbox.tuple_,
         "dict": sandbox.dict_, "set": sandbox.set_, "frozenset": sandbox.frozenset_,
+        "enumerate": limits._set_args(enumerate), "zip": limits._set_args(zip),
+        "map": limits._set_args(map), "filter": limits._set_args(filter),
         "sorted": limits._scanning(sorted), "min": limits._scanning(min),
         "max": limits._scanning(max), "any": limits._scanning(any),
         "all": limits._scanning(all), "round": limits._round_,
@@ -388,7 +390,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "__builtins__": b,
         "__name__": module_name,
         **guards,
-        "_getiter_": lambda it: it,
+        "_getiter_": limits._set_iter,
         "_getitem_": lambda obj, key: obj[key],
         "_apply_": lambda f, *a, **kw: f(*a, **kw),
         "_unpack_sequence_": guarded_unpack_sequence,

@@ -248,9 +248,59 @@ _WALKED = (tuple, list, dict, set, frozenset, _collections.deque)
 
 def _walkable(obj: Any, what: str) -> None:
     """Refuse to walk a container whose unfolded size (shared parts counted each time they are
-    reached, as repr, hash, == and format reach them) is over MAX_SIZE."""
-    if isinstance(obj, _WALKED) and state_size(obj, MAX_SIZE, unfold=True) > MAX_SIZE:
-        raise ResourceLimit(f"{what} of a value this big (shared parts counted each time)")
+    reached, as repr, hash, == and format reach them) is over MAX_SIZE; and a set whose order
+    is not the same on every replica."""
+    if isinstance(obj, _WALKED):
+        if state_size(obj, MAX_SIZE, unfold=True) > MAX_SIZE:
+            raise ResourceLimit(f"{what} of a value this big (shared parts counted each time)")
+        if isinstance(obj, (set, frozenset)):
+            _ordered_set(obj)
+
+
+def _stable_hash(x: Any) -> bool:
+    """Whether hash(x) is the same on every replica (not an address, not NaN's)."""
+    t = type(x)
+    if t is str or t is int or t is bytes or t is bool or x is None or t is complex:
+        return True
+    if t is float:
+        return x == x
+    if t is tuple or t is frozenset:
+        return all(_stable_hash(y) for y in x)
+    if isinstance(x, type) or t.__hash__ is object.__hash__ or isinstance(x, _IDENTITY):
+        return False
+    return True
+
+
+def _ordered_set(s: Any) -> Any:
+    """`s` (a set about to be iterated), once every member is known to hash the same on every
+    replica; a set's order follows its members' hashes."""
+    _charge_scan(s)
+    for x in s:
+        if not _stable_hash(x):
+            raise TypeError(f"a set holding a {type(x).__name__} has no order that is the "
+                            "same on every replica (its hash is an address or NaN's); use a "
+                            "list or a dict")
+    return s
+
+
+def _set_iter(it: Any) -> Any:
+    """RestrictedPython's `_getiter_`: every `for` loop and comprehension source."""
+    t = type(it)
+    if t is set or t is frozenset:
+        _ordered_set(it)
+    return it
+
+
+def _set_args(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A builtin that iterates its arguments in order (enumerate, zip, map, filter, list...)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for a in args:
+            t = type(a)
+            if t is set or t is frozenset:
+                _ordered_set(a)
+        return fn(*args, **kwargs)
+    call.__name__ = getattr(fn, "__name__", "call")
+    return call
 
 
 def _repr_(obj: Any) -> str:
@@ -287,6 +337,8 @@ def _scanning(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         if len(args) == 1:
             _charge_scan(args[0])
+            if fn is sorted and isinstance(args[0], (set, frozenset)):
+                _ordered_set(args[0])          # ties keep the set's order
         return _sized(fn(*args, **kwargs), fn.__name__ + "()")
     call.__name__ = fn.__name__
     return call
@@ -350,6 +402,8 @@ def _growth_method(name: str) -> Callable[..., Any]:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if name == "join":
+                if isinstance(args[0], (set, frozenset)):
+                    _ordered_set(args[0])
                 items = list(args[0])
                 total = len(obj) * max(len(items) - 1, 0) + sum(
                     len(x) for x in items if isinstance(x, (str, bytes, bytearray)))
@@ -447,6 +501,7 @@ _GUARDED_METHODS: dict[str, Callable[[Any], Any]] = {
     **{n: _scan_method(n) for n in ("sort", "copy", "index", "count", "find", "rfind",
                                     "split", "rsplit", "splitlines", "most_common", "remove",
                                     "reverse")},
+    "pop": lambda obj: _ordered_set(obj).pop if isinstance(obj, (set, frozenset)) else obj.pop,
     "extend": _extending("extend"), "extendleft": _extending("extendleft"),
     "elements": _elements,
     "from_bytes": lambda cls: _from_bytes,

@@ -36,9 +36,10 @@ from typing import Any
 
 from . import sched
 from .limits import (_INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
-                     Object, ResourceLimit, SyncObject, _add_, _floordiv_, _fmt_,
-                     _from_bytes, _guarded_method, _in_, _inplace, _setslice_, _slice_, _lshift_, _mod_, _mul_, _no_hash,
-                     _plain_repr, _pow_, _scrub, _sized, _walkable)
+                     Object, ResourceLimit, SyncObject, _add_, _floordiv_, _fmt_, _from_bytes,
+                     _guarded_method, _in_, _inplace, _lshift_, _mod_, _mul_, _no_hash,
+                     _ordered_set, _plain_repr, _pow_, _scrub, _setslice_, _sized, _slice_,
+                     _walkable)
 from .modules import (_Enum_Enum, _Enum_Flag, _Enum_IntEnum, _Enum_IntFlag, _Enum_StrEnum,
                       ModuleProxy)
 
@@ -74,6 +75,9 @@ class _StandIn(type):
                 _walkable(args[0], "str()")
                 return _sized(_scrub(str(args[0])), "str()")
             return _sized(str(*args, **kwargs), "str()")
+        if args and isinstance(args[0], (set, frozenset)) and real is not set and \
+                real is not frozenset and real is not dict:
+            _ordered_set(args[0])                # list(s), tuple(s)... keep the set's order
         if real is bytes or real is bytearray:
             if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
                 raise ResourceLimit(f"{real.__name__}({args[0]}) is over {MAX_SIZE} bytes")
