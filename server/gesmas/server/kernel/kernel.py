@@ -385,16 +385,19 @@ class Kernel:
         task.request = req
         self._run(req)
 
-    def _run(self, req: Request, throw: BaseException | None = None) -> None:
+    def _run(self, req: Request, throw: BaseException | None = None,
+             woken: bool = False) -> None:
+        """Run `req` until it blocks or ends: start it, wake it (`woken`: its acquire returns
+        True) or raise `throw` at its blocking point."""
         task = req.task
         assert task is not None
         self._budget.steps = 0
-        req.interrupting = isinstance(throw, Interrupted)
         if throw is None:
-            outcome = task.switch()
+            outcome = task.switch(True) if woken else task.switch()
         else:
+            req.interrupting = isinstance(throw, Interrupted)
             outcome = task.throw(throw)
-        req.interrupting = False
+            req.interrupting = False
         rec = self.objects.get(req.obj)          # charge the run's steps to its object
         if rec is not None:
             rec.steps += self._budget.steps
@@ -525,20 +528,7 @@ class Kernel:
         ready = self._ready
         while ready:
             req, exc = ready.popleft()
-            if exc is None:
-                task = req.task
-                assert task is not None
-                self._budget.steps = 0
-                outcome = task.switch(True)
-                rec = self.objects.get(req.obj)
-                if rec is not None:
-                    rec.steps += self._budget.steps
-                    if rec.steps > self._measure_every:
-                        self._account(rec)
-                if task.dead:
-                    self._finish(req, outcome)
-            else:
-                self._run(req, exc)
+            self._run(req, exc, woken=exc is None)
 
     def _blocked(self, pred: Callable[[Request], bool] = lambda r: True) -> list[Request]:
         """Requests in flight that satisfy `pred`, oldest block first."""
