@@ -13,7 +13,8 @@ import io
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from .limits import Budget, state_size
+from .budget import Budget
+from .measure import state_size
 from .records import Config, ObjectRecord, PendingCall
 from .registry import safe_str, type_name
 

@@ -38,13 +38,13 @@ from collections import deque
 from typing import Any, Callable
 
 from . import checkpoint, codec
+from .budget import Budget, ResourceLimit
 from .codec import Command
-from .limits import Budget, state_size
 from .errors import Code, Error, KernelError
+from .measure import state_size
 from .records import (Completion, Config, Kind, ObjectRecord, PendingCall, Request,
                       Session)
 from .registry import Registry, safe_str, type_name
-from .limits import ResourceLimit
 from .sched import (Aborted, BudgetExceeded, Interrupted, Semaphore, SessionEnded, Task,
                     Timeout, Waiter)
 

@@ -5,106 +5,22 @@ and a few str/bytes methods into the functions here. Each checks the size of wha
 to make (integers up to MAX_BITS bits, sequences up to MAX_SIZE items, format widths up to
 MAX_WIDTH) and charges the running request steps for big results (`_charge`), so native code
 cannot spend more memory or time than the step budget allows. Identity never shows: addresses
-are removed from reprs, and objects without a value-based hash refuse `hash()`.
+are removed from reprs, and objects without a value-based hash refuse `hash()`. The budget and
+the size limits themselves are in budget.py; walking values (sizes, set order) in measure.py.
 """
 from __future__ import annotations
 
-import collections as _collections
 import re
 import string
-import types as _types
 from typing import Any, Callable
 
-from . import sched
-
-MAX_BITS = 1 << 16          # largest integer an operation may produce, in bits
-MAX_SIZE = 1 << 22          # longest str/bytes/list/tuple an operation may produce
-MAX_WIDTH = 10_000          # largest width or precision in a format specification
+# re-exported: the rest of the kernel imports the sandbox's shared pieces from here
+from .budget import (_IDENTITY, _SEQ_ALL, _SIZED_BASES, MAX_BITS, MAX_SIZE, MAX_WIDTH, Budget,
+                     ResourceLimit, _bits, _charge, _charge_scan, _cost, _deque, _rlen, _sized)
+from .measure import (_ordered_set, _set_args, _set_iter, _stable_hash,
+                      _walkable, state_size)
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-class ResourceLimit(Exception):
-    """An operation would produce a value bigger than the dialect allows."""
-
-
-class Budget:
-    """Steps left to the running request. Reset by the kernel each time it resumes one.
-    `current` is the budget of the kernel running uploaded code now (one at a time per
-    process: kernels are single-threaded and never nest)."""
-
-    __slots__ = ("steps", "limit")
-    current: Budget | None = None
-
-    def __init__(self, limit: int) -> None:
-        self.steps = 0
-        self.limit = limit
-
-
-def _charge(n: int) -> None:
-    b = Budget.current
-    if b is not None:
-        b.steps += n
-        if b.steps > b.limit:
-            raise sched.BudgetExceeded(b.limit)
-
-
-def _cost(v: Any) -> int:
-    """Steps a value costs to make or to scan: one per 64 bytes (8 references) it holds."""
-    t = type(v)
-    if t is str or t is bytes or t is bytearray:
-        return len(v) >> 6
-    if t is list or t is tuple or t is dict or t is set or t is frozenset or t is _deque:
-        return len(v) >> 3
-    if t is int:
-        return v.bit_length() >> 9
-    for base in _SIZED_BASES:                    # a subclass: its real size, whatever __len__ says
-        if isinstance(v, base):
-            n: int = base.__len__(v)  # type: ignore[attr-defined]
-            return n >> 6 if base in (str, bytes, bytearray) else n >> 3
-    return 0
-
-
-def _rlen(v: Any) -> int:
-    """The length of a builtin sequence or container, ignoring an overridden __len__."""
-    for base in _SIZED_BASES:
-        if isinstance(v, base):
-            return base.__len__(v)  # type: ignore[attr-defined]
-    return len(v)
-
-
-def _bits(v: int) -> int:
-    return int.bit_length(v)
-
-
-def _charge_scan(v: Any) -> None:
-    n = _cost(v)
-    if n:
-        _charge(n)
-
-
-def _sized(v: Any, what: str) -> Any:
-    """`v`, after checking its size and charging its cost."""
-    t = type(v)
-    if t is int:
-        if v.bit_length() > MAX_BITS:
-            raise ResourceLimit(f"{what} would have more than {MAX_BITS} bits")
-    elif isinstance(v, _SIZED_BASES) and _rlen(v) > MAX_SIZE:
-        raise ResourceLimit(f"{what} would hold more than {MAX_SIZE} items")
-    n = _cost(v)
-    if n:
-        _charge(n)
-    return v
-
-
-_deque = _collections.deque
-# callables whose hash is their identity (an address): refused by hash()
-_IDENTITY = (_types.FunctionType, _types.BuiltinFunctionType, _types.MethodType,
-             _types.BuiltinMethodType)
-_SEQ = (str, bytes, bytearray, list, tuple)
-_SEQ_ALL = (str, bytes, bytearray, list, tuple, _deque)
-_SIZED_BASES: tuple[type, ...] = (str, bytes, bytearray, list, tuple, dict, set, frozenset,
-                                  _deque)
 
 
 # -- identity-free base objects ----------------------------------------------------------------
@@ -241,66 +157,6 @@ def _fmt_(value: Any, conversion: int, spec: Any) -> str:
 
 def _format_(value: Any, spec: str = "") -> str:
     return _fmt_(value, -1, spec)
-
-
-_WALKED = (tuple, list, dict, set, frozenset, _collections.deque)
-
-
-def _walkable(obj: Any, what: str) -> None:
-    """Refuse to walk a container whose unfolded size (shared parts counted each time they are
-    reached, as repr, hash, == and format reach them) is over MAX_SIZE; and a set whose order
-    is not the same on every replica."""
-    if isinstance(obj, _WALKED):
-        if state_size(obj, MAX_SIZE, unfold=True) > MAX_SIZE:
-            raise ResourceLimit(f"{what} of a value this big (shared parts counted each time)")
-        if isinstance(obj, (set, frozenset)):
-            _ordered_set(obj)
-
-
-def _stable_hash(x: Any) -> bool:
-    """Whether hash(x) is the same on every replica (not an address, not NaN's)."""
-    t = type(x)
-    if t is str or t is int or t is bytes or t is bool or x is None or t is complex:
-        return True
-    if t is float:
-        return x == x
-    if t is tuple or t is frozenset:
-        return all(_stable_hash(y) for y in x)
-    if isinstance(x, type) or t.__hash__ is object.__hash__ or isinstance(x, _IDENTITY):
-        return False
-    return True
-
-
-def _ordered_set(s: Any) -> Any:
-    """`s` (a set about to be iterated), once every member is known to hash the same on every
-    replica; a set's order follows its members' hashes."""
-    _charge_scan(s)
-    for x in s:
-        if not _stable_hash(x):
-            raise TypeError(f"a set holding a {type(x).__name__} has no order that is the "
-                            "same on every replica (its hash is an address or NaN's); use a "
-                            "list or a dict")
-    return s
-
-
-def _set_iter(it: Any) -> Any:
-    """RestrictedPython's `_getiter_`: every `for` loop and comprehension source."""
-    t = type(it)
-    if t is set or t is frozenset:
-        _ordered_set(it)
-    return it
-
-
-def _set_args(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A builtin that iterates its arguments in order (enumerate, zip, map, filter, list...)."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        for a in args:
-            t = type(a)
-            if t is set or t is frozenset:
-                _ordered_set(a)
-        return fn(*args, **kwargs)
-    call.__name__ = getattr(fn, "__name__", "call")
-    return call
 
 
 def _repr_(obj: Any) -> str:
@@ -533,62 +389,3 @@ def _inplace(op: str, a: Any, b: Any) -> Any:
         a |= b
         return a
     return _INPLACE[op](a, b)
-
-
-_ATOMS = (type(None), bool, int, float, complex, str, bytes, range)
-
-
-def _instance_dict(v: Any) -> Any:
-    try:
-        return object.__getattribute__(v, "__dict__")
-    except AttributeError:
-        return None
-
-
-def state_size(obj: Any, limit: int, unfold: bool = False) -> int:
-    """A logical size of `obj` in bytes, the same on every replica whatever the history of
-    the process: strings and bytes count their length, numbers 8 (big integers their bytes),
-    a container 8 per slot plus its items; mutable containers and instances count once
-    however often they are referenced, immutable values at every reference (their sharing
-    differs between a replica restored from a snapshot and one that was not). Stops as soon
-    as the total passes `limit` (so its cost is bounded by the limit, not by the state).
-    With `unfold`, every reference counts: the size the value has for an operation that
-    walks it without a memo (repr, hash, ==, a pickle without memo)."""
-    total = 0
-    seen: set[int] = set()
-    stack = [obj]
-    while stack:
-        v = stack.pop()
-        t = type(v)
-        if t is str or t is bytes or t is bytearray:
-            total += 8 + len(v)
-        elif t in _ATOMS:
-            total += 8 + ((v.bit_length() >> 3) if t is int else 0)
-        else:
-            if not unfold and t is not tuple and t is not frozenset:
-                if id(v) in seen:
-                    continue
-                seen.add(id(v))
-            # the builtin methods themselves: a subclass's keys() or __iter__ is not called
-            if isinstance(v, dict):
-                total += 8 + 16 * dict.__len__(v)
-                stack.extend(dict.keys(v))
-                stack.extend(dict.values(v))
-            elif isinstance(v, (list, tuple, set, frozenset, _deque)):
-                base: Any = next(b for b in (list, tuple, set, frozenset, _deque)
-                                 if isinstance(v, b))
-                total += 8 + 8 * base.__len__(v)
-                stack.extend(base.__iter__(v))
-            elif t.__module__.startswith("gesmas.server"):
-                total += 64                      # a Semaphore, a context: fixed, opaque
-            else:
-                total += 16
-                d = _instance_dict(v)
-                if type(d) is dict:
-                    stack.append(d)
-                for slot in getattr(type(v), "__slots__", ()):
-                    if isinstance(slot, str) and hasattr(v, slot):
-                        stack.append(getattr(v, slot))
-        if total > limit:
-            break
-    return total

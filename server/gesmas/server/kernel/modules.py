@@ -20,7 +20,8 @@ import math as _math
 import typing as _typing
 from typing import Any, Callable
 
-from .limits import MAX_BITS, MAX_SIZE, ResourceLimit, _charge, _cost, _mul_
+from .budget import MAX_BITS, MAX_SIZE, ResourceLimit, _charge, _cost
+from .limits import _mul_
 
 class ModuleProxy:
     """An allowed module as uploaded code sees it: a fixed set of vetted public names."""

@@ -1,0 +1,126 @@
+"""Walking values without running uploaded code: the logical size of a state (the same on
+every replica, bounded by a limit, not by the state), the unfolded size that repr, hash and
+== would walk, and whether a set's order is the same on every replica."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .budget import _IDENTITY, MAX_SIZE, ResourceLimit, _charge_scan, _deque
+
+_WALKED = (tuple, list, dict, set, frozenset, _deque)
+
+
+def _walkable(obj: Any, what: str) -> None:
+    """Refuse to walk a container whose unfolded size (shared parts counted each time they are
+    reached, as repr, hash, == and format reach them) is over MAX_SIZE; and a set whose order
+    is not the same on every replica."""
+    if isinstance(obj, _WALKED):
+        if state_size(obj, MAX_SIZE, unfold=True) > MAX_SIZE:
+            raise ResourceLimit(f"{what} of a value this big (shared parts counted each time)")
+        if isinstance(obj, (set, frozenset)):
+            _ordered_set(obj)
+
+
+def _stable_hash(x: Any) -> bool:
+    """Whether hash(x) is the same on every replica (not an address, not NaN's)."""
+    t = type(x)
+    if t is str or t is int or t is bytes or t is bool or x is None or t is complex:
+        return True
+    if t is float:
+        return x == x
+    if t is tuple or t is frozenset:
+        return all(_stable_hash(y) for y in x)
+    if isinstance(x, type) or t.__hash__ is object.__hash__ or isinstance(x, _IDENTITY):
+        return False
+    return True
+
+
+def _ordered_set(s: Any) -> Any:
+    """`s` (a set about to be iterated), once every member is known to hash the same on every
+    replica; a set's order follows its members' hashes."""
+    _charge_scan(s)
+    for x in s:
+        if not _stable_hash(x):
+            raise TypeError(f"a set holding a {type(x).__name__} has no order that is the "
+                            "same on every replica (its hash is an address or NaN's); use a "
+                            "list or a dict")
+    return s
+
+
+def _set_iter(it: Any) -> Any:
+    """RestrictedPython's `_getiter_`: every `for` loop and comprehension source."""
+    t = type(it)
+    if t is set or t is frozenset:
+        _ordered_set(it)
+    return it
+
+
+def _set_args(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A builtin that iterates its arguments in order (enumerate, zip, map, filter, list...)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for a in args:
+            t = type(a)
+            if t is set or t is frozenset:
+                _ordered_set(a)
+        return fn(*args, **kwargs)
+    call.__name__ = getattr(fn, "__name__", "call")
+    return call
+
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, range)
+
+
+def _instance_dict(v: Any) -> Any:
+    try:
+        return object.__getattribute__(v, "__dict__")
+    except AttributeError:
+        return None
+
+
+def state_size(obj: Any, limit: int, unfold: bool = False) -> int:
+    """A logical size of `obj` in bytes, the same on every replica whatever the history of
+    the process: strings and bytes count their length, numbers 8 (big integers their bytes),
+    a container 8 per slot plus its items; mutable containers and instances count once
+    however often they are referenced, immutable values at every reference (their sharing
+    differs between a replica restored from a snapshot and one that was not). Stops as soon
+    as the total passes `limit` (so its cost is bounded by the limit, not by the state).
+    With `unfold`, every reference counts: the size the value has for an operation that
+    walks it without a memo (repr, hash, ==, a pickle without memo)."""
+    total = 0
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is str or t is bytes or t is bytearray:
+            total += 8 + len(v)
+        elif t in _ATOMS:
+            total += 8 + ((v.bit_length() >> 3) if t is int else 0)
+        else:
+            if not unfold and t is not tuple and t is not frozenset:
+                if id(v) in seen:
+                    continue
+                seen.add(id(v))
+            # the builtin methods themselves: a subclass's keys() or __iter__ is not called
+            if isinstance(v, dict):
+                total += 8 + 16 * dict.__len__(v)
+                stack.extend(dict.keys(v))
+                stack.extend(dict.values(v))
+            elif isinstance(v, (list, tuple, set, frozenset, _deque)):
+                base: Any = next(b for b in (list, tuple, set, frozenset, _deque)
+                                 if isinstance(v, b))
+                total += 8 + 8 * base.__len__(v)
+                stack.extend(base.__iter__(v))
+            elif t.__module__.startswith("gesmas.server"):
+                total += 64                      # a Semaphore, a context: fixed, opaque
+            else:
+                total += 16
+                d = _instance_dict(v)
+                if type(d) is dict:
+                    stack.append(d)
+                for slot in getattr(type(v), "__slots__", ()):
+                    if isinstance(slot, str) and hasattr(v, slot):
+                        stack.append(getattr(v, slot))
+        if total > limit:
+            break
+    return total
