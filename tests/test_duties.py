@@ -49,14 +49,14 @@ def test_a_session_without_keep_alives_expires_after_its_ttl_and_is_retried_afte
     r.apply(OpenSession(ttl=3.0), 0.0)
     sid = r.index
     assert r.kinds(2.0) == []
-    assert r.duties.keep_alive(sid, 2.5) == 3.0
+    assert r.duties.keep_alive(sid, "", 2.5) == 3.0
     assert r.kinds(5.0) == []                          # 2.5 s after the keep-alive
     expired = r.step(5.6)
     assert [(type(c).__name__, c.session) for c in expired] == [("ExpireSession", sid)]
     assert r.kinds(6.0) == []                          # proposed, not applied yet
     assert r.kinds(7.7) == ["ExpireSession"]           # not applied after 2 s: again
     r.apply(expired[0], 7.8)
-    assert r.kinds(20.0) == [] and r.duties.keep_alive(sid, 20.0) is None
+    assert r.kinds(20.0) == [] and r.duties.keep_alive(sid, "", 20.0) is None
 
 
 def test_a_new_leader_grants_every_session_a_fresh_ttl():
@@ -72,8 +72,29 @@ def test_keep_alive_of_an_unknown_session():
     r = Replica()
     r.apply(OpenSession(ttl=3.0), 0.0)
     r.apply(CloseSession(session=r.index), 0.0)
-    assert r.duties.keep_alive(1, 1.0) is None          # closed
-    assert r.duties.keep_alive(99, 1.0) == 10.0        # not applied here yet: default ttl
+    assert r.duties.keep_alive(1, "", 1.0) is None          # closed
+    assert r.duties.keep_alive(99, "", 1.0) == 10.0        # not applied here yet: default ttl
+    assert 99 not in r.duties._last_seen                    # ...and not remembered
+    assert r.duties.keep_alive(10**9, "", 1.0) is None     # far beyond the log: unknown
+
+
+def test_keep_alive_needs_the_session_secret():
+    r = Replica()
+    r.apply(RegisterClass(source=SOURCE), 0.0)
+    r.apply(OpenSession(ttl=3.0, secret="s3"), 0.0)
+    sid = r.index
+    assert r.kinds(0.1) == []                              # the leader from now on
+    assert r.duties.keep_alive(sid, "wrong", 2.5) is None
+    assert r.kinds(3.4) == ["ExpireSession"]               # the wrong one renewed nothing
+    assert r.duties.keep_alive(sid, "s3", 3.5) == 3.0
+
+
+def test_made_up_keep_alives_cost_no_memory():
+    r = Replica()
+    r.apply(OpenSession(ttl=3.0), 0.0)
+    for sid in range(1, 100_000):
+        r.duties.keep_alive(sid, "x", 1.0)
+    assert len(r.duties._last_seen) == 1
 
 
 def test_a_tick_when_the_earliest_deadline_is_due_at_most_every_50_ms():

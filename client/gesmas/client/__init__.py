@@ -25,9 +25,11 @@ from gesmas.client.errors import (
     Internal,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     SessionExpired,
     Timeout,
+    Unauthenticated,
     Unavailable,
 )
 from gesmas.client.proxies import (
@@ -55,11 +57,13 @@ __all__ = [
     "NotFound",
     "ObjectInfo",
     "ObjectProxy",
+    "PermissionDenied",
     "ReadWriteLockProxy",
     "ResourceExhausted",
     "SemaphoreProxy",
     "SessionExpired",
     "Status",
     "Timeout",
+    "Unauthenticated",
     "Unavailable",
 ]

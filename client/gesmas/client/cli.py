@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import getpass
 import importlib
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any, NoReturn
 
 from gesmas.client.client import DEFAULT_CLUSTER, Client
 from gesmas.client.errors import GesmasError
+from gesmas.client.security import TLS
 
 __all__ = ["main"]
 
@@ -92,8 +94,18 @@ def _dump(x: Any) -> str:
 
 
 def _client(args: argparse.Namespace, session: bool = False) -> Client:
+    tls: Any = None
+    if args.tls_ca or args.tls_cert or args.tls_key:
+        tls = TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+    user = args.user or os.environ.get("GESMAS_USER") or None
+    password = None
+    if user is not None:
+        password = os.environ.get("GESMAS_PASSWORD")
+        if password is None:
+            password = getpass.getpass(f"password of {user}: ")
     try:
-        return Client(args.cluster, retry_timeout=args.retry_timeout, connect=session)
+        return Client(args.cluster, retry_timeout=args.retry_timeout, connect=session, tls=tls,
+                      user=user, password=password)
     except ValueError as e:  # a malformed --cluster
         raise UsageError(f"--cluster: {e}") from None
 
@@ -201,6 +213,92 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- users, roles, auth ------------------------------------------------------------------
+
+QUOTA_FLAGS = ("sessions", "objects", "waiters", "state_bytes", "source_bytes")
+
+
+def _new_password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass(f"new password of {args.name}: ")
+    if getpass.getpass("again: ") != first:
+        raise UsageError("the passwords differ")
+    return first
+
+
+def cmd_auth_op(args: argparse.Namespace) -> int:
+    """user ..., role ..., auth ...: one Auth operation, its answer printed as JSON."""
+    op = args.op
+    params: dict[str, Any] = {}
+    for key in ("name", "role", "action", "prefix"):
+        value = getattr(args, key, None)
+        if value is not None:
+            params[key] = value
+    if op in ("user_add", "user_passwd"):
+        params["password"] = _new_password(args)
+    if op == "user_quota":
+        params["quota"] = {k: (None if v < 0 else v) for k in QUOTA_FLAGS
+                           if (v := getattr(args, k)) is not None}
+        if not params["quota"]:
+            raise UsageError("give at least one quota, e.g. --sessions 100 (-1 removes it)")
+    with _client(args) as c:
+        print(_dump(c.auth(op, **params)))
+    return 0
+
+
+def _add_auth_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    groups = {
+        "user": ("manage users", [
+            ("add", "add a user (password from a prompt or --password-stdin)", ["name"]),
+            ("passwd", "change a user's password (users may change their own)", ["name"]),
+            ("delete", "delete a user", ["name"]),
+            ("grant", "give a user a role", ["name", "role"]),
+            ("revoke", "take a role from a user", ["name", "role"]),
+            ("get", "a user's roles and quotas", ["name"]),
+            ("list", "every user", []),
+            ("quota", "set a user's quotas (-1 removes one: the default applies)", ["name"]),
+        ]),
+        "role": ("manage roles and their permissions", [
+            ("add", "add a role", ["name"]),
+            ("delete", "delete a role (users lose it)", ["name"]),
+            ("grant", "give a role a permission: ACTION on names starting with PREFIX",
+             ["name", "action", "prefix?"]),
+            ("revoke", "take a permission from a role", ["name", "action", "prefix?"]),
+            ("get", "a role's permissions", ["name"]),
+            ("list", "every role", []),
+        ]),
+        "auth": ("turn authentication on or off", [
+            ("enable", "enable auth (needs the user root with the role root)", []),
+            ("disable", "disable auth (root only)", []),
+            ("status", "whether auth is enabled", []),
+        ]),
+    }
+    for group, (text, ops) in groups.items():
+        p = sub.add_parser(group, help=text, description=text)
+        s2 = p.add_subparsers(dest=f"{group}_command", metavar="COMMAND", parser_class=_Parser)
+        s2.required = True
+        for name, help_text, params in ops:
+            a = s2.add_parser(name, parents=[common], help=help_text, description=help_text)
+            for param in params:
+                if param == "prefix?":
+                    a.add_argument("prefix", nargs="?", default="",
+                                   help="object or class name prefix (default: every name)")
+                elif param == "action":
+                    a.add_argument("action", choices=["invoke", "create", "delete",
+                                                      "register", "admin"])
+                else:
+                    a.add_argument(param, metavar=param.upper())
+            if group == "user" and name in ("add", "passwd"):
+                a.add_argument("--password-stdin", action="store_true",
+                               help="read the new password from the first line of stdin")
+            if group == "user" and name == "quota":
+                for q in QUOTA_FLAGS:
+                    a.add_argument(f"--{q.replace('_', '-')}", dest=q, type=int, metavar="N")
+            op = f"{group}_{name}" if group != "auth" else f"auth_{name}"
+            a.set_defaults(func=cmd_auth_op, op=op)
+
+
 # --- server commands ---------------------------------------------------------------------
 
 def _comma_list(text: str) -> list[str]:
@@ -242,6 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--retry-timeout", type=float, default=10.0, metavar="S",
                         help="give up after S seconds without a reachable leader "
                              "(default %(default)s)")
+    common.add_argument("--user", help="log in as USER (default: env GESMAS_USER); the "
+                                       "password comes from env GESMAS_PASSWORD or a prompt")
+    common.add_argument("--tls-ca", metavar="PEM", default=os.environ.get("GESMAS_TLS_CA"),
+                        help="use TLS, trusting this CA (default: env GESMAS_TLS_CA)")
+    common.add_argument("--tls-cert", metavar="PEM", default=os.environ.get("GESMAS_TLS_CERT"),
+                        help="client certificate for mutual TLS (env GESMAS_TLS_CERT)")
+    common.add_argument("--tls-key", metavar="PEM", default=os.environ.get("GESMAS_TLS_KEY"),
+                        help="its key (env GESMAS_TLS_KEY)")
     as_json = _Parser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 
@@ -301,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("raft_addr", metavar="RAFT_ADDR", help="its --raft-addr, host:port")
     a.set_defaults(func=cmd_remove_node)
 
+    _add_auth_commands(sub, common)
+
     p = sub.add_parser("up", help="run a local cluster in the foreground",
                        description="Start NODES server processes on 127.0.0.1 and wait.")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default %(default)s)")
@@ -309,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", metavar="DIR", help="where the nodes keep their data")
     p.add_argument("--unsafe-no-fsync", action="store_true",
                    help="do not fsync the journal (fast, loses data on power failure)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS and auth: make a throw-away CA, certificates and a root password "
+                        "(printed as the environment a client needs)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("server", help="run one server node",
@@ -325,6 +436,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret", help="cluster secret (default: env GESMAS_CLUSTER_SECRET)")
     p.add_argument("--unsafe-no-fsync", action="store_true", default=None,
                    help="do not fsync the journal (fast, loses data on power failure)")
+    p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate of the client port "
+                   "(env GESMAS_TLS_CERT)")
+    p.add_argument("--tls-key", metavar="PEM", help="its private key (env GESMAS_TLS_KEY)")
+    p.add_argument("--tls-client-ca", metavar="PEM",
+                   help="require client certificates signed by this CA: mutual TLS; a "
+                        "certificate's common name is its user (env GESMAS_TLS_CLIENT_CA)")
+    p.add_argument("--root-password-file", metavar="FILE",
+                   help="on a new cluster, create the user root with this password and enable "
+                        "auth (env GESMAS_ROOT_PASSWORD_FILE)")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="allow a client port that is not loopback without TLS and auth "
+                        "(anyone who reaches it can do everything)")
     p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
                    dest="skip_entries",
                    help="recovery only: complete log entry INDEX with an INTERNAL error "

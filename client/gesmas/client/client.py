@@ -61,9 +61,11 @@ from gesmas.client.errors import (
     GesmasError,
     NotFound,
     SessionExpired,
+    Unauthenticated,
     Unavailable,
     error_from_rpc,
 )
+from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.proxies import (
     PROXIES,
     LeaderElectionProxy,
@@ -201,6 +203,9 @@ class Client:
     ``retry_timeout`` bounds how long a call keeps retrying while no replica can serve it.
     ``route`` is "leader" (calls go to the Raft leader) or "replica" (calls stay on one
     replica); see "Routing" in the module doc.
+    ``tls`` secures the channels (``security.resolve_tls``: a ``TLS``, a CA file, True, or
+    None for the GESMAS_TLS_* environment); ``user``/``password`` (or GESMAS_USER /
+    GESMAS_PASSWORD) log in to a cluster with auth enabled, ``token`` uses a ready token.
     With ``connect=False`` the session is opened on first use instead of now (the admin
     calls — classes, objects, status — need none).
     """
@@ -213,12 +218,19 @@ class Client:
         retry_timeout: float = 30.0,
         connect: bool = True,
         route: str = "leader",
+        tls: TLS | bool | str | dict[str, Any] | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
     ) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
         if route not in ("leader", "replica"):
             raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
         self._addresses = parse_cluster(cluster)
+        self._tls = resolve_tls(tls)
+        self._credentials = self._tls.credentials() if self._tls is not None else None
+        self._login = Login(user, password, token)
         self._preferred = 0  # index of the address to try first
         self._leader: str | None = None  # where keep-alives (and routed calls) go, once known
         self._route_leader = route == "leader"
@@ -229,6 +241,7 @@ class Client:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
         self._channels_closed = False
         self._session = 0
+        self._session_secret = ""
         self._granted_ttl = self._ttl
         self._expired: SessionExpired | None = None
         self._closed = threading.Event()
@@ -270,6 +283,7 @@ class Client:
                 return self._session
             resp = self._call("OpenSession", pb.OpenSessionRequest(ttl=self._ttl))
             self._session, self._granted_ttl = resp.session, resp.ttl or self._ttl
+            self._session_secret = resp.session_secret
             if resp.leader:
                 with self._lock:
                     self._learn_leader(resp.leader)
@@ -299,7 +313,8 @@ class Client:
             self._keepalive.join(timeout=RPC_TIMEOUT)
         if self._session and self._expired is None:
             try:
-                self._call("CloseSession", pb.CloseSessionRequest(session=self._session),
+                self._call("CloseSession", pb.CloseSessionRequest(
+                    session=self._session, session_secret=self._session_secret),
                            retry_timeout=min(self._retry_timeout, 5.0), closing=True)
             except GesmasError as e:  # it expires on its own
                 log.warning("gesmas: could not close session %d: %s", self._session, e)
@@ -327,7 +342,8 @@ class Client:
         while not self._closed.wait(wait):
             try:
                 resp = self._call(
-                    "KeepAlive", pb.KeepAliveRequest(session=self._session),
+                    "KeepAlive", pb.KeepAliveRequest(session=self._session,
+                                                     session_secret=self._session_secret),
                     rpc_timeout=max(interval, 1.0), retry_timeout=interval, keepalive=True,
                 )
             except ClientClosed:
@@ -351,7 +367,11 @@ class Client:
             if entry is None:
                 if self._channels_closed:
                     raise ClientClosed()
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                if self._credentials is not None:
+                    channel = grpc.secure_channel(address, self._credentials,
+                                                  options=CHANNEL_OPTIONS)
+                else:
+                    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
                 stub = pb_grpc.GesmasStub(channel)
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
@@ -386,14 +406,30 @@ class Client:
                 self._preferred = self._addresses.index(nxt)
             return nxt
 
-    def _attempt(self, address: str, method: str, request: Any, deadline: float | None) -> Any:
+    def _authenticate(self, address: str) -> Callable[[str, str], tuple[str, float]]:
+        def authenticate(user: str, password: str) -> tuple[str, float]:
+            resp = self._attempt(address, "Authenticate",
+                                 pb.AuthenticateRequest(user=user, password=password),
+                                 RPC_TIMEOUT, login=False)
+            return resp.token, resp.ttl
+        return authenticate
+
+    def _attempt(self, address: str, method: str, request: Any, deadline: float | None,
+                 login: bool = True) -> Any:
+        metadata = (self._login.metadata(self._authenticate(address))
+                    if login and self._login.enabled else ())
         try:
-            return getattr(self._stub(address), method)(request, timeout=deadline)
+            return getattr(self._stub(address), method)(request, timeout=deadline,
+                                                         metadata=metadata)
         except grpc.RpcError as e:
             error = error_from_rpc(e)
             if _has_detail(e):
                 if isinstance(error, Unavailable):
                     raise _Failure(error) from e
+                if isinstance(error, Unauthenticated) and metadata \
+                        and self._login.refused(metadata):
+                    # an expired or revoked token: log in again (the call did not run)
+                    raise _Failure(Unavailable(f"{address}: {error.message}")) from e
             elif e.code() in _TRANSPORT:
                 raise _Failure(Unavailable(f"{address}: {error.message}")) from e
             raise error from e
@@ -502,6 +538,7 @@ class Client:
         if timeout is not None:
             request.timeout = float(timeout)
         request.session = self.session
+        request.session_secret = self._session_secret
         request.seq = self._new_seq()
         try:
             request.ack = self._current_ack()
@@ -534,6 +571,7 @@ class Client:
         convert.fill_values(request.args, args)
         convert.fill_map(request.kwargs, kwargs)
         request.session = self.session
+        request.session_secret = self._session_secret
         self._call("CreateObject", request)
         return PROXIES.get(class_name, ObjectProxy)(self, class_name, name)
 
@@ -664,6 +702,25 @@ class Client:
                                                        client_addr=client_addr),
                           rpc_timeout=RPC_TIMEOUT + 5.0)
         return bool(resp.changed)
+
+    # --- users, roles, auth (administration) ------------------------------------------------
+
+    def auth(self, op: str, **args: Any) -> Any:
+        """One operation on users, roles, quotas or the auth flag (AuthRequest in the proto:
+        ``user_add``, ``user_grant``, ``role_grant``, ``auth_enable``, ...); returns its
+        answer. Passwords go as ``password=`` and are hashed by the replica."""
+        request = pb.AuthRequest(op=op)
+        convert.fill_map(request.args, args)
+        return convert.from_value(self._call("Auth", request).result)
+
+    def authenticate(self) -> str:
+        """Log in now (normally done on the first call) and return the token, e.g. to hand
+        to another process as ``Client(token=...)``."""
+        if not self._login.can_renew():
+            raise ValueError("authenticate() needs user= and password=")
+        address = self._first_address(False)
+        meta = self._login.metadata(self._authenticate(address))
+        return meta[0][1].partition(" ")[2]
 
     def remove_node(self, raft_addr: str) -> bool:
         """Remove the replica with Raft address ``raft_addr`` from the Raft configuration

@@ -16,7 +16,9 @@ status code when not (transport failures, proxies): e.g. UNAVAILABLE -> ``Unavai
     ├── Unavailable         no leader / replica not ready; ``.leader_hint`` may say where
     ├── ResourceExhausted   step budget, payload or waiter limits
     ├── AlreadyExists       the object exists with another class
-    └── Internal            a bug in gesmas (also: unknown or unexpected status codes)
+    ├── Internal            a bug in gesmas (also: unknown or unexpected status codes)
+    ├── Unauthenticated     no valid credentials (auth is enabled): log in
+    └── PermissionDenied    the user may not do this, or the session is not its own
 
 This module mirrors ``gesmas.server.kernel.errors`` but must not import the server; what both
 sides share is in ``gesmas.protocol``.
@@ -41,6 +43,8 @@ __all__ = [
     "Internal",
     "InvalidArgument",
     "NotFound",
+    "PermissionDenied",
+    "Unauthenticated",
     "ResourceExhausted",
     "SessionExpired",
     "Timeout",
@@ -151,6 +155,20 @@ class Internal(GesmasError):
     code = pb.ERROR_CODE_INTERNAL
 
 
+class Unauthenticated(GesmasError):
+    """The cluster has authentication enabled and the call carried no valid credentials
+    (no token, an expired or revoked one, a deleted user, a wrong password)."""
+
+    code = pb.ERROR_CODE_UNAUTHENTICATED
+
+
+class PermissionDenied(GesmasError):
+    """The authenticated user may not do this (its roles give no such permission), or the
+    session named in the call belongs to another client (wrong session secret)."""
+
+    code = pb.ERROR_CODE_PERMISSION_DENIED
+
+
 #: ErrorCode number -> exception class (ERROR_CODE_OK has none).
 ERROR_CLASSES: dict[int, type[GesmasError]] = {
     cls.code: cls
@@ -164,6 +182,8 @@ ERROR_CLASSES: dict[int, type[GesmasError]] = {
         ResourceExhausted,
         AlreadyExists,
         Internal,
+        Unauthenticated,
+        PermissionDenied,
     )
 }
 
@@ -180,6 +200,8 @@ _STATUS_CLASSES: dict[grpc.StatusCode, type[GesmasError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.INTERNAL: Internal,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

@@ -11,6 +11,16 @@ from importlib import resources
 
 MODULES = ("queue", "lock", "semaphore", "barrier", "latch", "rwlock", "election", "counter")
 
+#: The class names the standard modules define. They are reserved: only the replicas register
+#: them (an upload that defines one is refused, so nobody can replace the standard Queue).
+#: Future standard classes take the names listed here first (tests/test_objects.py checks
+#: that the list covers every class of MODULES).
+RESERVED_CLASSES = frozenset({
+    "Queue", "Lock", "Semaphore", "Barrier", "DoubleBarrier", "CountDownLatch",
+    "ReadWriteLock", "LeaderElection", "Counter",
+    # names a future standard class may take (issue: Python-like objects, tooz groups)
+    "BoundedSemaphore", "Condition", "Event", "Group", "Election"})
+
 
 def standard_sources() -> list[tuple[str, str]]:
     """(module name, source) of every standard class module, in registration order."""

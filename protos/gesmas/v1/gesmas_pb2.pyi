@@ -23,6 +23,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
     ERROR_CODE_ALREADY_EXISTS: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
+    ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
 NULL_VALUE: NullValue
 ERROR_CODE_OK: ErrorCode
 ERROR_CODE_NOT_FOUND: ErrorCode
@@ -34,6 +36,8 @@ ERROR_CODE_UNAVAILABLE: ErrorCode
 ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode
 ERROR_CODE_ALREADY_EXISTS: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
+ERROR_CODE_UNAUTHENTICATED: ErrorCode
+ERROR_CODE_PERMISSION_DENIED: ErrorCode
 
 class Value(_message.Message):
     __slots__ = ("null_value", "bool_value", "int_value", "double_value", "string_value", "bytes_value", "list_value", "map_value")
@@ -93,20 +97,24 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, ttl: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session", "ttl", "leader")
+    __slots__ = ("session", "ttl", "leader", "session_secret")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     session: int
     ttl: float
     leader: str
-    def __init__(self, session: _Optional[int] = ..., ttl: _Optional[float] = ..., leader: _Optional[str] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, session: _Optional[int] = ..., ttl: _Optional[float] = ..., leader: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("session",)
+    __slots__ = ("session", "session_secret")
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     session: int
-    def __init__(self, session: _Optional[int] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, session: _Optional[int] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
     __slots__ = ("ttl",)
@@ -115,17 +123,19 @@ class KeepAliveResponse(_message.Message):
     def __init__(self, ttl: _Optional[float] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
-    __slots__ = ("session",)
+    __slots__ = ("session", "session_secret")
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     session: int
-    def __init__(self, session: _Optional[int] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, session: _Optional[int] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class CloseSessionResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class InvokeRequest(_message.Message):
-    __slots__ = ("session", "seq", "ack", "class_name", "object_name", "method", "args", "kwargs", "timeout", "create", "ctor_args", "ctor_kwargs")
+    __slots__ = ("session", "seq", "ack", "class_name", "object_name", "method", "args", "kwargs", "timeout", "create", "ctor_args", "ctor_kwargs", "session_secret")
     class KwargsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +162,7 @@ class InvokeRequest(_message.Message):
     CREATE_FIELD_NUMBER: _ClassVar[int]
     CTOR_ARGS_FIELD_NUMBER: _ClassVar[int]
     CTOR_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     session: int
     seq: int
     ack: int
@@ -164,7 +175,8 @@ class InvokeRequest(_message.Message):
     create: bool
     ctor_args: _containers.RepeatedCompositeFieldContainer[Value]
     ctor_kwargs: _containers.MessageMap[str, Value]
-    def __init__(self, session: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., method: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., timeout: _Optional[float] = ..., create: _Optional[bool] = ..., ctor_args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., ctor_kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, session: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., method: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., timeout: _Optional[float] = ..., create: _Optional[bool] = ..., ctor_args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., ctor_kwargs: _Optional[_Mapping[str, Value]] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class InvokeResponse(_message.Message):
     __slots__ = ("result",)
@@ -173,7 +185,7 @@ class InvokeResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class CreateObjectRequest(_message.Message):
-    __slots__ = ("session", "class_name", "object_name", "args", "kwargs")
+    __slots__ = ("session", "class_name", "object_name", "args", "kwargs", "session_secret")
     class KwargsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -186,12 +198,14 @@ class CreateObjectRequest(_message.Message):
     OBJECT_NAME_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
     KWARGS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     session: int
     class_name: str
     object_name: str
     args: _containers.RepeatedCompositeFieldContainer[Value]
     kwargs: _containers.MessageMap[str, Value]
-    def __init__(self, session: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, session: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class CreateObjectResponse(_message.Message):
     __slots__ = ("created",)
@@ -348,3 +362,40 @@ class RemoveNodeResponse(_message.Message):
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     changed: bool
     def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+
+class AuthenticateRequest(_message.Message):
+    __slots__ = ("user", "password")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    password: str
+    def __init__(self, user: _Optional[str] = ..., password: _Optional[str] = ...) -> None: ...
+
+class AuthenticateResponse(_message.Message):
+    __slots__ = ("token", "ttl")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    ttl: float
+    def __init__(self, token: _Optional[str] = ..., ttl: _Optional[float] = ...) -> None: ...
+
+class AuthRequest(_message.Message):
+    __slots__ = ("op", "args")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    args: _containers.MessageMap[str, Value]
+    def __init__(self, op: _Optional[str] = ..., args: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class AuthResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: Value
+    def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...

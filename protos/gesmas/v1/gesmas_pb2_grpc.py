@@ -96,6 +96,16 @@ class GesmasStub:
                 request_serializer=gesmas_dot_v1_dot_gesmas__pb2.StatusRequest.SerializeToString,
                 response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Authenticate = channel.unary_unary(
+                '/gesmas.v1.Gesmas/Authenticate',
+                request_serializer=gesmas_dot_v1_dot_gesmas__pb2.AuthenticateRequest.SerializeToString,
+                response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.AuthenticateResponse.FromString,
+                _registered_method=True)
+        self.Auth = channel.unary_unary(
+                '/gesmas.v1.Gesmas/Auth',
+                request_serializer=gesmas_dot_v1_dot_gesmas__pb2.AuthRequest.SerializeToString,
+                response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.AuthResponse.FromString,
+                _registered_method=True)
         self.AddNode = channel.unary_unary(
                 '/gesmas.v1.Gesmas/AddNode',
                 request_serializer=gesmas_dot_v1_dot_gesmas__pb2.AddNodeRequest.SerializeToString,
@@ -197,6 +207,22 @@ class GesmasServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Authenticate(self, request, context):
+        """Exchanges a user name and password for a token (like etcd's Authenticate). A wrong
+        name or password fails UNAUTHENTICATED without saying which.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Auth(self, request, context):
+        """Users, roles, permissions, quotas and the auth flag: one operation per call (see
+        AuthRequest). Replicated through the log; most operations need the admin permission.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddNode(self, request, context):
         """Administration: Raft membership (one change at a time). Both go through the leader: a
         follower answers UNAVAILABLE with ErrorDetail.leader_hint, like any call it cannot
@@ -279,6 +305,16 @@ def add_GesmasServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.StatusRequest.FromString,
                     response_serializer=gesmas_dot_v1_dot_gesmas__pb2.StatusResponse.SerializeToString,
+            ),
+            'Authenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authenticate,
+                    request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.AuthenticateRequest.FromString,
+                    response_serializer=gesmas_dot_v1_dot_gesmas__pb2.AuthenticateResponse.SerializeToString,
+            ),
+            'Auth': grpc.unary_unary_rpc_method_handler(
+                    servicer.Auth,
+                    request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.AuthRequest.FromString,
+                    response_serializer=gesmas_dot_v1_dot_gesmas__pb2.AuthResponse.SerializeToString,
             ),
             'AddNode': grpc.unary_unary_rpc_method_handler(
                     servicer.AddNode,
@@ -595,6 +631,60 @@ class Gesmas:
             '/gesmas.v1.Gesmas/Status',
             gesmas_dot_v1_dot_gesmas__pb2.StatusRequest.SerializeToString,
             gesmas_dot_v1_dot_gesmas__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gesmas.v1.Gesmas/Authenticate',
+            gesmas_dot_v1_dot_gesmas__pb2.AuthenticateRequest.SerializeToString,
+            gesmas_dot_v1_dot_gesmas__pb2.AuthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Auth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gesmas.v1.Gesmas/Auth',
+            gesmas_dot_v1_dot_gesmas__pb2.AuthRequest.SerializeToString,
+            gesmas_dot_v1_dot_gesmas__pb2.AuthResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,6 +2,14 @@
 
 Each replica is a real `gesmas server` process. `LocalCluster` starts them, waits until a
 leader has registered the standard classes, and stops them by pid (SIGTERM, then SIGKILL).
+
+The cluster always has a secret (random per LocalCluster). `secure=True` also gives it TLS on
+the client ports (a throw-away CA and certificates, certs.py) and auth, bootstrapped with a
+random root password (`--root-password-file`); `client_cert_auth=True` makes the client
+ports require client certificates (mutual TLS). `client_options()` are the `Client` keyword
+arguments that reach such a cluster. GESMAS_TEST_SECURE=1 in the environment makes every
+LocalCluster secure and exports the client settings (GESMAS_TLS_CA, GESMAS_USER,
+GESMAS_PASSWORD) to this process, so that a whole test suite runs with TLS and auth on.
 """
 from __future__ import annotations
 
@@ -81,11 +89,25 @@ class LocalCluster:
     members: list[Member] = field(default_factory=list)
     _tmp: str | None = None
     env: dict[str, str] = field(default_factory=dict)     # extra environment of the servers
+    secure: bool = field(default_factory=lambda: os.environ.get("GESMAS_TEST_SECURE") == "1")
+    client_cert_auth: bool = False
+    root_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    users: tuple[str, ...] = ("root",)                  # client certificates to make
+    pki: Any = None
 
     def __post_init__(self) -> None:
         if self.data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="gesmas-")
             self.data_dir = self._tmp
+        if self.client_cert_auth:
+            self.secure = True
+        if self.secure:
+            from .certs import make_pki
+            self.pki = make_pki(os.path.join(self.data_dir, "pki"), users=self.users)
+            path = os.path.join(self.data_dir, "pki", "root-password")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.root_password + "\n")
         client, raft = self._ports()
         for i in range(self.nodes):
             d = os.path.join(self.data_dir, f"node{i + 1}")
@@ -116,7 +138,62 @@ class LocalCluster:
                "--data-dir", m.data_dir]
         if not self.fsync:
             cmd.append("--unsafe-no-fsync")
+        if self.secure:
+            cmd += ["--tls-cert", self.pki.server_cert, "--tls-key", self.pki.server_key,
+                    "--root-password-file", os.path.join(self.data_dir or "", "pki",
+                                                         "root-password")]
+            if self.client_cert_auth:
+                cmd += ["--tls-client-ca", self.pki.ca_cert]
         return cmd
+
+    # -- how clients reach it ----------------------------------------------------------------
+
+    def client_options(self, user: str = "root", password: str | None = None,
+                       cert: bool | None = None) -> dict[str, Any]:
+        """`Client` keyword arguments for this cluster as `user` (root by default, with the
+        bootstrap password; with `cert`, by its client certificate instead of a password)."""
+        if not self.secure:
+            return {}
+        from gesmas.client.security import TLS
+        cert = self.client_cert_auth if cert is None else cert
+        if cert:
+            c, k = self.pki.clients[user]
+            return {"tls": TLS(ca=self.pki.ca_cert, cert=c, key=k)}
+        c, k = self.pki.clients.get("root", (None, None)) if self.client_cert_auth \
+            else (None, None)
+        return {"tls": TLS(ca=self.pki.ca_cert, cert=c, key=k), "user": user,
+                "password": self.root_password if password is None else password}
+
+    def client_env(self) -> dict[str, str]:
+        """The environment that makes `Client()` reach this cluster as root."""
+        env = {"GESMAS_CLUSTER": self.addresses}
+        if self.secure:
+            env.update(GESMAS_TLS_CA=self.pki.ca_cert, GESMAS_USER="root",
+                       GESMAS_PASSWORD=self.root_password)
+            if self.client_cert_auth:
+                c, k = self.pki.clients["root"]
+                env.update(GESMAS_TLS_CERT=c, GESMAS_TLS_KEY=k)
+        return env
+
+    def channel(self, address: str) -> Any:
+        """A raw gRPC channel to `address` (TLS when the cluster has it)."""
+        import grpc
+        if not self.secure:
+            return grpc.insecure_channel(address)
+        from gesmas.client.security import TLS
+        c, k = self.pki.clients["root"] if self.client_cert_auth else (None, None)
+        return grpc.secure_channel(address, TLS(ca=self.pki.ca_cert, cert=c, key=k)
+                                   .credentials())
+
+    def metadata(self, channel: Any) -> tuple[tuple[str, str], ...]:
+        """Call metadata with a root token (auth), or none."""
+        if not self.secure:
+            return ()
+        from gesmas.v1 import gesmas_pb2 as pb
+        from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+        r = pb_grpc.GesmasStub(channel).Authenticate(
+            pb.AuthenticateRequest(user="root", password=self.root_password), timeout=5.0)
+        return (("authorization", f"Bearer {r.token}"),)
 
     def start_member(self, m: Member) -> None:
         if m.proc is not None and m.proc.poll() is None:
@@ -133,6 +210,8 @@ class LocalCluster:
         for m in self.members:
             self.start_member(m)
         self.wait_ready(timeout)
+        if os.environ.get("GESMAS_TEST_SECURE") == "1":
+            os.environ.update(self.client_env())
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -147,10 +226,11 @@ class LocalCluster:
                 if m.proc is not None and m.proc.poll() is not None:
                     raise RuntimeError(f"node {m.node_id} exited with {m.proc.returncode}; "
                                        f"log:\n{self.tail(m)}")
-                with grpc.insecure_channel(m.client_addr) as channel:
+                with self.channel(m.client_addr) as channel:
                     try:
                         names = {c.name for c in pb_grpc.GesmasStub(channel).ListClasses(
-                            pb.ListClassesRequest(), timeout=2.0).classes}
+                            pb.ListClassesRequest(), timeout=2.0,
+                            metadata=self.metadata(channel)).classes}
                     except grpc.RpcError as e:
                         last = e
                         continue
@@ -191,7 +271,7 @@ class LocalCluster:
         from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
         if not self.alive(m):
             return None
-        with grpc.insecure_channel(m.client_addr) as channel:
+        with self.channel(m.client_addr) as channel:
             try:
                 r = pb_grpc.GesmasStub(channel).Status(pb.StatusRequest(with_digest=digest),
                                                        timeout=timeout)
@@ -259,15 +339,16 @@ def run_up(args: Any) -> int:
     """`gesmas up`: a local cluster in the foreground until Ctrl-C."""
     stop_on_signals()
     cluster = LocalCluster(nodes=args.nodes, base_port=args.base_port, data_dir=args.data_dir,
-                           fsync=not getattr(args, "unsafe_no_fsync", False))
+                           fsync=not getattr(args, "unsafe_no_fsync", False),
+                           secure=bool(getattr(args, "tls", False)))
     print(f"starting {cluster.nodes} gesmas nodes (data in {cluster.data_dir}) ...", flush=True)
     try:
         cluster.start()
         print("cluster ready. Client addresses:", flush=True)
         for m in cluster.members:
             print(f"  node {m.node_id}: {m.client_addr}   (raft {m.raft_addr}, log {m.log_path})")
-        print(f"\n  export GESMAS_CLUSTER={cluster.addresses}\n\nCtrl-C stops every node.",
-              flush=True)
+        print("\n" + "".join(f"  export {k}={v}\n" for k, v in cluster.client_env().items())
+              + "\nCtrl-C stops every node.", flush=True)
         while all(m.proc is not None and m.proc.poll() is None for m in cluster.members):
             time.sleep(0.5)
         print("a node exited; stopping the cluster", file=sys.stderr)

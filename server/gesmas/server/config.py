@@ -2,9 +2,11 @@
 
 Sources, highest precedence first: command-line flags, the `--config` JSON file (keys as the
 flags, with `_` or `-`), environment variables (`GESMAS_CLUSTER_SECRET`,
-`GESMAS_CHECKPOINT_EVERY`), defaults. `load` checks what it can before anything starts: the
-required addresses, unknown keys, types, and that a cluster whose Raft addresses are not all
-loopback has a secret.
+`GESMAS_CHECKPOINT_EVERY`, `GESMAS_TLS_CERT`, `GESMAS_TLS_KEY`, `GESMAS_TLS_CLIENT_CA`,
+`GESMAS_ROOT_PASSWORD_FILE`, `GESMAS_INSECURE`), defaults. `load` checks what it can before
+anything starts: the required addresses, unknown keys, types, that there is a cluster secret
+(always: the Raft port authenticates every frame with it), and that a client port that is not
+loopback has TLS and a root password (or --insecure).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 
 #: the keys of a --config file, as flag names with '_'
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
-        "skip_entries", "checkpoint_every")
+        "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
+        "root_password_file", "insecure")
 
 
 class ConfigError(ValueError):
@@ -40,6 +43,11 @@ class NodeConfig:
     checkpoint_every: int = 20_000         # commands between checkpoints
     duty_period: float = 0.05              # seconds between two rounds of leader duties
     skip_entries: frozenset[int] = frozenset()   # poison log entries (README), all replicas
+    tls_cert: str | None = None            # PEM files of the client port's certificate...
+    tls_key: str | None = None             # ...and key: TLS on the client port
+    tls_client_ca: str | None = None       # CA of client certificates: mutual TLS
+    root_password: str | None = None       # bootstraps auth on a new cluster (user root)
+    insecure: bool = False                 # allow a non-loopback client port without auth/TLS
 
 
 def is_loopback(addr: str) -> bool:
@@ -53,13 +61,14 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def require_secret(secret: str | None, raft_addrs: Any) -> None:
-    """The one rule for the cluster secret: required when any Raft address is not loopback."""
-    if secret is None and not all(is_loopback(a) for a in raft_addrs):
-        raise ConfigError("a cluster secret (--secret or GESMAS_CLUSTER_SECRET; the Replica's "
-                          "password) is required when any Raft address is not loopback: "
-                          "replicas exchange pickled messages, so an open Raft port would run "
-                          "anyone's code")
+def require_secret(secret: str | None) -> None:
+    """The one rule for the cluster secret: always required, loopback too. Replicas exchange
+    pickled messages; every frame is authenticated with the secret before it is read, so
+    without one an open Raft port would run anyone's code (any local user's, on loopback)."""
+    if not secret:
+        raise ConfigError("a cluster secret (--secret or GESMAS_CLUSTER_SECRET) is required: "
+                          "the Raft port authenticates every message with it (`gesmas up` "
+                          "makes one for a local cluster)")
 
 
 def read_file(path: str) -> dict[str, Any]:
@@ -120,7 +129,36 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         raise ConfigError(f"id must be an integer, not {node_id!r}")
     peers = _peers(pick("peers", []))
     secret = pick("secret") or environ.get("GESMAS_CLUSTER_SECRET") or None
-    require_secret(secret, (raft_addr, *(r for r, _ in peers)))
+    require_secret(secret)
+    tls_cert = pick("tls_cert") or environ.get("GESMAS_TLS_CERT") or None
+    tls_key = pick("tls_key") or environ.get("GESMAS_TLS_KEY") or None
+    client_ca = pick("tls_client_ca") or environ.get("GESMAS_TLS_CLIENT_CA") or None
+    if bool(tls_cert) != bool(tls_key) or (client_ca and not tls_cert):
+        raise ConfigError("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only "
+                          "with them)")
+    for name, path in (("tls_cert", tls_cert), ("tls_key", tls_key),
+                       ("tls_client_ca", client_ca)):
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"{name}: no such file {path!r}")
+    root_file = pick("root_password_file") or environ.get("GESMAS_ROOT_PASSWORD_FILE") or None
+    root_password = None
+    if root_file:
+        try:
+            with open(root_file, encoding="utf-8") as f:
+                root_password = f.read().rstrip("\r\n")
+        except OSError as e:
+            raise ConfigError(f"root_password_file: {e}") from None
+        if len(root_password) < 8:
+            raise ConfigError("root_password_file: the root password must have at least 8 "
+                              "characters")
+    insecure = bool(pick("insecure", False)) or environ.get("GESMAS_INSECURE", "") in (
+        "1", "true", "yes")
+    if not is_loopback(str(client_addr)) and not insecure and not (tls_cert and root_password):
+        raise ConfigError(
+            f"the client port {client_addr} is not loopback: give it TLS (--tls-cert, "
+            "--tls-key) and a root password (--root-password-file, which enables auth on a new "
+            "cluster), or run it open with --insecure (anyone who reaches the port can do "
+            "everything)")
     skip = pick("skip_entries") or ()
     if not isinstance(skip, (list, tuple)):
         raise ConfigError(f"skip_entries must be a list of log indices, not {skip!r}")
@@ -130,4 +168,6 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         data_dir=str(pick("data_dir") or f"gesmas-data-{node_id}"), secret=secret,
         fsync=not bool(pick("unsafe_no_fsync", False)),
         checkpoint_every=_int("checkpoint_every", every),
-        skip_entries=frozenset(_int("skip_entries", i) for i in skip))
+        skip_entries=frozenset(_int("skip_entries", i) for i in skip),
+        tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
+        root_password=root_password, insecure=insecure)

@@ -11,7 +11,9 @@ so tests drive it with a fake clock (tests/test_duties.py).
   every session a fresh TTL, as etcd does. An expiry is proposed again after 2 s if it did not
   take effect;
 - Checkpoint every `checkpoint_every` applied commands (at most one proposal per 5 s);
-- RegisterClass of the standard classes while the cluster has none (at most every 5 s).
+- RegisterClass of the standard classes while the cluster has none (at most every 5 s);
+- with --root-password-file, the bootstrap of auth (user root, auth enabled) while the
+  cluster has no user (at most every 5 s).
 
 Threads: `applied` and `reset` run on the apply thread, `step` and `keep_alive` on the event
 loop; one lock guards what both sides touch.
@@ -22,7 +24,10 @@ import logging
 import threading
 from typing import Callable
 
+import hmac
+
 from .kernel import Kernel, codec
+from .kernel.auth import SYSTEM
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +38,17 @@ PROPOSE_RETRY = 5.0        # seconds between two checkpoint / standard-class pro
 
 class LeaderDuties:
     def __init__(self, checkpoint_every: int, default_ttl: float,
-                 standard_sources: Callable[[], list[tuple[str, str]]]) -> None:
+                 standard_sources: Callable[[], list[tuple[str, str]]],
+                 root_hash: str | None = None) -> None:
         self.checkpoint_every = checkpoint_every
+        self._root_hash = root_hash           # bootstrap auth with this root password hash
+        self._has_users = False
+        self._bootstrap_proposed = 0.0
         self.default_ttl = default_ttl
         self._standard_sources = standard_sources
         self._lock = threading.Lock()
         # what the replica applied (apply thread)
-        self._sessions: dict[int, float] = {}     # session id -> ttl
+        self._sessions: dict[int, tuple[float, str]] = {}     # session id -> (ttl, secret)
         self.applied_index = 0
         self._checkpoint_index = 0
         self._next_deadline: float | None = None
@@ -57,10 +66,11 @@ class LeaderDuties:
     def reset(self, kernel: Kernel, now: float) -> None:
         """Start over from `kernel` (a fresh or restored state machine)."""
         with self._lock:
-            self._sessions = {s.id: s.ttl for s in kernel.sessions.values()}
+            self._sessions = {s.id: (s.ttl, s.secret) for s in kernel.sessions.values()}
             self._last_seen = {sid: now for sid in self._sessions}
             self._expiring.clear()
         self._has_standard = kernel.registry.latest("Queue") is not None
+        self._has_users = bool(kernel.auth.users)
         self._checkpoint_index = kernel.checkpoint_index or 0
         self._next_deadline = kernel.next_deadline()
 
@@ -69,32 +79,38 @@ class LeaderDuties:
         changes = kernel.session_changes
         if changes:
             with self._lock:
-                for sid, ttl in changes:
+                for sid, ttl, secret in changes:
                     if ttl is None:
                         self._sessions.pop(sid, None)
                         self._last_seen.pop(sid, None)
                         self._expiring.pop(sid, None)
                     else:
-                        self._sessions[sid] = ttl
+                        self._sessions[sid] = (ttl, secret)
                         self._last_seen[sid] = now
         if not self._has_standard:
             self._has_standard = kernel.registry.latest("Queue") is not None
+        if not self._has_users:
+            self._has_users = bool(kernel.auth.users)
         self._checkpoint_index = kernel.checkpoint_index or 0
         self.applied_index = index
         self._next_deadline = kernel.next_deadline()
 
     # -- event loop -----------------------------------------------------------------------------
 
-    def keep_alive(self, session: int, now: float) -> float | None:
-        """Record a keep-alive; the session's TTL, or None if it is not open. A session id
-        beyond what this replica applied is one it has not seen open yet: granted the
-        default TTL."""
+    def keep_alive(self, session: int, secret: str, now: float) -> float | None:
+        """Record a keep-alive; the session's TTL, or None if it is not open or `secret` is
+        not its secret. A session id just beyond what this replica applied may be one opened
+        but not applied here yet: answered with the default TTL and not remembered (the
+        session gets a fresh TTL when it is applied), so made-up ids cost no memory."""
         with self._lock:
-            ttl = self._sessions.get(session)
-            if ttl is None:
-                if session <= self.applied_index:
+            known = self._sessions.get(session)
+            if known is None:
+                if session <= self.applied_index or session > self.applied_index + 10_000:
                     return None
-                ttl = self.default_ttl
+                return self.default_ttl
+            ttl, expected = known
+            if not hmac.compare_digest(expected, secret):
+                return None
             self._last_seen[session] = now
         return ttl
 
@@ -114,7 +130,7 @@ class LeaderDuties:
             self._last_tick = now
             out.append(codec.Tick(ts=wall))
         with self._lock:
-            due = [sid for sid, ttl in self._sessions.items()
+            due = [sid for sid, (ttl, _) in self._sessions.items()
                    if now - self._last_seen.get(sid, now) > ttl
                    and now - self._expiring.get(sid, 0.0) > EXPIRE_RETRY]
             for sid in due:
@@ -128,6 +144,11 @@ class LeaderDuties:
             out.append(codec.Checkpoint(ts=wall))
         if not self._has_standard and now - self._standard_proposed > PROPOSE_RETRY:
             self._standard_proposed = now
-            out.extend(codec.RegisterClass(ts=wall, source=source)
+            out.extend(codec.RegisterClass(ts=wall, source=source, user=SYSTEM)
                        for _, source in self._standard_sources())
+        if (self._root_hash and not self._has_users
+                and now - self._bootstrap_proposed > PROPOSE_RETRY):
+            self._bootstrap_proposed = now
+            out.append(codec.Auth(ts=wall, op="bootstrap", args={"hash": self._root_hash},
+                                  user=SYSTEM))
         return out

@@ -1,12 +1,21 @@
-"""The gRPC servicer: validate, build a command, await its completion, convert the reply.
+"""The gRPC servicer: authenticate, validate, build a command, await its completion, convert
+the reply.
 
 Nothing here decides anything: every RPC becomes one command through the Raft log (reads
 too), proposed by `Node.call`, which resolves when this replica applies the command and the
 kernel answers under the call's tag. Only the replica that accepted a call answers it.
+
+Authentication happens here, authorization in the kernel: `_user` reads the caller's token
+("authorization: Bearer ...", tokens.py) or, under mutual TLS, its certificate's common name,
+and every command carries that user; the kernel checks it against the replicated users and
+roles (kernel/auth.py). Passwords are checked here against the hash the log holds, read
+through the log, and hashed here before a user_add/user_passwd enters it.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +27,8 @@ from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from . import wire
 from .calls import CallFailed
-from .kernel import codec
+from . import tokens
+from .kernel import auth, codec
 from .kernel.errors import Code, Error
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,9 +58,85 @@ def _address(kind: str, value: str) -> str:
     return value.strip()
 
 
+def _unauthenticated(message: str) -> CallFailed:
+    return CallFailed(Error(Code.UNAUTHENTICATED, message, "Unauthenticated"))
+
+
 class Gateway(pb_grpc.GesmasServicer):
     def __init__(self, node: Node) -> None:
         self.node = node
+        self.tokens = tokens.Tokens(node.config.secret or "")
+        self._password_checks = asyncio.Semaphore(2)   # scrypt is costly: 2 at a time
+
+    # -- authentication ----------------------------------------------------------------------
+
+    def _user(self, context: Any) -> str:
+        """The authenticated caller: from its token, else its client certificate, else ""
+        (nobody; the kernel refuses it when auth is enabled)."""
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, token = value.partition(" ")
+                if scheme.lower() != "bearer" or not token:
+                    raise _unauthenticated("authorization metadata must be 'Bearer <token>'")
+        if token:
+            try:
+                user, gen = self.tokens.verify(token)
+            except tokens.TokenError as e:
+                raise _unauthenticated(str(e)) from None
+            known = self.node.user_generation(user)
+            if known is not None and known > gen:
+                raise _unauthenticated(f"token of {user!r} revoked (password changed): "
+                                       "authenticate again")
+            return user
+        if self.node.config.tls_client_ca:
+            names = (context.auth_context() or {}).get("x509_common_name") or []
+            if names:
+                name = names[0].decode("utf-8", "replace")
+                if name.startswith("@"):
+                    raise _unauthenticated(f"certificate name {name!r} is not a user name")
+                return name
+        if self.node.requires_auth():
+            raise CallFailed(Error(Code.UNAVAILABLE, "this replica serves only authenticated "
+                                   "calls and the cluster has not enabled auth yet (its root "
+                                   "user is being bootstrapped); retry", "AuthPending"))
+        return ""
+
+    async def Authenticate(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._authenticate, request)
+
+    async def _authenticate(self, request: Any, context: Any) -> Any:
+        name = request.user
+        if not name or len(name) > 64 or len(request.password) > 1024:
+            raise _unauthenticated("wrong user name or password")
+        creds = await self._answer(context, self._cmd(
+            codec.Auth, op="credentials", args={"name": name}, user=auth.SYSTEM))
+        async with self._password_checks:
+            ok = creds is not None and await asyncio.get_running_loop().run_in_executor(
+                None, tokens.check_password, request.password, creds["hash"])
+        if not ok:
+            raise _unauthenticated("wrong user name or password")
+        return pb.AuthenticateResponse(token=self.tokens.issue(name, creds["gen"]),
+                                       ttl=self.tokens.ttl)
+
+    async def Auth(self, request: Any, context: Any) -> Any:
+        return await self._guard(context, self._auth, request)
+
+    async def _auth(self, request: Any, context: Any) -> Any:
+        user = self._user(context)
+        if request.op not in auth.CLIENT_OPS:
+            raise _invalid(f"unknown auth operation {request.op!r} (operations: "
+                           f"{', '.join(sorted(auth.CLIENT_OPS))})")
+        args = values.from_value_map(request.args)
+        if request.op in ("user_add", "user_passwd"):
+            password = args.pop("password", None)
+            if not isinstance(password, str) or not 8 <= len(password) <= 1024:
+                raise _invalid("password must be a string of 8 to 1024 characters")
+            args["hash"] = await asyncio.get_running_loop().run_in_executor(
+                None, tokens.hash_password, password)
+        value = await self._answer(context, self._cmd(codec.Auth, op=request.op, args=args,
+                                                      user=user))
+        return pb.AuthResponse(result=values.to_value(value, "result"))
 
     async def _answer(self, context: grpc.aio.ServicerContext, cmd: codec.Command) -> Any:
         """Propose `cmd` and return the kernel's value, or abort the RPC with its error."""
@@ -77,22 +163,26 @@ class Gateway(pb_grpc.GesmasServicer):
         ttl = request.ttl or self.node.config.default_ttl
         if not 0 < ttl <= 3600:
             raise _invalid(f"ttl must be in (0, 3600] seconds, not {ttl}")
-        sid = await self._answer(context, self._cmd(codec.OpenSession, ttl=ttl))
-        return pb.OpenSessionResponse(session=sid, ttl=ttl,
+        secret = os.urandom(16).hex()
+        sid = await self._answer(context, self._cmd(codec.OpenSession, ttl=ttl, secret=secret,
+                                                    user=self._user(context)))
+        return pb.OpenSessionResponse(session=sid, ttl=ttl, session_secret=secret,
                                       leader=self.node.leader_client_addr() or "")
 
     async def KeepAlive(self, request: Any, context: Any) -> Any:
         return await self._guard(context, self._keep_alive, request)
 
     async def _keep_alive(self, request: Any, context: Any) -> Any:
-        ttl = self.node.keep_alive(request.session)
+        ttl = self.node.keep_alive(request.session, request.session_secret)
         return pb.KeepAliveResponse(ttl=ttl)
 
     async def CloseSession(self, request: Any, context: Any) -> Any:
         return await self._guard(context, self._close_session, request)
 
     async def _close_session(self, request: Any, context: Any) -> Any:
-        await self._answer(context, self._cmd(codec.CloseSession, session=request.session))
+        await self._answer(context, self._cmd(codec.CloseSession, session=request.session,
+                                              secret=request.session_secret,
+                                              user=self._user(context)))
         return pb.CloseSessionResponse()
 
     # -- calls ---------------------------------------------------------------------------------
@@ -113,7 +203,7 @@ class Gateway(pb_grpc.GesmasServicer):
             class_name=request.class_name, name=_name("object_name", request.object_name),
             method=_name("method", request.method),
             args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
-            timeout=timeout)
+            timeout=timeout, secret=request.session_secret, user=self._user(context))
         value = await self._answer(context, cmd)
         return pb.InvokeResponse(result=values.to_value(value, "result"))
 
@@ -125,7 +215,8 @@ class Gateway(pb_grpc.GesmasServicer):
             codec.CreateObject, session=request.session,
             class_name=_name("class_name", request.class_name),
             name=_name("object_name", request.object_name),
-            args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs))
+            args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
+            secret=request.session_secret, user=self._user(context))
         value = await self._answer(context, cmd)
         return pb.CreateObjectResponse(created=bool(value["created"]))
 
@@ -134,7 +225,8 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _delete_object(self, request: Any, context: Any) -> Any:
         await self._answer(context, self._cmd(
-            codec.DeleteObject, name=_name("object_name", request.object_name)))
+            codec.DeleteObject, name=_name("object_name", request.object_name),
+            user=self._user(context)))
         return pb.DeleteObjectResponse()
 
     # -- classes -------------------------------------------------------------------------------
@@ -146,7 +238,8 @@ class Gateway(pb_grpc.GesmasServicer):
         if not request.source.strip():
             raise _invalid("class source is empty")
         value = await self._answer(context, self._cmd(codec.RegisterClass,
-                                                      source=request.source))
+                                                      source=request.source,
+                                                      user=self._user(context)))
         return pb.RegisterClassResponse(classes=[
             pb.ClassInfo(name=n, version=v) for n, v in sorted(value.items())])
 
@@ -154,7 +247,8 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._list_classes, request)
 
     async def _list_classes(self, request: Any, context: Any) -> Any:
-        value = await self._answer(context, self._cmd(codec.Query, what="classes"))
+        value = await self._answer(context, self._cmd(codec.Query, what="classes",
+                                                      user=self._user(context)))
         return pb.ListClassesResponse(classes=[
             pb.ClassInfo(name=c["name"], version=c["version"])
             for c in sorted(value, key=lambda c: c["name"])])
@@ -165,7 +259,8 @@ class Gateway(pb_grpc.GesmasServicer):
     async def _get_class(self, request: Any, context: Any) -> Any:
         version = request.version if request.HasField("version") else None
         value = await self._answer(context, self._cmd(
-            codec.Query, what="class", arg=[_name("name", request.name), version]))
+            codec.Query, what="class", arg=[_name("name", request.name), version],
+            user=self._user(context)))
         return pb.GetClassResponse(name=value["name"], version=value["version"],
                                    source=value["source"])
 
@@ -173,7 +268,8 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._list_objects, request)
 
     async def _list_objects(self, request: Any, context: Any) -> Any:
-        value = await self._answer(context, self._cmd(codec.Query, what="objects"))
+        value = await self._answer(context, self._cmd(codec.Query, what="objects",
+                                                      user=self._user(context)))
         return pb.ListObjectsResponse(objects=[
             pb.ObjectInfo(name=o["name"], class_name=o["class"], class_version=o["version"],
                           waiters=o["waiters"])
@@ -208,6 +304,7 @@ class Gateway(pb_grpc.GesmasServicer):
     async def _add_node(self, request: Any, context: Any) -> Any:
         raft = _address("raft_addr", request.raft_addr)
         client = _address("client_addr", request.client_addr) if request.client_addr else ""
+        await self._check_admin(context)
         changed = await self.node.change_membership(True, raft, client)
         return pb.AddNodeResponse(changed=changed)
 
@@ -216,8 +313,14 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _remove_node(self, request: Any, context: Any) -> Any:
         raft = _address("raft_addr", request.raft_addr)
+        await self._check_admin(context)
         changed = await self.node.change_membership(False, raft)
         return pb.RemoveNodeResponse(changed=changed)
+
+    async def _check_admin(self, context: Any) -> None:
+        """Membership is not kernel state, but who may change it is: ask the log."""
+        await self._answer(context, self._cmd(codec.Auth, op="check_admin",
+                                              user=self._user(context)))
 
     # -- errors --------------------------------------------------------------------------------
 

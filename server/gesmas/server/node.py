@@ -17,10 +17,11 @@ from typing import Any
 
 import grpc
 
-from gesmas.objects import standard_sources
+from gesmas.objects import RESERVED_CLASSES, standard_sources
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-from .config import MAX_MESSAGE, NodeConfig
+from . import tokens
+from .config import MAX_MESSAGE, NodeConfig, is_loopback
 from .calls import CallFailed, PendingCalls
 from .duties import LeaderDuties
 from .gateway import Gateway
@@ -65,23 +66,28 @@ class Node:
         # Tags name a call on this replica. Calls from an earlier run of this node may still
         # wait in the replicated state under their tags, so each run gets its own prefix.
         self.calls = PendingCalls(f"{config.node_id}.{os.urandom(4).hex()}:")
+        root_hash = tokens.hash_password(config.root_password) if config.root_password else None
         self.leader_duties = LeaderDuties(config.checkpoint_every, config.default_ttl,
-                                          standard_sources)
+                                          standard_sources, root_hash)
         self._leader_ready = False        # leader, and its state machine is up to date
         self.replica: Any = None
+        self.kernel: Kernel | None = None  # the state machine's, for local reads of auth state
+        self._membership_busy = False
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
     def make_state_machine(self, kernel: Kernel | None = None) -> StateMachine:
         kernel = kernel or Kernel(self._kernel_config())
         self.leader_duties.reset(kernel, time.monotonic())
+        self.kernel = kernel
         return StateMachine(self, kernel)
 
     def restore_state_machine(self, blob: bytes) -> StateMachine:
         return self.make_state_machine(Kernel.restore(blob, self._kernel_config()))
 
     def _kernel_config(self) -> KernelConfig:
-        return KernelConfig(skip_entries=self.config.skip_entries)
+        return KernelConfig(skip_entries=self.config.skip_entries,
+                            reserved_classes=RESERVED_CLASSES)
 
     def _applied(self, index: int, cmd: codec.Command, out: list[Completion], kernel: Kernel,
                  deliver: bool) -> None:
@@ -104,7 +110,8 @@ class Node:
             if isinstance(cmd, codec.Invoke):     # the caller went away: withdraw its wait
                 try:
                     self._propose(codec.Cancel(ts=time.time(), session=cmd.session,
-                                               seq=cmd.seq, call_tag=cmd.tag))
+                                               seq=cmd.seq, call_tag=cmd.tag,
+                                               secret=cmd.secret, user=cmd.user))
                 except CallFailed:
                     pass
             raise
@@ -142,11 +149,28 @@ class Node:
 
     # -- sessions and leadership -----------------------------------------------------------
 
-    def keep_alive(self, session: int) -> float:
+    # -- auth state, read locally (the kernel decides; these only spare useless proposals) -----
+
+    def user_generation(self, user: str) -> int | None:
+        """The password generation of `user` as this replica has applied it (None: unknown
+        here, maybe not applied yet)."""
+        k = self.kernel
+        u = k.auth.users.get(user) if k is not None else None
+        return None if u is None else u["gen"]
+
+    def requires_auth(self) -> bool:
+        """A replica whose client port is not loopback and not --insecure serves no
+        unauthenticated call until the cluster has auth enabled (bootstrap pending)."""
+        c = self.config
+        k = self.kernel
+        return (not c.insecure and not is_loopback(c.client_addr)
+                and not (k is not None and k.auth.enabled))
+
+    def keep_alive(self, session: int, secret: str) -> float:
         if not self.replica.is_leader():
             raise CallFailed(Error(Code.UNAVAILABLE, "keep-alives go to the leader",
                                    "NotLeader"), self.leader_client_addr() or "")
-        ttl = self.leader_duties.keep_alive(session, time.monotonic())
+        ttl = self.leader_duties.keep_alive(session, secret, time.monotonic())
         if ttl is None:
             raise CallFailed(Error(Code.NOT_FOUND,
                                    f"session {session} is not open (expired or closed)",
@@ -209,14 +233,10 @@ class Node:
         """Add or remove the replica `raft_addr` through pysyncobj, on the leader, and wait
         until the change is committed. Returns False when there was nothing to do (already a
         member / not a member). Raises CallFailed: UNAVAILABLE (not the leader, or the outcome
-        is unknown), APPLICATION (the change was refused)."""
-        from .replication import ReplicaStopped
-        assert self._loop is not None
-        loop = self._loop
+        is unknown), APPLICATION (the change was refused, or is unsafe)."""
         if not (self._leader_ready and self.replica.is_leader()):
             raise CallFailed(Error(Code.UNAVAILABLE, "membership changes go to the leader",
                                    "NotLeader"), self.leader_client_addr() or "")
-        what = "add" if add else "remove"
         if raft_addr == self.config.raft_addr:
             if add:
                 return False
@@ -231,6 +251,46 @@ class Node:
         if not add and raft_addr not in members:
             self.forget_peer(raft_addr)
             return False
+        if self._membership_busy:
+            raise CallFailed(Error(
+                Code.APPLICATION, "another membership change is in progress on this leader; "
+                "one change at a time: retry when it is done", "MembershipChangeDenied"))
+        self._membership_busy = True
+        try:
+            await self._check_quorum(add, raft_addr)
+            return await self._change(add, raft_addr, client_addr, timeout)
+        finally:
+            self._membership_busy = False
+
+    async def _check_quorum(self, add: bool, raft_addr: str) -> None:
+        """Refuse a change after which fewer members are reachable than a quorum of the new
+        configuration (etcd's strict reconfiguration check): adding replicas nobody started,
+        or removing a live one while others are down, would leave the cluster unable to
+        elect a leader or commit, and then unable to undo the change."""
+        peers = self.replica.status().get("peers", {})
+        up = 1 + sum(1 for r, p in peers.items() if p.get("connected") and r != raft_addr)
+        if add:
+            size = len(peers) + 2
+            if await _listening(raft_addr):
+                up += 1
+        else:
+            size = len(peers)
+        quorum = size // 2 + 1
+        if up < quorum:
+            what = "adding" if add else "removing"
+            raise CallFailed(Error(
+                Code.APPLICATION, f"{what} {raft_addr} would leave {up} reachable member(s) of "
+                f"{size}, fewer than a quorum of {quorum}: the cluster could no longer commit. "
+                + ("Start the new replica first (it must be reachable at its Raft address), "
+                   "or bring failed members back" if add else
+                   "Bring failed members back first"), "UnsafeMembershipChange"))
+
+    async def _change(self, add: bool, raft_addr: str, client_addr: str,
+                      timeout: float) -> bool:
+        from .replication import ReplicaStopped
+        assert self._loop is not None
+        loop = self._loop
+        what = "add" if add else "remove"
         fut: asyncio.Future[tuple[bool, str]] = loop.create_future()
 
         def settle(ok: bool, reason: str) -> None:          # event loop
@@ -307,7 +367,10 @@ class Node:
                                           ("grpc.http2.min_ping_interval_without_data_ms", 4000),
                                           ("grpc.http2.max_ping_strikes", 0)])
         pb_grpc.add_GesmasServicer_to_server(Gateway(self), server)
-        server.add_insecure_port(c.client_addr)
+        if c.tls_cert and c.tls_key:
+            server.add_secure_port(c.client_addr, _server_credentials(c))
+        else:
+            server.add_insecure_port(c.client_addr)
         await server.start()
         duties = asyncio.create_task(self.duties())
         log.info("node %d serving clients on %s, raft on %s", c.node_id, c.client_addr,
@@ -320,6 +383,28 @@ class Node:
             duties.cancel()
             await server.stop(grace=1.0)
             self.replica.destroy()
+
+
+async def _listening(addr: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at "host:port"."""
+    host, _, port = addr.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)),
+                                           timeout)
+    except (OSError, asyncio.TimeoutError, ValueError):
+        return False
+    writer.close()
+    return True
+
+
+def _server_credentials(c: NodeConfig) -> grpc.ServerCredentials:
+    def read(path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+    assert c.tls_cert and c.tls_key
+    ca = read(c.tls_client_ca) if c.tls_client_ca else None
+    return grpc.ssl_server_credentials([(read(c.tls_key), read(c.tls_cert))],
+                                       root_certificates=ca, require_client_auth=ca is not None)
 
 
 def _current_nodes(nodes: list[dict[str, Any]],

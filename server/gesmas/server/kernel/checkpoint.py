@@ -13,6 +13,7 @@ import io
 import pickle
 from typing import TYPE_CHECKING, Any
 
+from .auth import AuthState
 from .budget import Budget
 from .measure import state_size
 from .records import Config, ObjectRecord, PendingCall
@@ -87,6 +88,13 @@ def restore(cls: type[Kernel], blob: bytes, config: Config) -> Kernel:
     k.index, k.now, k._order = state["index"], state["now"], state["order"]
     k.sessions = state["sessions"]
     k.dropped, k.over_limit = state.get("dropped", {}), state.get("over_limit", {})
+    k.auth = AuthState.load(state.get("auth"))
+    if "auth" not in state:             # before auth: every source was anonymous
+        k.auth.source_used = {"": sum(map(len, k.registry.sources))} if k.registry.sources \
+            else {}
+    owners, sizes = state.get("owners", {}), state.get("sizes", {})
+    for s in k.sessions.values():
+        k.usage.add(s.user, "sessions", 1)
     for name, cname, version, data in objects:
         cv = k.registry.get(cname, version)
         k._budget.steps = 0
@@ -94,7 +102,11 @@ def restore(cls: type[Kernel], blob: bytes, config: Config) -> Kernel:
             if cv is None:
                 raise LookupError(f"class {cname} version {version} did not load")
             instance = unpickle_state(k, data) if type(data) is bytes else data
-            k.objects[name] = ObjectRecord(name, cv, instance)
+            owner, size = owners.get(name, ""), sizes.get(name, 0)
+            rec = k.objects[name] = ObjectRecord(name, cv, instance, owner)
+            rec.size = size
+            k.usage.add(owner, "objects", 1)
+            k.usage.add(owner, "state_bytes", size)
         except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
             k._drop(name, f"its state cannot be restored ({type_name(e)}: "
                           f"{safe_str(e, 200)})")
@@ -116,6 +128,7 @@ def state_digest(self: Kernel, volatile: bool = True) -> str:
              for r in self._blocked()]
     state = self._state()
     del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
+    del state["sizes"]      # measured at checkpoints (a cache of what the objects hold)
     if not volatile:
         del state["index"], state["now"]
     objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]

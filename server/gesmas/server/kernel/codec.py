@@ -20,7 +20,9 @@ import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
+_NEW_IN_2 = frozenset({"user", "secret"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -217,16 +219,21 @@ def _copy(v: Any, path: str, left: list[int]) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class Command:
+    """`user` is the authenticated user the gateway vouches for ("" for none; auth.SYSTEM for
+    the replicas' own commands); the kernel's permission checks use it (kernel/auth.py)."""
     CODE: ClassVar[int] = 0
     ts: float = 0.0
     tag: str = ""
+    user: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class OpenSession(Command):
-    """Open a session; its id is the log index of this command."""
+    """Open a session; its id is the log index of this command. `secret` (random, drawn by
+    the gateway) must accompany every later use of the session: the id alone is not enough."""
     CODE: ClassVar[int] = 1
     ttl: float = 10.0
+    secret: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,6 +241,7 @@ class CloseSession(Command):
     """The client ends its session: waiters are aborted, session hooks run."""
     CODE: ClassVar[int] = 2
     session: int = 0
+    secret: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +266,7 @@ class CreateObject(Command):
     name: str = ""
     args: list = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
+    secret: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,6 +285,7 @@ class Invoke(Command):
     args: list = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
     timeout: float | None = None
+    secret: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,14 +325,26 @@ class Cancel(Command):
     session: int = 0
     seq: int = 0
     call_tag: str = ""
+    secret: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Auth(Command):
+    """An operation on users, roles or the auth flag (kernel/auth.py `AuthState.apply`)."""
+    CODE: ClassVar[int] = 12
+    op: str = ""
+    args: dict = field(default_factory=dict)
 
 
 COMMANDS: dict[int, type[Command]] = {
     c.CODE: c for c in (OpenSession, CloseSession, ExpireSession, RegisterClass, CreateObject,
-                        Invoke, DeleteObject, Tick, Checkpoint, Query, Cancel)
+                        Invoke, DeleteObject, Tick, Checkpoint, Query, Cancel, Auth)
 }
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
+}
+_FIELDS_V1: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS.items()
 }
 
 
@@ -338,16 +360,16 @@ def encode(cmd: Command) -> bytes:
 def decode(data: bytes) -> Command:
     if not data:
         raise DecodeError("empty command")
-    if data[0] != FORMAT_VERSION:
+    if data[0] not in (1, FORMAT_VERSION):
         raise DecodeError(f"command format version {data[0]} is not supported "
-                          f"(this kernel reads version {FORMAT_VERSION})")
+                          f"(this kernel reads versions 1 and {FORMAT_VERSION})")
     items, pos = _decode_checked(data, 1, "command")
     if pos != len(data) or type(items) is not list or len(items) < 3:
         raise DecodeError("malformed command envelope")
     cls = COMMANDS.get(items[0]) if type(items[0]) is int else None
     if cls is None:
         raise DecodeError(f"unknown command type {items[0]!r}")
-    names = _FIELDS[cls]
+    names = _FIELDS[cls] if data[0] == FORMAT_VERSION else _FIELDS_V1[cls]
     if len(items) != 3 + len(names):
         raise DecodeError(f"{cls.__name__}: expected {len(names)} fields, got {len(items) - 3}")
     try:

@@ -22,6 +22,8 @@ class Code(enum.IntEnum):
     RESOURCE_EXHAUSTED = 7   # step budget, payload size, waiter or result limits
     ALREADY_EXISTS = 8       # object exists with another class
     INTERNAL = 9             # a bug in gesmas itself
+    UNAUTHENTICATED = 10     # no valid credentials, while the cluster has auth enabled
+    PERMISSION_DENIED = 11   # the authenticated user may not do this (or the session is not its)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,10 @@ import logging
 from collections import deque
 from typing import Any, Callable
 
+import hmac
+
 from . import checkpoint, codec
+from .auth import SYSTEM, AuthState, Usage
 from .budget import Budget, ResourceLimit
 from .codec import Command
 from .errors import Code, Error, KernelError
@@ -67,7 +70,11 @@ class Kernel:
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
         # output besides completions, for the host (the leader's duties): sessions opened
         # (id, ttl) and ended (id, None) by the last apply
-        self.session_changes: list[tuple[int, float | None]] = []
+        # (id, ttl, secret) and ended (id, None, "") by the last apply
+        self.session_changes: list[tuple[int, float | None, str]] = []
+        self.auth = AuthState()
+        self.usage = Usage()
+        self._default_quota = dict(config.default_quota)
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
         self._measure_every = (config.max_object_bytes >> 2) // 64   # steps between measures
         self._order = 0                  # block sequence number
@@ -89,6 +96,7 @@ class Kernel:
             codec.Checkpoint: self._checkpoint,
             codec.Query: self._query,
             codec.Cancel: self._cancel,
+            codec.Auth: lambda c: self._complete(c.tag, self.auth.apply(c.op, c.args, c.user)),
         }
 
     # -- the entry point ---------------------------------------------------------------------
@@ -158,8 +166,13 @@ class Kernel:
         if type(ttl) not in (int, float) or not 0 < ttl <= 3600:
             raise KernelError(Code.INVALID_ARGUMENT,
                               f"session ttl must be in (0, 3600] seconds, not {ttl!r}")
-        self.sessions[self.index] = Session(self.index, float(ttl))
-        self.session_changes.append((self.index, float(ttl)))
+        if type(cmd.user) is not str or type(cmd.secret) is not str:
+            raise KernelError(Code.INVALID_ARGUMENT, "user and secret must be strings")
+        self.auth.authenticated(cmd.user)
+        self._within(cmd.user, "sessions")
+        self.sessions[self.index] = Session(self.index, float(ttl), cmd.user, cmd.secret)
+        self.usage.add(cmd.user, "sessions", 1)
+        self.session_changes.append((self.index, float(ttl), cmd.secret))
         self._complete(cmd.tag, self.index)
 
     def _session(self, sid: Any) -> Session:
@@ -169,10 +182,42 @@ class Kernel:
                               "SessionExpired")
         return s
 
+    def _owns(self, s: Session, cmd: Any) -> bool:
+        """Whether `cmd` may use session `s`: it carries the session's secret and, with auth
+        enabled, comes from the session's user."""
+        secret = cmd.secret
+        return (type(secret) is str and hmac.compare_digest(s.secret, secret)
+                and (not self.auth.enabled or s.user == cmd.user))
+
+    def _own(self, sid: Any, cmd: Any) -> Session:
+        """The open session `sid`, which `cmd` must be allowed to use."""
+        s = self._session(sid)
+        if not self._owns(s, cmd):
+            raise KernelError(Code.PERMISSION_DENIED,
+                              f"session {sid} is not this caller's: wrong session secret or "
+                              "user (a session id alone is not a credential)",
+                              "PermissionDenied")
+        return s
+
+    def _within(self, user: str, what: str, extra: int = 1) -> None:
+        """Raise RESOURCE_EXHAUSTED if `user` would go over its `what` quota."""
+        limit = self.auth.quota(user, what, self._default_quota)
+        if limit is None:
+            return
+        used = (self.auth.source_used.get(user, 0) if what == "source_bytes"
+                else self.usage.get(user, what))
+        if used + extra > limit:
+            who = f"user {user!r}" if user else "anonymous callers"
+            raise KernelError(Code.RESOURCE_EXHAUSTED,
+                              f"quota {what} of {who} exceeded: {used} in use, limit {limit}",
+                              "QuotaExceeded")
+
     def _end_session(self, cmd: codec.CloseSession | codec.ExpireSession, how: str) -> None:
-        s = self._session(cmd.session)
+        s = (self._own(cmd.session, cmd) if isinstance(cmd, codec.CloseSession)
+             else self._session(cmd.session))
         del self.sessions[s.id]              # first: a call of s can no longer wait (_block)
-        self.session_changes.append((s.id, None))
+        self.usage.add(s.user, "sessions", -1)
+        self.session_changes.append((s.id, None, ""))
         for req in sorted(s.inflight.values(), key=lambda r: r.waiter.order if r.waiter else 0):
             self._abort(req, SessionEnded(f"session {s.id} {how} while waiting"))
         self._drain()
@@ -192,9 +237,24 @@ class Kernel:
     # -- classes and objects -------------------------------------------------------------------
 
     def _register_class(self, cmd: codec.RegisterClass) -> None:
-        if type(cmd.source) is not str:
+        if type(cmd.source) is not str or type(cmd.user) is not str:
             raise KernelError(Code.INVALID_ARGUMENT, "class source must be a string")
-        self._complete(cmd.tag, self.registry.register(cmd.source))
+        user = cmd.user
+        self.auth.authenticated(user)
+        self._within(user, "source_bytes", len(cmd.source))
+
+        def allow(names: list[str]) -> None:
+            for name in names:
+                if name in self.config.reserved_classes and user != SYSTEM:
+                    raise KernelError(Code.PERMISSION_DENIED, f"class name {name!r} is "
+                                      "reserved for a standard class; choose another name",
+                                      "PermissionDenied")
+                self.auth.check(user, "register", name)
+
+        value, new = self.registry.register(cmd.source, allow)
+        if new:
+            self.auth.source_used[user] = self.auth.source_used.get(user, 0) + len(cmd.source)
+        self._complete(cmd.tag, value)
 
     def _create_object(self, cmd: codec.CreateObject) -> None:
         name = cmd.name
@@ -202,7 +262,11 @@ class Kernel:
             raise KernelError(Code.INVALID_ARGUMENT,
                               f"object name must be a non-empty string of at most 256 "
                               f"characters, not {name!r}")
+        user = cmd.user
         rec = self.objects.get(name)
+        self.auth.check(user, "create" if rec is None else "invoke", name)
+        if cmd.session:
+            self._own(cmd.session, cmd)
         if rec is not None:
             if rec.cls.name != cmd.class_name:
                 raise KernelError(Code.ALREADY_EXISTS,
@@ -213,6 +277,7 @@ class Kernel:
         cls = self.registry.latest(cmd.class_name)
         if cls is None:
             raise KernelError(Code.NOT_FOUND, f"no class named {cmd.class_name!r}")
+        self._within(user, "objects")
         args, kwargs = _args(cmd.args, cmd.kwargs)
         try:
             sig = inspect.signature(cls.cls)
@@ -231,23 +296,28 @@ class Kernel:
         error = req.outcome[1]
         if error is not None:
             raise KernelError(error.code, error.message, error.type)
-        self.objects[name] = ObjectRecord(name, cls, made[0])
+        self.objects[name] = ObjectRecord(name, cls, made[0], user)
+        self.usage.add(user, "objects", 1)
         self.dropped.pop(name, None)
         self._complete(cmd.tag, {"created": True, "version": cls.version})
 
     def _delete_object(self, cmd: codec.DeleteObject) -> None:
+        if type(cmd.name) is not str:
+            raise KernelError(Code.INVALID_ARGUMENT, "object name must be a string")
+        self.auth.check(cmd.user, "delete", cmd.name)
         rec = self.objects.get(cmd.name)
         if rec is None:
             raise KernelError(Code.NOT_FOUND, f"no object named {cmd.name!r}")
         for req in self._blocked(lambda r: r.obj == cmd.name):
             self._abort(req, Aborted(f"object {cmd.name!r} was deleted"))
         self._drain()
-        del self.objects[cmd.name]
-        self.over_limit.pop(cmd.name, None)
+        self._forget(cmd.name)
         self._complete(cmd.tag, True)
 
     def _cancel(self, cmd: codec.Cancel) -> None:
         s = self.sessions.get(cmd.session) if type(cmd.session) is int else None
+        if s is not None and not self._owns(s, cmd):
+            s = None                      # not the caller's session: nothing to withdraw
         req = s.inflight.get(cmd.seq) if s is not None else None
         if req is not None and cmd.call_tag in req.tags:
             req.tags.remove(cmd.call_tag)
@@ -260,10 +330,14 @@ class Kernel:
     # -- invoke --------------------------------------------------------------------------------
 
     def _invoke(self, cmd: codec.Invoke) -> None:
-        s = self._session(cmd.session)
+        s = self._own(cmd.session, cmd)
         seq, ack = cmd.seq, cmd.ack
-        if type(seq) is not int or type(ack) is not int or seq < 1:
-            raise KernelError(Code.INVALID_ARGUMENT, "seq must be an int >= 1 and ack an int")
+        if type(seq) is not int or type(ack) is not int or not 0 <= ack < seq:
+            raise KernelError(Code.INVALID_ARGUMENT, "seq must be an int >= 1 and ack an int "
+                              "in [0, seq)")
+        if type(cmd.name) is not str:
+            raise KernelError(Code.INVALID_ARGUMENT, "object name must be a string")
+        self.auth.check(cmd.user, "invoke", cmd.name)
         if ack > s.acked:
             s.acked = ack
             for old in [k for k in s.results if k <= ack]:
@@ -298,6 +372,8 @@ class Kernel:
                               f"object {cmd.name!r} holds more than "
                               f"{self.config.max_object_bytes} bytes of state: it takes no new "
                               "calls (delete it)")
+        if not rerun:
+            self._within(rec.owner, "state_bytes", 0)
         if cmd.class_name and cmd.class_name != rec.cls.name:
             raise KernelError(Code.INVALID_ARGUMENT,
                               f"object {cmd.name!r} is a {rec.cls.name}, not a {cmd.class_name}")
@@ -314,6 +390,7 @@ class Kernel:
         call_deadline = None if timeout is None else self._deadline(timeout, KernelError)
         req = Request(self, Kind.CALL, index, s.id, f"{rec.cls.name} {cmd.name!r}.{cmd.method}",
                       cmd.name)
+        req.user = s.user
         if timeout == 0:
             req.nowait = "would wait, and the call's timeout is 0"
         req.seq = cmd.seq
@@ -454,12 +531,14 @@ class Kernel:
             if self._waiting >= self.config.max_waiters:
                 raise KernelError(Code.RESOURCE_EXHAUSTED,
                                   f"too many waiting requests ({self._waiting})")
+            self._within(req.user, "waiters")
         req.deadlines.append(deadline)
         self._order += 1
         w = Waiter(req, sem, deadline, self._order)
         sem._enqueue(w)
         req.waiter = w
         self._waiting += 1
+        self.usage.add(req.user, "waiters", 1)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, w.order, w))
         assert req.task is not None and req.task.parent is not None
@@ -494,6 +573,8 @@ class Kernel:
         except BaseException:            # cannot happen by design (no uploaded code runs)
             log.exception("measuring object %r failed", rec.name)
             size = limit + 1
+        self.usage.add(rec.owner, "state_bytes", size - rec.size)
+        rec.size = size
         if size > limit:
             self.over_limit[rec.name] = size
         else:
@@ -504,6 +585,7 @@ class Kernel:
         req = w.request
         req.waiter = None
         self._waiting -= 1
+        self.usage.add(req.user, "waiters", -1)
         self._ready.append((req, None))
 
     def _abort(self, req: Request, exc: BaseException) -> None:
@@ -512,6 +594,7 @@ class Kernel:
             w.semaphore._drop(w)
             req.waiter = None
             self._waiting -= 1
+            self.usage.add(req.user, "waiters", -1)
             self._ready.append((req, exc))
 
     def _expire_due(self) -> None:
@@ -579,11 +662,17 @@ class Kernel:
 
     def _drop(self, name: str, why: str) -> None:
         log.warning("object %r dropped at log index %d: %s", name, self.index, why)
-        self.objects.pop(name, None)      # a restore drops objects it never added
-        self.over_limit.pop(name, None)
+        self._forget(name)
         self.dropped[name] = f"object {name!r} was dropped at log index {self.index}: {why}"
         while len(self.dropped) > 1000:
             del self.dropped[next(iter(self.dropped))]
+
+    def _forget(self, name: str) -> None:
+        rec = self.objects.pop(name, None)    # a restore drops objects it never added
+        self.over_limit.pop(name, None)
+        if rec is not None:
+            self.usage.add(rec.owner, "objects", -1)
+            self.usage.add(rec.owner, "state_bytes", -rec.size)
 
     def _interrupt(self, req: Request) -> None:
         """Unwind a detached waiter with Interrupted; it lands in self._pending."""
@@ -609,6 +698,7 @@ class Kernel:
         if w is not None and w.live:
             w.semaphore._drop(w)
             self._waiting -= 1
+            self.usage.add(req.user, "waiters", -1)
         req.waiter = None
 
     def _finish_error(self, req: Request, error: Error) -> None:
@@ -633,12 +723,16 @@ class Kernel:
     def _state(self) -> dict[str, Any]:
         return {"format": checkpoint.FORMAT, "index": self.index, "now": self.now,
                 "order": self._order, "sessions": self.sessions, "dropped": self.dropped,
-                "over_limit": self.over_limit}
+                "over_limit": self.over_limit, "auth": self.auth.dump(),
+                "owners": {n: r.owner for n, r in self.objects.items() if r.owner},
+                "sizes": {n: r.size for n, r in self.objects.items() if r.size}}
 
     # -- reads through the log ---------------------------------------------------------------
 
     def _query(self, cmd: codec.Query) -> None:
         what = cmd.what
+        if what not in ("stats", "digest"):            # counts only: anyone may ask
+            self.auth.authenticated(cmd.user)
         if what == "classes":
             value: Any = [{"name": n, "version": vs[-1].version, "methods": vs[-1].methods()}
                           for n, vs in self.registry.versions.items()]

@@ -32,17 +32,26 @@ class Config:
     max_result_bytes: int = 1 << 20   # encoded size of one call's result
     max_object_bytes: int = 64 << 20  # pickled size of one object's state, checked at checkpoints
     max_source: int = 256 * 1024      # characters of one class source
+    # class names only the replicas' own uploads (auth.SYSTEM) may define
+    reserved_classes: frozenset[str] = frozenset()
+    # per-user quotas for users without their own value (kernel/auth.py; root has none)
+    default_quota: tuple[tuple[str, int], ...] = (
+        ("sessions", 10_000), ("objects", 100_000), ("waiters", 100_000),
+        ("state_bytes", 1 << 30), ("source_bytes", 4 << 20))
     # Log indices the operator declared poison (a command that kills the process whatever the
     # kernel does): they complete with INTERNAL without running. Same list on every replica.
     skip_entries: frozenset[int] = frozenset()
 
 
 class Session:
-    __slots__ = ("id", "ttl", "results", "acked", "dropped", "touched", "inflight")
+    __slots__ = ("id", "ttl", "results", "acked", "dropped", "touched", "inflight", "user",
+                 "secret")
 
-    def __init__(self, sid: int, ttl: float) -> None:
+    def __init__(self, sid: int, ttl: float, user: str = "", secret: str = "") -> None:
         self.id = sid
         self.ttl = ttl
+        self.user = user                         # who opened it (auth), "" for nobody
+        self.secret = secret                     # must accompany every use of the session
         self.results: dict[int, tuple[Any, Error | None]] = {}
         self.acked = 0
         self.dropped = 0                         # highest seq whose result was evicted
@@ -51,24 +60,29 @@ class Session:
 
     def __getstate__(self) -> tuple[Any, ...]:
         return (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
-                [(seq, r.index, r.tags) for seq, r in self.inflight.items()])
+                [(seq, r.index, r.tags) for seq, r in self.inflight.items()], self.user,
+                self.secret)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
+        if len(state) == 7:                      # a checkpoint from before auth
+            state = (*state, "", "")
         (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
-         inflight) = state
+         inflight, self.user, self.secret) = state
         if inflight:
             raise ValueError("a checkpoint cannot hold requests in flight")
         self.inflight = {}
 
 
 class ObjectRecord:
-    __slots__ = ("name", "cls", "instance", "steps")
+    __slots__ = ("name", "cls", "instance", "steps", "owner", "size")
 
-    def __init__(self, name: str, cls: ClassVersion, instance: Any) -> None:
+    def __init__(self, name: str, cls: ClassVersion, instance: Any, owner: str = "") -> None:
         self.name = name
         self.cls = cls
         self.instance = instance
         self.steps = 0       # steps its calls spent since its size was last measured
+        self.owner = owner   # the user that created it (its quotas count it)
+        self.size = 0        # its state's size when last measured
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,7 @@ class Request:
 
     __slots__ = ("kernel", "kind", "index", "session", "seq", "tags", "task", "deadline",
                  "deadlines", "replay", "draws", "waiter", "obj", "cmd", "nowait", "label",
-                 "outcome", "interrupting")
+                 "outcome", "interrupting", "user")
 
     def __init__(self, kernel: Kernel, kind: Kind, index: int, session: int, label: str,
                  obj: str) -> None:
@@ -118,3 +132,4 @@ class Request:
         self.label = label
         self.outcome: Any = None
         self.interrupting = False  # the kernel is throwing a checkpoint's Interrupted into it
+        self.user = ""             # the user of its session (quotas)

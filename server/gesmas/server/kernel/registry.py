@@ -65,20 +65,28 @@ class Registry:
         self._namespaces: list[dict[str, Any]] = []
         self.versions: dict[str, list[ClassVersion]] = {}
 
-    def register(self, source: str) -> dict[str, int]:
-        """Compile and register `source`; returns {class name: version} for its classes."""
+    def register(self, source: str, allow: Callable[[list[str]], None] | None = None
+                 ) -> tuple[dict[str, int], bool]:
+        """Compile and register `source`; returns ({class name: version} for its classes,
+        whether the source was new). `allow(names)` may refuse the class names by raising,
+        before anything is registered."""
         digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
         module = self._by_hash.get(digest)
-        if module is None:
-            ns = self._load(source, len(self.sources))
-            classes = self._classes(ns)
-            if not classes:
-                raise KernelError(Code.INVALID_ARGUMENT, "the source defines no class")
-            module = len(self.sources)
-            self.sources.append(source)
-            self._by_hash[digest] = module
-            self._namespaces.append(ns)
-        return self._bind(module)
+        if module is not None:
+            if allow is not None:
+                allow(sorted(self._classes(self._namespaces[module])))
+            return self._bind(module), False
+        ns = self._load(source, len(self.sources))
+        classes = self._classes(ns)
+        if not classes:
+            raise KernelError(Code.INVALID_ARGUMENT, "the source defines no class")
+        if allow is not None:
+            allow(sorted(classes))
+        module = len(self.sources)
+        self.sources.append(source)
+        self._by_hash[digest] = module
+        self._namespaces.append(ns)
+        return self._bind(module), True
 
     def _bind(self, module: int) -> dict[str, int]:
         out = {}
