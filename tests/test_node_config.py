@@ -26,22 +26,23 @@ def test_flags_override_the_file_which_overrides_the_environment(tmp_path):
     path = write(tmp_path, {"id": 2, "client_addr": "h:7102", "raft-addr": "127.0.0.1:7202",
                             "peers": ["127.0.0.1:7201=h:7101", "127.0.0.1:7203"],
                             "data-dir": "/d", "checkpoint_every": 500})
-    cfg = load(flags(["--config", path, "--client-addr", "0.0.0.0:9"]),
+    cfg = load(flags(["--config", path, "--client-addr", "0.0.0.0:9", "--insecure"]),
                {"GESMAS_CLUSTER_SECRET": "s3cret", "GESMAS_CHECKPOINT_EVERY": "7"})
     assert (cfg.node_id, cfg.client_addr, cfg.raft_addr, cfg.data_dir, cfg.secret, cfg.fsync,
             cfg.checkpoint_every) == (2, "0.0.0.0:9", "127.0.0.1:7202", "/d", "s3cret", True,
                                       500)
     assert cfg.peers == (("127.0.0.1:7201", "h:7101"), ("127.0.0.1:7203", ""))
-    cfg = load(flags(["--id", "1", "--client-addr", "h:1", "--raft-addr", "127.0.0.1:2",
-                      "--peers", "127.0.0.1:3,127.0.0.1:4", "--unsafe-no-fsync"]),
-               {"GESMAS_CHECKPOINT_EVERY": "7"})
+    cfg = load(flags(["--id", "1", "--client-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:2",
+                      "--peers", "127.0.0.1:3,127.0.0.1:4", "--unsafe-no-fsync", "--secret",
+                      "s4"]), {"GESMAS_CHECKPOINT_EVERY": "7", "GESMAS_CLUSTER_SECRET": "env"})
     assert cfg.peers == (("127.0.0.1:3", ""), ("127.0.0.1:4", ""))
     assert (cfg.checkpoint_every, cfg.fsync, cfg.secret, cfg.data_dir) == (
-        7, False, None, "gesmas-data-1")
+        7, False, "s4", "gesmas-data-1")
 
 
 def test_skip_entries_from_flags_and_config_file_reach_the_kernel(tmp_path):
-    base = ["--id", "1", "--client-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:2"]
+    base = ["--id", "1", "--client-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:2",
+            "--secret", "s"]
     cfg = load(flags([*base, "--skip-entry", "7", "--skip-entry", "9"]), {})
     assert cfg.skip_entries == frozenset({7, 9})
     path = write(tmp_path, {"skip_entries": [12]})
@@ -57,9 +58,18 @@ def test_skip_entries_from_flags_and_config_file_reach_the_kernel(tmp_path):
     ({"id": "two", "client_addr": "h:1", "raft_addr": "127.0.0.1:2"}, "id must be an integer"),
     ({"id": 1, "client_addr": "h:1"}, "are required"),
     ({"id": 1, "client_addr": "h:1", "raft_addr": "10.0.0.1:2"}, "secret"),
-    ({"id": 1, "client_addr": "h:1", "raft_addr": "127.0.0.1:2", "skip_entries": 5},
-     "skip_entries"),
-    ({"id": 1, "client_addr": "h:1", "raft_addr": "127.0.0.1:2", "peers": 5}, "peers"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2"}, "secret"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "secret": "s",
+      "skip_entries": 5}, "skip_entries"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "peers": 5}, "peers"),
+    ({"id": 1, "client_addr": "10.1.1.1:1", "raft_addr": "127.0.0.1:2", "secret": "s"},
+     "not loopback: give it TLS"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "secret": "s",
+      "tls_cert": "/nonexistent.pem"}, "both --tls-cert and --tls-key"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "secret": "s",
+      "tls_cert": "/nonexistent.pem", "tls_key": "/nonexistent.key"}, "no such file"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "secret": "s",
+      "root_password_file": "/nonexistent"}, "root_password_file"),
 ])
 def test_bad_configurations_are_refused_naming_the_setting(tmp_path, data, message):
     with pytest.raises(ConfigError, match=message):
@@ -78,3 +88,27 @@ def test_loopback_addresses():
                ["127.0.0.1:1", "127.9.9.9:2", "localhost:3", "[::1]:4"])
     assert not any(server_config.is_loopback(a) for a in
                    ["10.0.0.1:1", "127.example.com:2", "0.0.0.0:3", "[::]:4"])
+
+
+def test_a_public_client_port_needs_tls_and_a_root_password_or_insecure(tmp_path):
+    from gesmas.server.certs import make_pki
+    pki = make_pki(str(tmp_path / "pki"))
+    short, good = tmp_path / "short", tmp_path / "root-password"
+    short.write_text("abc\n")
+    good.write_text("a-long-root-password\n")
+    base = ["--id", "1", "--client-addr", "10.1.1.1:7101", "--raft-addr", "10.1.1.1:7201"]
+    env = {"GESMAS_CLUSTER_SECRET": "s"}
+    with pytest.raises(ConfigError, match="not loopback"):
+        load(flags(base), env)
+    with pytest.raises(ConfigError, match="not loopback"):   # TLS alone is not enough
+        load(flags([*base, "--tls-cert", pki.server_cert, "--tls-key", pki.server_key]), env)
+    with pytest.raises(ConfigError, match="at least 8"):
+        load(flags([*base, "--root-password-file", str(short)]), env)
+    cfg = load(flags([*base, "--root-password-file", str(good)]),
+               {**env, "GESMAS_TLS_CERT": pki.server_cert, "GESMAS_TLS_KEY": pki.server_key,
+                "GESMAS_TLS_CLIENT_CA": pki.ca_cert})
+    assert (cfg.root_password, cfg.tls_cert, cfg.tls_client_ca, cfg.insecure) == (
+        "a-long-root-password", pki.server_cert, pki.ca_cert, False)
+    assert load(flags([*base, "--insecure"]), env).insecure
+    assert load(flags(base), {**env, "GESMAS_INSECURE": "1"}).insecure
+    assert Node(cfg).requires_auth()              # until the cluster has auth enabled

@@ -10,7 +10,8 @@ import sys
 import threading
 import time
 
-from gesmas.client import Client
+from gesmas.client import Client as _Client
+from gesmas.client import PermissionDenied
 
 from .cluster import LocalCluster, stop_on_signals
 
@@ -21,6 +22,9 @@ def say(text: str) -> None:
 
 def demo(cluster: LocalCluster) -> None:
     a, b, c = (m.client_addr for m in cluster.members)
+
+    def Client(address: str) -> _Client:     # as root over TLS on a --tls cluster
+        return _Client(address, **cluster.client_options())
 
     say("\n1. A consumer blocks server-side; a producer on another replica releases it")
     got: dict[str, object] = {}
@@ -81,14 +85,32 @@ def demo(cluster: LocalCluster) -> None:
         for cl in clients:
             cl.close()
 
+    if cluster.secure:
+        say("\n4. Users and roles: 'worker' may use objects named jobs/..., nothing else")
+        with Client(a) as root:
+            root.auth("user_add", name="worker", password="worker-password")
+            root.auth("role_add", name="jobs")
+            for action in ("create", "invoke"):
+                root.auth("role_grant", name="jobs", action=action, prefix="jobs/")
+            root.auth("user_grant", name="worker", role="jobs")
+        with _Client(a, **cluster.client_options("worker", "worker-password")) as worker:
+            worker.queue("jobs/mail").produce("hello")
+            say("   worker: produce on jobs/mail: ok")
+            try:
+                worker.queue("demo-jobs").consume(timeout=0)
+            except PermissionDenied as e:
+                say(f"   worker: consume on demo-jobs: refused ({e.message})")
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="gesmas demo on a local 3-node cluster")
     p.add_argument("--base-port", type=int, default=7100)
     p.add_argument("--no-wait", action="store_true", help="stop after the demo")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS and auth (a throw-away CA, certificates and root password)")
     args = p.parse_args(argv)
     stop_on_signals()
-    cluster = LocalCluster(nodes=3, base_port=args.base_port)
+    cluster = LocalCluster(nodes=3, base_port=args.base_port, secure=args.tls)
     say("starting 3 gesmas replicas on 127.0.0.1 ...")
     try:
         cluster.start()
@@ -97,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         demo(cluster)
         if args.no_wait:
             return 0
-        say(f"\nThe cluster stays up. Try:\n  export GESMAS_CLUSTER={cluster.addresses}\n"
+        env = "".join(f"  export {k}={v}\n" for k, v in cluster.client_env().items())
+        say(f"\nThe cluster stays up. Try:\n{env}"
             "  .venv/bin/gesmas status\n"
             "  .venv/bin/gesmas call Counter hits add 5 --create '[]'\n"
             "Ctrl-C stops every node.")

@@ -1,0 +1,368 @@
+"""Who may do what, through real 3-process clusters with TLS and auth on (LocalCluster with
+secure=True: a throw-away CA, a root password bootstrapped with --root-password-file).
+
+Each refusal is checked for its status code and for having changed nothing (the replicated
+state's digest is the same before and after). The kernel-level checks are in
+test_auth_kernel.py; the Raft port's own tests in test_raft_port.py.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+
+import grpc
+import pytest
+
+from gesmas.client import (ApplicationError, Client, GesmasError, NotFound, PermissionDenied,
+                           ResourceExhausted, Unauthenticated, Unavailable)
+from gesmas.client.security import TLS
+from gesmas.server.certs import issue, make_ca
+from gesmas.server.cluster import LocalCluster
+from gesmas.v1 import gesmas_pb2 as pb
+from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
+
+
+def setup_users(root: Client) -> None:
+    for name, password in PASSWORDS.items():
+        root.auth("user_add", name=name, password=password)
+    root.auth("role_add", name="a-user")
+    for action in ("invoke", "create", "delete"):
+        root.auth("role_grant", name="a-user", action=action, prefix="a/")
+    root.auth("role_grant", name="a-user", action="register", prefix="A")
+    root.auth("user_grant", name="alice", role="a-user")
+    root.auth("role_add", name="b-user")
+    root.auth("role_grant", name="b-user", action="invoke", prefix="a/")
+    root.auth("user_grant", name="bob", role="b-user")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(secure=True, env={"GESMAS_CHECKPOINT_EVERY": "40"}) as c:
+        with Client(c.addresses, **c.client_options()) as root:
+            setup_users(root)
+        yield c
+
+
+def login(cluster: LocalCluster, user: str, **kw) -> Client:
+    password = cluster.root_password if user == "root" else PASSWORDS[user]
+    return Client(cluster.addresses, **cluster.client_options(user, password), **kw)
+
+
+def digest(cluster: LocalCluster) -> str:
+    with login(cluster, "root", connect=False) as root:
+        return root.state_digest()
+
+
+def raw(cluster: LocalCluster, user: str | None = None):
+    """A raw stub to the first member and the metadata of `user` (None: no credentials)."""
+    channel = cluster.channel(cluster.members[0].client_addr)
+    stub = pb_grpc.GesmasStub(channel)
+    meta: tuple = ()
+    if user is not None:
+        password = cluster.root_password if user == "root" else PASSWORDS[user]
+        token = stub.Authenticate(pb.AuthenticateRequest(user=user, password=password),
+                                  timeout=10).token
+        meta = (("authorization", f"Bearer {token}"),)
+    return channel, stub, meta
+
+
+def status_code(fn) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    return e.value.code()
+
+
+def test_each_permission_is_denied_and_nothing_changes(cluster):
+    with login(cluster, "root") as root, login(cluster, "alice") as alice, \
+            login(cluster, "bob") as bob:
+        root.queue("b/secret").produce("root's")
+        alice.queue("a/jobs").produce(1)
+        before = digest(cluster)
+        attempts = [
+            lambda: bob.queue("a/new"),                         # create under a/: no
+            lambda: alice.queue("b/secret"),                    # outside a/: no
+            lambda: bob.invoke("Queue", "b/secret", "consume", timeout=0),
+            lambda: bob.delete_object("a/jobs"),
+            lambda: alice.delete_object("b/secret"),
+            lambda: bob.register_class("class Bobs:\n    pass\n"),
+            lambda: alice.register_class("class Bee:\n    pass\n"),   # only A... names
+            lambda: bob.auth("user_add", name="eve", password="eve-password"),
+            lambda: alice.auth("user_grant", name="alice", role="root"),
+            lambda: bob.auth("auth_disable"),
+            lambda: bob.auth("role_grant", name="b-user", action="create", prefix=""),
+            lambda: bob.add_node("127.0.0.1:1", "127.0.0.1:2"),
+            lambda: bob.remove_node(cluster.members[1].raft_addr),
+        ]
+        for attempt in attempts:
+            with pytest.raises(PermissionDenied):
+                attempt()
+        assert digest(cluster) == before
+        # what they may do still works
+        assert bob.invoke("Queue", "a/jobs", "consume", timeout=0) == 1
+        assert alice.register_class("class Alpha:\n    def f(self):\n        return 1\n")
+
+
+def test_without_credentials_everything_but_status_is_unauthenticated(cluster):
+    before = digest(cluster)
+    tls = TLS(ca=cluster.pki.ca_cert)
+    with pytest.raises(Unauthenticated):
+        Client(cluster.addresses, tls=tls, retry_timeout=5)          # opens a session
+    with Client(cluster.addresses, tls=tls, connect=False, retry_timeout=5) as anon:
+        for attempt in (lambda: anon.list_objects(), lambda: anon.list_classes(),
+                        lambda: anon.delete_object("a/jobs"),
+                        lambda: anon.register_class("class Anon:\n    pass\n"),
+                        lambda: anon.auth("user_list")):
+            with pytest.raises(Unauthenticated):
+                attempt()
+        assert anon.status()["leader_address"]                     # counts only
+    channel, stub, _ = raw(cluster)
+    with channel:
+        assert status_code(lambda: stub.DeleteObject(pb.DeleteObjectRequest(
+            object_name="a/jobs"), timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+        for bad in ("Bearer", "Basic abc", "Bearer v1.e30.AAAA", "Bearer " + "x" * 5000):
+            assert status_code(lambda: stub.ListObjects(
+                pb.ListObjectsRequest(), timeout=10, metadata=(("authorization", bad),))
+            ) == grpc.StatusCode.UNAUTHENTICATED
+        assert status_code(lambda: stub.Authenticate(pb.AuthenticateRequest(
+            user="alice", password="wrong"), timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+        assert status_code(lambda: stub.Authenticate(pb.AuthenticateRequest(
+            user="nobody", password="x"), timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+    assert digest(cluster) == before
+
+
+def test_plain_text_is_refused_on_a_tls_port(cluster):
+    with grpc.insecure_channel(cluster.members[0].client_addr) as ch:
+        assert status_code(lambda: pb_grpc.GesmasStub(ch).Status(
+            pb.StatusRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_session_hijack_and_close_by_id_are_refused(cluster):
+    with login(cluster, "alice") as alice, login(cluster, "bob") as bob:
+        lock = alice.lock("a/lock")
+        lock.acquire()
+        victim = alice.session
+        before = digest(cluster)
+        channel, stub, meta = raw(cluster, "bob")
+        with channel:
+            for secret in ("", "0" * 32, "guess"):
+                req = pb.InvokeRequest(session=victim, seq=1, class_name="Lock",
+                                       object_name="a/lock", method="release",
+                                       session_secret=secret)
+                assert status_code(lambda: stub.Invoke(req, timeout=10, metadata=meta)) \
+                    == grpc.StatusCode.PERMISSION_DENIED
+            for sid in range(1, victim + 5):                    # close every id: none closes
+                code = status_code(lambda: stub.CloseSession(
+                    pb.CloseSessionRequest(session=sid), timeout=10, metadata=meta))
+                assert code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ABORTED)
+            # the victim's own secret with bob's identity: still not bob's session
+            req = pb.InvokeRequest(session=victim, seq=1, class_name="Lock",
+                                   object_name="a/lock", method="release",
+                                   session_secret=alice._session_secret)
+            assert status_code(lambda: stub.Invoke(req, timeout=10, metadata=meta)) \
+                == grpc.StatusCode.PERMISSION_DENIED
+            # an ack at or beyond the seq, on one's own session, is refused
+            req = pb.InvokeRequest(session=bob.session, seq=1, ack=2**63 - 1,
+                                   class_name="Lock", object_name="a/lock", method="holder",
+                                   session_secret=bob._session_secret)
+            assert status_code(lambda: stub.Invoke(req, timeout=10, metadata=meta)) \
+                == grpc.StatusCode.INVALID_ARGUMENT
+        assert digest(cluster) == before
+        assert lock.is_owner() and alice.lock("a/lock").holder()["session"] == victim
+        lock.release()
+
+
+def test_keep_alives_for_made_up_sessions_are_refused(cluster):
+    with login(cluster, "root") as root:
+        leader = root.status()["leader_address"]
+        channel = cluster.channel(leader)
+        with channel:
+            stub = pb_grpc.GesmasStub(channel)
+            for sid in (root.session, 10**6, 2**62):
+                assert status_code(lambda: stub.KeepAlive(pb.KeepAliveRequest(
+                    session=sid, session_secret="nope"), timeout=10)) \
+                    == grpc.StatusCode.NOT_FOUND
+        assert not root.expired
+        root.queue("a/alive").produce(1)          # the real session is untouched
+
+
+def test_an_upload_cannot_replace_a_standard_class(cluster):
+    evil = ("class Queue:\n    def __init__(self, capacity=None):\n        pass\n"
+            "    def produce(self, item):\n        return 'stolen'\n")
+    with login(cluster, "root") as root:
+        with pytest.raises(PermissionDenied, match="reserved"):
+            root.register_class(evil)
+        q = root.queue("a/fresh-queue")
+        q.produce("mine")
+        assert q.consume(timeout=1) == "mine"
+
+
+def test_a_password_change_revokes_the_old_token(cluster):
+    with login(cluster, "root") as root:
+        root.auth("user_add", name="carol", password="carol-one")
+        root.auth("user_grant", name="carol", role="a-user")
+        carol = Client(cluster.addresses, **cluster.client_options("carol", "carol-one"))
+        token = carol.authenticate()
+        with Client(cluster.addresses, tls=TLS(ca=cluster.pki.ca_cert), token=token) as same:
+            same.queue("a/carol").produce(1)        # a token alone is a login
+        root.auth("user_passwd", name="carol", password="carol-two")
+        with pytest.raises(Unauthenticated):        # re-login with the old password fails
+            carol.queue("a/carol")
+        carol._closed.set()                          # its session expires on its own
+        with pytest.raises(Unauthenticated):
+            Client(cluster.addresses, tls=TLS(ca=cluster.pki.ca_cert), token=token,
+                   retry_timeout=3)
+        with Client(cluster.addresses, **cluster.client_options("carol", "carol-two")) as c2:
+            assert c2.queue("a/carol").consume(timeout=1) == 1
+
+
+def test_quotas_are_hit_and_named(cluster):
+    with login(cluster, "root") as root:
+        root.auth("user_add", name="dave", password="dave-password")
+        root.auth("user_grant", name="dave", role="a-user")
+        root.auth("user_quota", name="dave", quota={"sessions": 1, "objects": 2,
+                                                    "waiters": 1, "source_bytes": 100})
+    opts = cluster.client_options("dave", "dave-password")
+    with Client(cluster.addresses, **opts) as dave:
+        with pytest.raises(ResourceExhausted, match="sessions"):
+            Client(cluster.addresses, **opts)
+        dave.queue("a/d1")
+        dave.queue("a/d2")
+        with pytest.raises(ResourceExhausted, match="objects"):
+            dave.queue("a/d3")
+        with pytest.raises(ResourceExhausted, match="source_bytes"):
+            dave.register_class("class Ad:\n    pass\n" + "#" * 200)
+        dave.invoke  # one blocked consume is allowed, the second is over the quota
+        import threading
+        first = threading.Thread(target=lambda: _swallow(lambda: dave.queue("a/d1").consume(
+            timeout=30)))
+        first.start()
+        with login(cluster, "root") as root:
+            _wait_for(lambda: {o["name"]: o["waiters"] for o in root.list_objects()}
+                      .get("a/d1") == 1)
+        with pytest.raises(ResourceExhausted, match="waiters"):
+            dave.queue("a/d2").consume(timeout=30)
+        dave.queue("a/d1").produce("release")
+        first.join(30)
+
+
+def _swallow(fn):
+    try:
+        fn()
+    except GesmasError:
+        pass
+
+
+def _wait_for(pred, timeout: float = 20.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_the_raft_port_runs_no_unauthenticated_pickle(cluster, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    data = b"r" + pickle.dumps(Evil())
+    host, port = cluster.members[1].raft_addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(struct.pack("i", len(data)) + data)
+        s.settimeout(10)
+        try:
+            assert s.recv(1) == b""                      # closed by the replica
+        except ConnectionResetError:
+            pass
+    with login(cluster, "root") as root:                 # the cluster still commits
+        root.queue("a/after-raft").produce(1)
+    assert not marker.exists()
+
+
+# -- clusters of their own: mutual TLS, membership, kill -9 --------------------------------
+
+def test_mutual_tls_identifies_users_by_certificate(tmp_path):
+    with LocalCluster(client_cert_auth=True, users=("root", "erin")) as cl:
+        with pytest.raises(Unauthenticated, match="'erin' does not exist"):
+            Client(cl.addresses, **cl.client_options("erin", cert=True))
+        with Client(cl.addresses, **cl.client_options("root", cert=True)) as root:
+            root.auth("user_add", name="erin", password="unused-password")
+            with Client(cl.addresses, **cl.client_options("erin", cert=True)) as erin:
+                with pytest.raises(PermissionDenied, match="'erin'"):
+                    erin.queue("e/q")
+                root.auth("role_add", name="e")
+                root.auth("role_grant", name="e", action="create", prefix="e/")
+                root.auth("role_grant", name="e", action="invoke", prefix="e/")
+                root.auth("user_grant", name="erin", role="e")
+                erin.queue("e/q").produce(1)
+        other_ca, other_key = make_ca(str(tmp_path / "other"))
+        cert, key = str(tmp_path / "erin.pem"), str(tmp_path / "erin.key")
+        issue(other_ca, other_key, cert, key, "erin", client=True)
+        for tls in (TLS(ca=cl.pki.ca_cert, cert=cert, key=key),       # wrong CA
+                    TLS(ca=cl.pki.ca_cert)):                           # no certificate
+            with pytest.raises(Unavailable):
+                Client(cl.addresses, tls=tls, retry_timeout=2)
+        with pytest.raises(Unavailable):                               # server not trusted
+            Client(cl.addresses, tls=TLS(ca=other_ca, cert=cl.pki.clients["root"][0],
+                                         key=cl.pki.clients["root"][1]), retry_timeout=2)
+
+
+def test_membership_needs_an_admin_and_a_reachable_quorum():
+    with LocalCluster(secure=True) as cl:
+        with Client(cl.addresses, **cl.client_options()) as root:
+            setup_users(root)
+            leader = cl.find_leader()
+            follower = next(m for m in cl.members if m is not leader)
+            other = next(m for m in cl.members if m not in (leader, follower))
+            cl.kill(follower)                                     # 2 of 3 up
+            with pytest.raises(ApplicationError) as e:            # 2 of 4 < 3
+                root.add_node("127.0.0.1:9", "127.0.0.1:10")
+            assert e.value.type == "UnsafeMembershipChange"
+            with pytest.raises(ApplicationError) as e:            # 1 of 2 < 2
+                root.remove_node(other.raft_addr)
+            assert e.value.type == "UnsafeMembershipChange"
+            assert len(root.status()["nodes"]) == 3
+            cl.start_member(follower)
+            cl.wait_caught_up(follower)
+            # with all three up, one unstarted member is safe (3 of 4), as etcd allows
+            assert root.add_node("127.0.0.1:9", "127.0.0.1:10") is True
+            assert root.remove_node("127.0.0.1:9") is True
+
+
+def test_auth_state_survives_kill_9_of_every_replica_and_a_snapshot_install():
+    with LocalCluster(secure=True, env={"GESMAS_CHECKPOINT_EVERY": "20"}) as cl:
+        with Client(cl.addresses, **cl.client_options()) as root:
+            setup_users(root)
+            for i in range(30):                                   # past a checkpoint
+                root.counter("a/count").invoke("add", 1)
+        for m in cl.members:
+            cl.kill(m)
+        wiped = cl.members[2]
+        import shutil
+        shutil.rmtree(wiped.data_dir)                             # comes back by snapshot
+        for m in cl.members:
+            cl.start_member(m)
+        cl.wait_ready()
+        cl.wait_caught_up(wiped)
+        on_wiped = Client(wiped.client_addr, route="replica",
+                          **cl.client_options("alice", PASSWORDS["alice"]))
+        with on_wiped as alice:
+            alice.queue("a/after").produce(1)
+        with Client(wiped.client_addr, route="replica",
+                    **cl.client_options("bob", PASSWORDS["bob"])) as bob:
+            with pytest.raises(PermissionDenied):
+                bob.queue("b/no")
+            with pytest.raises(NotFound):
+                bob.invoke("Queue", "a/none", "consume", timeout=0)
+        with pytest.raises(Unauthenticated):
+            Client(cl.addresses, **cl.client_options("alice", "wrong-password"),
+                   retry_timeout=3)
+        digests = {cl.member_status(m, digest=True, timeout=10)["state_digest"]
+                   for m in cl.members}
+        assert len(digests) == 1
