@@ -908,6 +908,7 @@ def facts(systems: list[str]) -> dict[str, Any]:
         "cores": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(), "platform": platform.platform(),
         "gesmas_commit": git_commit(),
+        "gesmas_secure": os.environ.get("GESMAS_TEST_SECURE") == "1",
     }
     if "zookeeper" in systems:
         import kazoo
@@ -1030,6 +1031,9 @@ def config(quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
+    ap.add_argument("--secure", action="store_true",
+                    help="gesmas with TLS on the client ports and auth on (clients log in as "
+                         "root): the cost of security (LocalCluster secure=True)")
     ap.add_argument("--only", default=None, help="comma list of: " + ",".join(EXPERIMENTS))
     ap.add_argument("--systems", default="gesmas,zookeeper")
     ap.add_argument("--route", choices=["leader", "replica"], default="leader",
@@ -1045,6 +1049,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown experiment/system: {bad}")
     cfg = config(a.quick)
     os.environ[ROUTE_ENV] = a.route
+    if a.secure:                 # LocalCluster reads it and exports the client's TLS and login
+        os.environ["GESMAS_TEST_SECURE"] = "1"
     os.makedirs(a.out, exist_ok=True)
 
     def on_term(signum: int, frame: Any) -> None:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TEST_SECRET = "replication-test-secret"  # the cluster secret tests use (loopback only)
 
 
 @dataclass(frozen=True)
@@ -404,7 +405,7 @@ def main():
     ap.add_argument("--pysyncobj-defaults", action="store_true")
     ap.add_argument("--compaction-min-entries", type=int, default=0)
     ap.add_argument("--slow-sync-ms", type=float, default=0)
-    ap.add_argument("--password", default=None)
+    ap.add_argument("--password", default=TEST_SECRET)  # a Replica always needs one
     ap.add_argument("--n-latency", type=int, default=300)
     ap.add_argument("--n-throughput", type=int, default=5000)
     ap.add_argument("--window", type=int, default=200)

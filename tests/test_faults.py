@@ -583,9 +583,9 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
         results: list[Any] = [None] * n
         attempts = [0] * n
 
-        def consume(i: int, session: int, seq: int) -> None:
+        def consume(i: int, session: int, seq: int, secret: str) -> None:
             req = pb.InvokeRequest(session=session, seq=seq, class_name="Queue",
-                                   object_name="q5", method="consume")
+                                   object_name="q5", method="consume", session_secret=secret)
             end = time.monotonic() + 150
             while time.monotonic() < end and not stop.is_set():
                 attempts[i] += 1
@@ -606,7 +606,7 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
         calls = []
         for i in range(n):
             owner = owners[i % len(owners)]
-            calls.append((owner.session, owner._new_seq()))
+            calls.append((owner.session, owner._new_seq(), owner._session_secret))
             t = threading.Thread(target=consume, args=(i, *calls[-1]), daemon=True)
             t.start()
             threads.append(t)
@@ -710,14 +710,15 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
         cluster.stop()
 
 
-def _stored_results(m: Member, calls: list[tuple[int, int]]) -> list[Any]:
+def _stored_results(m: Member, calls: list[tuple[int, int, str]]) -> list[Any]:
     """Re-send each (session, seq) consume to m alone: its stored result, or the error."""
     out: list[Any] = []
     with grpc.insecure_channel(m.client_addr) as ch:
         stub = pb_grpc.GesmasStub(ch)
-        for session, seq in calls:
+        for session, seq, secret in calls:
             req = pb.InvokeRequest(session=session, seq=seq, class_name="Queue",
-                                   object_name="q5", method="consume", timeout=0.0)
+                                   object_name="q5", method="consume", timeout=0.0,
+                                   session_secret=secret)
             try:
                 out.append(convert.from_value(stub.Invoke(req, timeout=10).result))
             except grpc.RpcError as e:

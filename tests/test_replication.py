@@ -23,7 +23,8 @@ from gesmas.server.replication import (NotLeader, Replica, ReplicaStopped, _Dura
                                        split_early)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from replication_node import Cluster, ListSM, NodeProc, free_ports, restore  # noqa: E402
+from replication_node import (Cluster, ListSM, NodeProc, TEST_SECRET, free_ports,  # noqa: E402
+                              restore)
 
 NOOP = b"\x01"  # pysyncobj's no-op command: applying it touches no state machine
 
@@ -202,7 +203,7 @@ def test_stale_append_entries_do_not_truncate_in_syncobj(tmp_path):
 def test_propose_without_leader_raises_not_leader(tmp_path):
     me, other = [f"127.0.0.1:{p}" for p in free_ports(2)]
     r = Replica(me, [other], str(tmp_path), fresh=ListSM, restore=restore,
-                on_completions=lambda c: None)
+                on_completions=lambda c: None, password=TEST_SECRET)
     try:
         with pytest.raises(NotLeader) as info:
             r.propose(b"x")
@@ -223,7 +224,8 @@ def test_single_node_applies_at_raft_indexes_and_reports_leadership(tmp_path):
     got, roles = queue.Queue(), queue.Queue()
     r = Replica(me, [], str(tmp_path), fresh=ListSM, restore=restore,
                 on_completions=lambda cs: [got.put(c) for c in cs],
-                on_role_change=lambda is_leader, leader: roles.put((is_leader, leader)))
+                on_role_change=lambda is_leader, leader: roles.put((is_leader, leader)),
+                password=TEST_SECRET)
     try:
         assert r.wait_ready(10)
         role = roles.get(timeout=10)
@@ -244,7 +246,7 @@ def _single_node_run(me, data_dir, tags, compact=False):
     """Start a one-node replica, apply `tags`, optionally snapshot, stop; return the list."""
     got = queue.Queue()
     r = Replica(me, [], data_dir, fresh=ListSM, restore=restore,
-                on_completions=lambda cs: [got.put(c) for c in cs])
+                on_completions=lambda cs: [got.put(c) for c in cs], password=TEST_SECRET)
     try:
         assert r.wait_ready(10)
         def run(batch):
@@ -276,10 +278,15 @@ def test_restart_after_crash_between_snapshot_and_compaction(tmp_path):
     assert _single_node_run(me, b, ["after"]) == first + later + ["after"]
 
 
-def test_password_required_off_loopback(tmp_path):
-    with pytest.raises(ValueError, match="password"):
-        Replica("10.1.2.3:7000", ["127.0.0.1:7001"], str(tmp_path), fresh=ListSM,
-                restore=restore, on_completions=lambda c: None)
+@pytest.mark.parametrize("addrs", [("10.1.2.3:7000", "127.0.0.1:7001"),
+                                   ("127.0.0.1:7000", "127.0.0.1:7001")])
+@pytest.mark.parametrize("password", [None, ""])
+def test_password_required_always(tmp_path, addrs, password):
+    """Loopback too: without the secret the Raft port would unpickle anyone's frames."""
+    with pytest.raises(ValueError, match="cluster secret is required"):
+        Replica(addrs[0], [addrs[1]], str(tmp_path), fresh=ListSM, restore=restore,
+                on_completions=lambda c: None, password=password)
+    assert not os.listdir(tmp_path)  # refused before touching the data directory
 
 
 # ------------------------------------------------------------------------ real cluster

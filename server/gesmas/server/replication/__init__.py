@@ -29,7 +29,16 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
      between writing a snapshot and compacting the log.
   5. ``_RaftNode._gesmas_submit`` encodes commands with pickle protocol 4, not 2.
   6. ``_install_wire``: ChaCha20-Poly1305 instead of Fernet and no zlib for small messages
-     (raftwire.py); ``flush`` sends what it has for a node as one ``gesmas_batch``.
+     (raftwire.py); ``flush`` sends what it has for a node as one ``gesmas_batch``, cut into
+     frames of about ``batch_size_bytes`` (``_size_runs``).
+  7. ``_install_tcp_overrides``: reads go into a bytearray; a frame's length prefix is checked
+     before its body is buffered (64 KiB until the peer has proved the connection's key, then
+     at least 64 MiB); a frame that does not decrypt is never unpickled; a replica always
+     needs the cluster secret, loopback too.
+  8. ``TcpConnection.send`` asks for a write event while output is pending, so a frame bigger
+     than the socket buffer does not wait for later sends.
+  9. ``close_stale_handshakes`` (every tick): an incoming connection that has not
+     authenticated within 5 s is closed, and at most 256 wait at a time.
 
 Measurements of this layer are in docs/performance.md ("Replication alone").
 """

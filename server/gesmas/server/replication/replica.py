@@ -6,6 +6,7 @@ import logging
 import os
 import pickle
 import threading
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from pysyncobj import SyncObjConf
@@ -13,9 +14,8 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
-from ..config import require_secret
 from .journal import DurableJournal, fsync_dir
-from .overrides import _install_journal_factory, _RaftNode
+from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
 
@@ -44,10 +44,13 @@ class Replica:
                  on_fatal: Optional[Callable[[BaseException], None]] = None,
                  password: Optional[str] = None, fsync: bool = True,
                  bind_addr: Optional[str] = None, tuning: RaftTuning = RaftTuning()):
+        # Always, loopback too: peers exchange pickles, and only the secret's AEAD tag on each
+        # frame (overrides.py, override 7) keeps a stranger's pickle from being loaded.
+        if not password:
+            raise ValueError("a cluster secret is required (the Replica's password): the Raft "
+                             "port authenticates every frame with it before unpickling")
         peers = [p for p in peer_addrs if p != self_addr]
-        addrs = [self_addr, *peers] + ([bind_addr] if bind_addr else [])
-        require_secret(password, addrs)
-        if password is not None and not HAS_CRYPTO:
+        if not HAS_CRYPTO:
             raise ValueError("password needs the 'cryptography' package (pip install cryptography)")
         self.self_addr = self_addr
         self.data_dir = data_dir
@@ -237,7 +240,10 @@ class Replica:
 
     def _on_tick(self) -> None:
         node = self._node
-        if node is None or self._on_role_change is None:
+        if node is None:
+            return
+        close_stale_handshakes(node._SyncObj__transport, time.monotonic())
+        if self._on_role_change is None:
             return
         leader = node._getLeader()
         # A leader is 'ready' once it applied an entry of its own term (its no-op): its state

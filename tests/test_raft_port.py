@@ -1,0 +1,340 @@
+"""The Raft (replica-to-replica) port against a stranger (overrides.py, override 7).
+
+An in-process cluster of 3 replicas with a cluster secret on 127.0.0.1; raw sockets send what
+an attacker would: a pickle that would run code, absurd or negative length prefixes, a big
+unauthenticated frame. Each connection must be closed at once, nothing unpickled, and the
+cluster must still commit afterwards (on every replica: a frozen one would not apply).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+import zlib
+
+import pytest
+from pysyncobj.encryptor import SALT
+
+from gesmas.server.replication import RaftTuning, Replica, overrides
+from gesmas.server.replication.raftwire import AeadEncryptor, Framing, derive_master
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from replication_node import TEST_SECRET, free_ports  # noqa: E402
+
+CLOSE_TIMEOUT = 10.0     # failure timeouts only: a refused connection closes in milliseconds
+COMMIT_TIMEOUT = 30.0
+BIG = 4 * 2 ** 20        # batch_size_bytes here, so commands up to 4 MiB - 4 KiB are allowed
+
+
+class DigestSM:
+    """Keeps (index, sha256) of every command; a completion is the same pair."""
+
+    def __init__(self, blob=None):
+        self.items = list(pickle.loads(blob)) if blob else []
+        self.checkpoint_index = None
+        self.checkpoint_blob = None
+
+    def apply(self, index, data):
+        item = (index, hashlib.sha256(data).hexdigest())
+        self.items.append(item)
+        return [item]
+
+
+class InProcessCluster:
+    def __init__(self, root, n=3, tuning=RaftTuning(batch_size_bytes=BIG)):
+        self.root, self.tuning = root, tuning
+        self.addrs = [f"127.0.0.1:{p}" for p in free_ports(n)]
+        self.cond = threading.Condition()
+        self.applied = [set() for _ in range(n)]  # digests each replica applied
+        self.failure = None                       # a ProposeFailure, if any
+        self.replicas = []
+        try:
+            for i in range(n):
+                self.replicas.append(self._start(i))
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _start(self, i):
+        return Replica(self.addrs[i], self.addrs, os.path.join(self.root, f"n{i}"),
+                       fresh=DigestSM, restore=DigestSM, on_completions=self._collector(i),
+                       on_role_change=self._role_changed, password=TEST_SECRET, fsync=False,
+                       tuning=self.tuning)
+
+    def restart(self, i):
+        self.replicas[i].destroy()
+        self.replicas[i] = self._start(i)
+
+    def _collector(self, i):
+        def on_completions(completions):
+            with self.cond:
+                self.applied[i].update(digest for _, digest in completions)
+                self.cond.notify_all()
+        return on_completions
+
+    def _role_changed(self, is_leader, leader):
+        with self.cond:
+            self.cond.notify_all()
+
+    def leader(self):
+        with self.cond:
+            assert self.cond.wait_for(
+                lambda: any(r.is_leader() for r in self.replicas), COMMIT_TIMEOUT), "no leader"
+            return next(r for r in self.replicas if r.is_leader())
+
+    def commit(self, data: bytes, among=None) -> None:
+        """Propose through a follower (forwarded to the leader), or through the leader when
+        only `among` are up; wait until all (or `among`) applied it."""
+        leader = self.leader()
+        proposer = leader if among is not None else \
+            next(r for r in self.replicas if r is not leader)
+        proposer.propose(data, on_failure=self._failed)
+        self.wait_applied([hashlib.sha256(data).hexdigest()], among)
+
+    def wait_applied(self, digests, among=None, timeout=COMMIT_TIMEOUT):
+        sets = self.applied if among is None else [self.applied[i] for i in among]
+        with self.cond:
+            assert self.cond.wait_for(
+                lambda: self.failure or all(d in a for a in sets for d in digests), timeout), \
+                f"not applied everywhere: {[sum(d in a for d in digests) for a in sets]}"
+            assert self.failure is None, f"proposal failed: {self.failure}"
+
+    def _failed(self, failure):
+        with self.cond:
+            self.failure = failure
+            self.cond.notify_all()
+
+    def destroy(self):
+        for r in self.replicas:
+            r.destroy()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = InProcessCluster(str(tmp_path_factory.mktemp("raftport")))
+    try:
+        for r in c.replicas:
+            assert r.wait_ready(COMMIT_TIMEOUT)
+        c.commit(b"warm-up")
+        yield c
+    finally:
+        c.destroy()
+
+
+@pytest.fixture
+def target(cluster):
+    """(host, port) of the leader's Raft port: its tick thread is the one that matters most."""
+    host, port = cluster.leader().self_addr.rsplit(":", 1)
+    return host, int(port)
+
+
+@pytest.fixture(autouse=True)
+def fresh_refusal_log(monkeypatch):
+    """The refusal warning is rate-limited process-wide; each test starts with a clean slate."""
+    monkeypatch.setattr(overrides, "_refusals", overrides._RefusalLog())
+
+
+def _frame(payload: bytes, length: int | None = None) -> bytes:
+    return struct.pack("i", len(payload) if length is None else length) + payload
+
+
+def _wait_closed(sock: socket.socket, timeout: float = CLOSE_TIMEOUT) -> None:
+    """Read until the server closes the connection (EOF or reset); fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, "the replica did not close the connection"
+        readable, _, _ = select.select([sock], [], [], left)
+        if not readable:
+            continue
+        try:
+            if not sock.recv(65536):
+                return
+        except (ConnectionResetError, BrokenPipeError):
+            return
+
+
+def _send_until_closed(sock: socket.socket, data: bytes, stream: bool = False) -> None:
+    """Send `data` (then, with `stream`, garbage forever) until the server closes the
+    connection; fail if it has not after CLOSE_TIMEOUT."""
+    deadline = time.monotonic() + CLOSE_TIMEOUT
+    sock.settimeout(CLOSE_TIMEOUT)  # a server that stops reading without closing: fail
+    chunk = os.urandom(65536)
+    try:
+        sock.sendall(data)
+        while stream:
+            assert time.monotonic() < deadline, "the replica did not close the connection"
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break  # EOF (or reset) is waiting: _wait_closed reads it
+            sock.sendall(chunk)
+    except (ConnectionResetError, BrokenPipeError):
+        return
+    _wait_closed(sock, max(0.1, deadline - time.monotonic()))
+
+
+def _connect(addr) -> socket.socket:
+    return socket.create_connection(addr, timeout=CLOSE_TIMEOUT)
+
+
+class _Marker:
+    """Unpickling this creates the file `path` (what a stranger's pickle could do)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickle_is_never_loaded_and_the_connection_is_closed(cluster, target, tmp_path,
+                                                                caplog):
+    marker = str(tmp_path / "pwned")
+    evil = pickle.dumps(_Marker(marker))
+    assert not os.path.exists(marker)
+    wrong_key = AeadEncryptor(derive_master("not the secret", SALT))
+    payloads = [
+        evil,                                              # bare pickle
+        zlib.compress(evil, 3),                            # pysyncobj's own framing
+        Framing.compress(evil),                            # gesmas' framing, no encryption
+        wrong_key.encrypt_at_time(Framing.compress(evil), int(time.monotonic())),
+    ]
+    clients = []
+    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+        for payload in payloads:
+            with _connect(target) as s:
+                clients.append("%s:%s" % s.getsockname()[:2])
+                s.sendall(_frame(payload))
+                _wait_closed(s)
+            assert not os.path.exists(marker)
+    refusals = [r for r in caplog.records if "Raft port" in r.getMessage()]
+    # once per connection at most, and rate-limited: one warning for these four connections
+    assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
+    assert clients[0] in refusals[0].getMessage()
+    assert "failed authentication" in refusals[0].getMessage()
+    cluster.commit(b"after pickles")
+    assert not os.path.exists(marker)
+
+
+def test_a_huge_length_prefix_is_refused_before_buffering(cluster, target, caplog):
+    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+        with _connect(target) as s:
+            client = "%s:%s" % s.getsockname()[:2]
+            _send_until_closed(s, struct.pack("i", 0x7FFFFFFF), stream=True)
+    [refusal] = [r.getMessage() for r in caplog.records if "Raft port" in r.getMessage()]
+    assert client in refusal and "2147483647" in refusal and "not yet authenticated" in refusal
+    cluster.commit(b"after a huge length")
+
+
+def test_a_negative_length_prefix_is_refused(cluster, target, caplog):
+    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+        with _connect(target) as s:
+            _send_until_closed(s, struct.pack("i", -5) + b"x" * 64)
+    assert "frame length -5 outside" in caplog.text
+    with _connect(target) as s:
+        _send_until_closed(s, struct.pack("i", -0x80000000), stream=True)
+    cluster.commit(b"after a negative length")
+
+
+def test_a_big_unauthenticated_frame_is_refused(cluster, target, caplog):
+    size = 2 ** 20
+    assert size > overrides.PREAUTH_FRAME_CAP
+    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+        with _connect(target) as s:
+            _send_until_closed(s, _frame(os.urandom(size)))
+    # refused on its length prefix, before its body was buffered
+    assert f"frame length {size} outside 0..{overrides.PREAUTH_FRAME_CAP}" in caplog.text
+    # just under the pre-authentication cap: buffered, then refused for its missing tag
+    with _connect(target) as s:
+        _send_until_closed(s, _frame(os.urandom(overrides.PREAUTH_FRAME_CAP)))
+    cluster.commit(b"after a big frame")
+
+
+def test_many_refused_connections_log_one_warning(cluster, target, caplog):
+    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+        for _ in range(20):
+            with _connect(target) as s:
+                _send_until_closed(s, _frame(b"garbage" * 10))
+    assert len([r for r in caplog.records if "Raft port" in r.getMessage()]) == 1
+
+
+def test_legitimate_frames_bigger_than_a_mebibyte_still_flow(cluster):
+    """A 3 MiB incompressible command: forwarded follower -> leader (one frame of > 3 MiB),
+    then sent to both followers; every replica applies it."""
+    assert overrides._frame_cap >= 16 * BIG
+    for i in range(2):
+        cluster.commit(os.urandom(3 * 2 ** 20) + bytes([i]))
+    cluster.commit(b"small again")
+
+
+def test_frames_are_grouped_by_size():
+    ae = [{"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": i,
+           "prevLogTerm": 1, "entries": [(b"x" * 400_000, i + 1, 1)]} for i in range(5)]
+    ack = {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False}
+    runs = list(overrides._size_runs(ae + [ack], 2 ** 20))
+    assert [len(r) for r in runs] == [2, 2, 2]
+    assert [m for r in runs for m in r] == ae + [ack]  # order kept
+    huge = dict(ae[0], entries=[(b"x" * 3_000_000, 1, 1)])
+    assert list(overrides._size_runs([huge, ack], 2 ** 20)) == [[huge], [ack]]
+    chunk = {"type": "append_entries", "serialized": (b"s" * 900_000, True, False)}
+    assert len(list(overrides._size_runs([chunk, chunk], 2 ** 20))) == 2
+
+
+def test_a_restarted_follower_catches_up_over_many_bounded_frames(tmp_path, monkeypatch,
+                                                                  caplog):
+    """A catching-up follower is sent the whole log tail in one tick; the leader must split
+    it into frames of ~batch_size_bytes (``_size_runs``), or the reader's cap (here lowered
+    to 8 MiB) would refuse the one big frame and the follower would never catch up."""
+    monkeypatch.setattr(overrides, "_frame_cap", 8 * 2 ** 20)
+    tuning = RaftTuning(batch_size_bytes=2 ** 18, snapshot_chunk_bytes=2 ** 18)
+    c = InProcessCluster(str(tmp_path), tuning=tuning)
+    try:
+        assert all(r.wait_ready(COMMIT_TIMEOUT) for r in c.replicas)
+        c.commit(b"warm-up")
+        assert overrides._frame_cap == 8 * 2 ** 20  # 16 x 256 KiB did not raise it
+        leader = c.leader()
+        down = next(i for i, r in enumerate(c.replicas) if r is not leader)
+        up = [i for i in range(3) if i != down]
+        c.replicas[down].destroy()
+        commands = [os.urandom(200_000) + bytes([k]) for k in range(60)]  # 12 MB in all
+        with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+            for data in commands:
+                c.commit(data, among=up)
+            c.restart(down)
+            c.wait_applied([hashlib.sha256(d).hexdigest() for d in commands], among=[down])
+        assert not [r for r in caplog.records if "Raft port" in r.getMessage()]
+    finally:
+        c.destroy()
+
+
+def test_silent_strangers_are_closed_and_cannot_pile_up(cluster, target, monkeypatch, caplog):
+    """A connection that never authenticates is closed after HANDSHAKE_TIMEOUT; beyond
+    MAX_UNKNOWN of them the oldest is closed at once."""
+    monkeypatch.setattr(overrides, "HANDSHAKE_TIMEOUT", 0.5)
+    monkeypatch.setattr(overrides, "MAX_UNKNOWN", 8)
+    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+        with _connect(target) as s:
+            s.sendall(b"\x00")                 # one byte of a length prefix, then silence
+            _wait_closed(s)
+        socks = [_connect(target) for _ in range(20)]
+        try:
+            closed = 0
+            for s in socks[:12]:               # the oldest were closed to make room
+                readable, _, _ = select.select([s], [], [], CLOSE_TIMEOUT)
+                if readable:
+                    closed += 1
+            assert closed >= 12 - 8 - 1
+            for s in socks:                    # and the rest time out
+                _wait_closed(s)
+        finally:
+            for s in socks:
+                s.close()
+    assert "no authenticated handshake" in caplog.text
+    cluster.commit(b"after silent strangers")
