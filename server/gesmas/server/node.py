@@ -20,7 +20,7 @@ import grpc
 from gesmas.objects import RESERVED_CLASSES, standard_sources
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-from . import tokens
+from . import grpclimits, tokens
 from .config import MAX_MESSAGE, NodeConfig, is_loopback
 from .calls import CallFailed, PendingCalls
 from .duties import LeaderDuties
@@ -359,13 +359,9 @@ class Node:
             fresh=self.make_state_machine, restore=self.restore_state_machine,
             on_completions=lambda out: None, on_role_change=self._role_changed,
             password=c.secret, fsync=c.fsync)
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE),
-                                          ("grpc.max_send_message_length", MAX_MESSAGE),
-                                          ("grpc.so_reuseport", 0),
-                                          # clients ping every 5 s during long waits so that
-                                          # they notice a hung replica: allow it
-                                          ("grpc.http2.min_ping_interval_without_data_ms", 4000),
-                                          ("grpc.http2.max_ping_strikes", 0)])
+        server = grpc.aio.server(options=grpclimits.server_options(MAX_MESSAGE),
+                                 maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
+                                 interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])
         pb_grpc.add_GesmasServicer_to_server(Gateway(self), server)
         if c.tls_cert and c.tls_key:
             server.add_secure_port(c.client_addr, _server_credentials(c))
