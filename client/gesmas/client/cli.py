@@ -248,7 +248,7 @@ def cmd_auth_op(args: argparse.Namespace) -> int:
 
 
 def _add_auth_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    groups = {
+    groups: dict[str, tuple[str, list[tuple[str, str, list[str]]]]] = {
         "user": ("manage users", [
             ("add", "add a user (password from a prompt or --password-stdin)", ["name"]),
             ("passwd", "change a user's password (users may change their own)", ["name"]),

@@ -93,10 +93,10 @@ class Login:
             if self._password is not None and (
                     self._token is None or time.monotonic() > self._expiry - REFRESH_BEFORE):
                 assert self.user is not None
-                token, ttl = authenticate(self.user, self._password)
-                self._token, self._expiry = token, time.monotonic() + ttl
-            token = self._token
-        return (("authorization", f"Bearer {token}"),) if token else ()
+                fresh, ttl = authenticate(self.user, self._password)
+                self._token, self._expiry = fresh, time.monotonic() + ttl
+            current = self._token
+        return (("authorization", f"Bearer {current}"),) if current else ()
 
     def refused(self, token_metadata: tuple[tuple[str, str], ...]) -> bool:
         """A replica refused the token sent as ``token_metadata``: forget it so that the next
