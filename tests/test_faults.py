@@ -35,6 +35,8 @@ from gesmas.server.cluster import LocalCluster, Member
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
+import rawgrpc
+
 try:
     from tests.faultcluster import FaultCluster
     from tests.faultproxy import FaultProxy
@@ -486,7 +488,7 @@ def test_sigstop_leader_then_sigcont():
 def raw_status_error(m: Member, timeout: float) -> GesmasError | None:
     """What m's own gateway answers to Status within `timeout`: None if it answered, else the
     error (a DEADLINE_EXCEEDED without detail means it did not answer in time)."""
-    with grpc.insecure_channel(m.client_addr) as ch:
+    with rawgrpc.channel(m.client_addr) as ch:
         try:
             pb_grpc.GesmasStub(ch).Status(pb.StatusRequest(), timeout=timeout)
             return None
@@ -578,8 +580,9 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
         owners = [Client(cluster.addresses, retry_timeout=RETRY, session_ttl=15.0)
                   for _ in range(4)]
         clients += owners
-        channel = grpc.insecure_channel(victim.client_addr, options=CHANNEL_OPTIONS)
+        channel = rawgrpc.channel(victim.client_addr, options=CHANNEL_OPTIONS)
         stub = pb_grpc.GesmasStub(channel)
+        meta = rawgrpc.metadata(channel)
         results: list[Any] = [None] * n
         attempts = [0] * n
 
@@ -590,7 +593,8 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
             while time.monotonic() < end and not stop.is_set():
                 attempts[i] += 1
                 try:
-                    resp = stub.Invoke(req, timeout=max(0.1, end - time.monotonic()))
+                    resp = stub.Invoke(req, timeout=max(0.1, end - time.monotonic()),
+                                       metadata=meta)
                     results[i] = convert.from_value(resp.result)
                     return
                 except grpc.RpcError as e:
@@ -713,14 +717,16 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
 def _stored_results(m: Member, calls: list[tuple[int, int, str]]) -> list[Any]:
     """Re-send each (session, seq) consume to m alone: its stored result, or the error."""
     out: list[Any] = []
-    with grpc.insecure_channel(m.client_addr) as ch:
+    with rawgrpc.channel(m.client_addr) as ch:
         stub = pb_grpc.GesmasStub(ch)
+        meta = rawgrpc.metadata(ch)
         for session, seq, secret in calls:
             req = pb.InvokeRequest(session=session, seq=seq, class_name="Queue",
                                    object_name="q5", method="consume", timeout=0.0,
                                    session_secret=secret)
             try:
-                out.append(convert.from_value(stub.Invoke(req, timeout=10).result))
+                out.append(convert.from_value(stub.Invoke(req, timeout=10,
+                                                          metadata=meta).result))
             except grpc.RpcError as e:
                 out.append(("error", repr(error_from_rpc(e))[:80]))
     return out

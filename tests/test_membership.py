@@ -18,6 +18,8 @@ from gesmas.server.cluster import LocalCluster, Member, free_ports
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
+import rawgrpc
+
 pytestmark = pytest.mark.cluster
 
 
@@ -29,7 +31,7 @@ def gesmas(*args: str, cluster: str) -> subprocess.CompletedProcess[str]:
 
 def own_status(address: str) -> pb.StatusResponse:
     """Status as the replica at `address` itself sees it (Client.status follows the leader)."""
-    with grpc.insecure_channel(address) as ch:
+    with rawgrpc.channel(address) as ch:
         return pb_grpc.GesmasStub(ch).Status(pb.StatusRequest(), timeout=5)
 
 
@@ -66,10 +68,11 @@ def test_replace_a_dead_node():
 
             # Membership changes go through the leader: a follower answers UNAVAILABLE
             # with a leader hint.
-            with grpc.insecure_channel(victim.client_addr) as ch:
+            with rawgrpc.channel(victim.client_addr) as ch:
                 with pytest.raises(grpc.RpcError) as info:
                     pb_grpc.GesmasStub(ch).RemoveNode(
-                        pb.RemoveNodeRequest(raft_addr=victim.raft_addr), timeout=5)
+                        pb.RemoveNodeRequest(raft_addr=victim.raft_addr), timeout=5,
+                        metadata=rawgrpc.metadata(ch))
             err = error_from_rpc(info.value)
             assert isinstance(err, Unavailable) and err.leader_hint == leader.client_addr
 
