@@ -281,7 +281,7 @@ def test_a_version_1_command_still_decodes():
     data = bytearray(codec.encode(cmd))
     items = codec.decode_value(bytes(data[1:]))
     v1 = [x for x, n in zip(items, ["code", "ts", "tag", *codec._FIELDS[Invoke]])
-          if n not in ("user", "secret")]
+          if n not in codec._NEW_IN_2]
     old = codec.decode(bytes([1]) + codec.encode_value(v1))
     assert (old.session, old.seq, old.name, old.user, old.secret) == (4, 2, "b", "", "")
 
@@ -299,3 +299,30 @@ def test_malformed_auth_operations_are_invalid(op, args):
     admin(h, "role_add", user="", name="r")
     c = h.run(Auth(op=op, args=args))
     assert code_of(c) == Code.INVALID_ARGUMENT, c.error
+
+
+def test_invoke_with_create_is_get_or_create_in_one_command():
+    h = secured()
+    sa = session(h, "alice")
+    cmd = Invoke(session=sa, seq=1, name="a/new", method="put", args=[7], class_name="Buf",
+                 create=True, user="alice", secret="sec", tag=h.tag())
+    assert h.apply(cmd)[cmd.tag].value == 1                   # made and called: one entry
+    assert h.kernel.objects["a/new"].owner == "alice"
+    again = Invoke(session=sa, seq=1, name="a/new", method="put", args=[7], class_name="Buf",
+                   create=True, user="alice", secret="sec", tag=h.tag())
+    assert h.apply(again)[again.tag].value == 1               # a retry: the stored result
+    nxt = Invoke(session=sa, seq=2, name="a/new", method="put", args=[8], class_name="Buf",
+                 create=True, user="alice", secret="sec", tag=h.tag())
+    assert h.apply(nxt)[nxt.tag].value == 2                   # exists: just the call
+    for name, cls, user, code in (("a/g", "Gate", "bob", Code.PERMISSION_DENIED),
+                                  ("a/new", "Gate", "alice", Code.ALREADY_EXISTS),
+                                  ("a/x", "Nope", "alice", Code.NOT_FOUND)):
+        sid = session(h, user)
+        c = h.apply(Invoke(session=sid, seq=1, name=name, method="put", args=[1],
+                           class_name=cls, create=True, user=user, secret="sec",
+                           tag="t-" + name + cls))["t-" + name + cls]
+        assert code_of(c) == code, (name, cls, c.error)
+    assert "a/g" not in h.kernel.objects and "a/x" not in h.kernel.objects
+    bad = Invoke(session=sa, seq=3, name="a/bad", method="put", args=[1], class_name="Buf",
+                 create=True, ctor_args=[1, 2], user="alice", secret="sec", tag=h.tag())
+    assert code_of(h.apply(bad)[bad.tag]) == Code.INVALID_ARGUMENT   # constructor arguments

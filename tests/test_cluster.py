@@ -255,3 +255,27 @@ def test_a_local_cluster_that_does_not_get_ready_is_stopped(monkeypatch):
         with cl:
             pass
     assert len(started) == 3 and all(p is not None and p.poll() is not None for p in started)
+
+
+def test_one_call_is_one_commit_however_the_accessor_is_written(cluster):
+    """`c.queue("jobs").produce(x)` in a loop: the accessor's get-or-create commits once per
+    client, then every call is one command that gets-or-creates and calls (issue "Faster
+    than ZooKeeper": it used to cost two commits per item)."""
+    with Client(cluster.addresses) as c:
+        before = c.status()["commit_index"]
+        for i in range(20):
+            c.queue("one-commit").produce(i)
+        after = c.status()["commit_index"]
+        # 20 produces + 1 create + the two Status reads (+ a few duties: ticks, checkpoints)
+        assert after - before <= 20 + 1 + 2 + 3, after - before
+        assert [c.queue("one-commit").consume(timeout=0) for _ in range(20)] == list(range(20))
+        # another client deletes it: the proxy's next call makes it again, as an accessor would
+        with Client(cluster.addresses) as other:
+            other.delete_object("one-commit")
+        c.queue("one-commit").produce("again")
+        with Client(cluster.addresses) as other:
+            assert other.queue("one-commit").consume(timeout=0) == "again"
+            other.delete_object("one-commit")
+            other.lock("one-commit")                     # now a Lock: the proxy's call says so
+        with pytest.raises(AlreadyExists):
+            c.queue("one-commit").produce(1)

@@ -50,6 +50,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypedDict, TypeVar
 
@@ -97,6 +98,8 @@ DEADLINE_MARGIN = 10.0
 #: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
 RPC_TIMEOUT = 10.0
 MAX_MESSAGE = 16 * 1024 * 1024
+#: Proxies a client remembers, so that repeated accessor calls cost no round trip.
+PROXY_CACHE = 1024
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 #: An attempt that lasted this long before failing had reached a replica: the failure
 #: starts a new retry period instead of counting against the current one.
@@ -239,6 +242,7 @@ class Client:
         self._lock = threading.Lock()  # addresses, preferred, channels
         self._session_lock = threading.Lock()  # opening the session
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
+        self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
         self._channels_closed = False
         self._session = 0
         self._session_secret = ""
@@ -530,11 +534,22 @@ class Client:
         """Call ``method`` on the existing object ``object_name`` of class ``class_name``;
         blocks while the method waits, up to ``timeout`` seconds (None: no limit, 0: do
         not wait). Exactly-once: retries reuse the call's (session, seq)."""
+        return self._invoke(class_name, object_name, method, args, kwargs, timeout, None)
+
+    def _invoke(self, class_name: str, object_name: str, method: str, args: tuple[Any, ...],
+                kwargs: dict[str, Any], timeout: float | None,
+                create: tuple[tuple[Any, ...], dict[str, Any]] | None) -> Any:
+        """``invoke``; with ``create`` (constructor args, kwargs) the object is made first
+        if it does not exist, in the same command (what proxies from accessors send)."""
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
         request = pb.InvokeRequest(class_name=class_name, object_name=object_name, method=method)
         convert.fill_values(request.args, args)
         convert.fill_map(request.kwargs, kwargs)
+        if create is not None:
+            request.create = True
+            convert.fill_values(request.ctor_args, create[0])
+            convert.fill_map(request.ctor_kwargs, create[1])
         if timeout is not None:
             request.timeout = float(timeout)
         request.session = self.session
@@ -566,14 +581,31 @@ class Client:
     def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
         """Get or create the object ``name`` of class ``class_name`` (constructor arguments
         are used only if it is new) and return a proxy for it. Raises AlreadyExists if the
-        name is taken by an object of another class."""
+        name is taken by an object of another class.
+
+        One commit the first time this client asks for (class_name, name); later accessor
+        calls return the proxy it remembers (the last 1024) without a round trip. Every call
+        through the proxy is a get-or-create in the same command, so an object deleted
+        meanwhile is made again with these constructor arguments, as a new accessor call
+        would do, and ``c.queue("jobs").produce(x)`` in a loop costs one commit per item."""
+        key = (class_name, name)
+        with self._lock:
+            proxy = self._proxies.get(key)
+            if proxy is not None:
+                self._proxies.move_to_end(key)
+                return proxy
         request = pb.CreateObjectRequest(class_name=class_name, object_name=name)
         convert.fill_values(request.args, args)
         convert.fill_map(request.kwargs, kwargs)
         request.session = self.session
         request.session_secret = self._session_secret
         self._call("CreateObject", request)
-        return PROXIES.get(class_name, ObjectProxy)(self, class_name, name)
+        proxy = PROXIES.get(class_name, ObjectProxy)(self, class_name, name, (args, kwargs))
+        with self._lock:
+            self._proxies[key] = proxy
+            while len(self._proxies) > PROXY_CACHE:
+                self._proxies.popitem(last=False)
+        return proxy
 
     def queue(self, name: str, **kwargs: Any) -> ObjectProxy:
         """A FIFO queue: ``produce(item)``, ``consume()``; ``capacity=None`` bounds it."""
@@ -624,6 +656,9 @@ class Client:
             nonlocal retried
             retried = True
 
+        with self._lock:
+            for key in [k for k in self._proxies if k[1] == name]:
+                del self._proxies[key]
         try:
             self._call("DeleteObject", pb.DeleteObjectRequest(object_name=name),
                        on_retry=note_retry)

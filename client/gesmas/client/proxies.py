@@ -25,19 +25,20 @@ class ObjectProxy:
     long the call may wait (None: no limit, 0: do not wait) and is not passed to the method.
     """
 
-    def __init__(self, client: Client, class_name: str, object_name: str) -> None:
+    def __init__(self, client: Client, class_name: str, object_name: str,
+                 create: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> None:
         self.client = client
         self.class_name = class_name
         self.object_name = object_name
+        self._create = create      # constructor arguments: each call is a get-or-create
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.class_name} {self.object_name!r}>"
 
     def invoke(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """Invoke ``method`` by name (also for methods whose name a proxy attribute hides)."""
-        return self.client.invoke(
-            self.class_name, self.object_name, method, *args, timeout=timeout, **kwargs
-        )
+        return self.client._invoke(self.class_name, self.object_name, method, args, kwargs,
+                                   timeout, self._create)
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):

@@ -196,14 +196,16 @@ class Gateway(pb_grpc.GesmasServicer):
         timeout = request.timeout if request.HasField("timeout") else None
         if timeout is not None and not timeout >= 0:
             raise _invalid(f"timeout must be >= 0, not {timeout}")
-        if request.create:
-            raise _invalid("create=true is not supported on Invoke: call CreateObject first")
+        if request.create and not request.class_name:
+            raise _invalid("create=true needs the class_name of the object to create")
         cmd = self._cmd(
             codec.Invoke, session=request.session, seq=request.seq, ack=request.ack,
             class_name=request.class_name, name=_name("object_name", request.object_name),
             method=_name("method", request.method),
             args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
-            timeout=timeout, secret=request.session_secret, user=self._user(context))
+            timeout=timeout, secret=request.session_secret, user=self._user(context),
+            create=request.create, ctor_args=values.from_values(request.ctor_args),
+            ctor_kwargs=values.from_value_map(request.ctor_kwargs))
         value = await self._answer(context, cmd)
         return pb.InvokeResponse(result=values.to_value(value, "result"))
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 FORMAT_VERSION = 2
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
-_NEW_IN_2 = frozenset({"user", "secret"})
+_NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -274,7 +274,8 @@ class Invoke(Command):
     """Call `method` on object `name`. (session, seq) identifies the call for exactly-once;
     `ack` is the client's low-water mark: it has received every result with seq <= ack.
     `class_name`, when not empty, must match the object's class. `timeout` (seconds) bounds
-    every wait inside the call; None waits for ever, 0 never waits."""
+    every wait inside the call; None waits for ever, 0 never waits. With `create`, a missing
+    object is first made with `ctor_args`/`ctor_kwargs` (get-or-create in one command)."""
     CODE: ClassVar[int] = 6
     session: int = 0
     seq: int = 0
@@ -286,6 +287,9 @@ class Invoke(Command):
     kwargs: dict = field(default_factory=dict)
     timeout: float | None = None
     secret: str = ""
+    create: bool = False
+    ctor_args: list = field(default_factory=list)
+    ctor_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

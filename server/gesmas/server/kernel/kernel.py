@@ -274,19 +274,25 @@ class Kernel:
                                   f"not {cmd.class_name}")
             self._complete(cmd.tag, {"created": False, "version": rec.cls.version})
             return
-        cls = self.registry.latest(cmd.class_name)
+        rec = self._make(name, cmd.class_name, cmd.args, cmd.kwargs,
+                         cmd.session if type(cmd.session) is int else 0, user)
+        self._complete(cmd.tag, {"created": True, "version": rec.cls.version})
+
+    def _make(self, name: str, class_name: Any, args: Any, kwargs: Any, session: int,
+              user: str) -> ObjectRecord:
+        """Construct the new object `name` (its creator's permission already checked)."""
+        cls = self.registry.latest(class_name) if type(class_name) is str else None
         if cls is None:
-            raise KernelError(Code.NOT_FOUND, f"no class named {cmd.class_name!r}")
+            raise KernelError(Code.NOT_FOUND, f"no class named {class_name!r}")
         self._within(user, "objects")
-        args, kwargs = _args(cmd.args, cmd.kwargs)
+        args, kwargs = _args(args, kwargs)
         try:
             sig = inspect.signature(cls.cls)
         except (TypeError, ValueError):
             sig = None
         if sig is not None:
             _bind_sig(sig, cls.name, tuple(args), kwargs)
-        req = Request(self, Kind.CONSTRUCTOR, self.index,
-                      cmd.session if type(cmd.session) is int else 0, f"{cls.name}()", name)
+        req = Request(self, Kind.CONSTRUCTOR, self.index, session, f"{cls.name}()", name)
         made: list[Any] = []
 
         def construct() -> None:
@@ -296,10 +302,10 @@ class Kernel:
         error = req.outcome[1]
         if error is not None:
             raise KernelError(error.code, error.message, error.type)
-        self.objects[name] = ObjectRecord(name, cls, made[0], user)
+        rec = self.objects[name] = ObjectRecord(name, cls, made[0], user)
         self.usage.add(user, "objects", 1)
         self.dropped.pop(name, None)
-        self._complete(cmd.tag, {"created": True, "version": cls.version})
+        return rec
 
     def _delete_object(self, cmd: codec.DeleteObject) -> None:
         if type(cmd.name) is not str:
@@ -358,6 +364,18 @@ class Kernel:
             raise KernelError(Code.RESOURCE_EXHAUSTED,
                               f"the result of seq {seq} may have been dropped: more than "
                               f"{self.config.max_results} results were left unacknowledged")
+        if cmd.create is True:                       # get-or-create in the same command
+            rec = self.objects.get(cmd.name)
+            if rec is None:
+                self.auth.check(cmd.user, "create", cmd.name)
+                if not cmd.name or len(cmd.name) > 256:
+                    raise KernelError(Code.INVALID_ARGUMENT, "object name must be 1 to 256 "
+                                      "characters")
+                self._make(cmd.name, cmd.class_name, cmd.ctor_args, cmd.ctor_kwargs, s.id,
+                           cmd.user)
+            elif rec.cls.name != cmd.class_name:
+                raise KernelError(Code.ALREADY_EXISTS, f"object {cmd.name!r} exists with class "
+                                  f"{rec.cls.name}, not {cmd.class_name}")
         self._start(cmd, s, self.index, [cmd.tag] if cmd.tag else [], None, ())
 
     def _start(self, cmd: codec.Invoke, s: Session, index: int, tags: list[str],
