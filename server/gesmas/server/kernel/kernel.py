@@ -366,6 +366,8 @@ class Kernel:
                               f"{self.config.max_results} results were left unacknowledged")
         if cmd.create is True:                       # get-or-create in the same command
             rec = self.objects.get(cmd.name)
+            if rec is None and cmd.name in self.dropped:   # a loss is reported, not hidden
+                raise KernelError(Code.NOT_FOUND, self.dropped[cmd.name])
             if rec is None:
                 self.auth.check(cmd.user, "create", cmd.name)
                 if not cmd.name or len(cmd.name) > 256:
