@@ -279,3 +279,53 @@ def test_one_call_is_one_commit_however_the_accessor_is_written(cluster):
             other.lock("one-commit")                     # now a Lock: the proxy's call says so
         with pytest.raises(AlreadyExists):
             c.queue("one-commit").produce(1)
+
+
+def test_objects_behave_as_threading_users_expect(cluster):
+    """Issue "Fit the Python ecosystem", part 1: huge timeouts, RuntimeError on a release by
+    a non-holder, BrokenBarrierError, unowned semaphores."""
+    import threading
+    with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+        lock = a.lock("py-lock")
+        for timeout in (threading.TIMEOUT_MAX, float("inf"), 1e300):
+            assert lock.acquire(timeout=timeout) > 0     # reaches the server, is granted
+            lock.release()
+        with pytest.raises(RuntimeError):                 # as threading.Lock().release()
+            b.lock("py-lock").release()
+        holder = threading.Thread(target=lambda: b.lock("py-lock").acquire(
+            timeout=threading.TIMEOUT_MAX))
+        lock.acquire()
+        holder.start()
+        _wait(lambda: lock.invoke("waiters") == 1)
+        lock.release()                                    # hands over to the huge-timeout wait
+        holder.join(30)
+        assert not holder.is_alive() and b.lock("py-lock").is_owner()
+        b.lock("py-lock").release()
+
+        barrier = a.barrier("py-barrier", parties=3)
+        with pytest.raises(threading.BrokenBarrierError):
+            barrier.wait(timeout=0.2)
+        assert barrier.broken and b.barrier("py-barrier", parties=3).broken
+        with pytest.raises(threading.BrokenBarrierError):
+            b.barrier("py-barrier", parties=3).wait()
+        barrier.reset()
+        assert not barrier.broken and barrier.parties == 3 and barrier.n_waiting == 0
+
+        items = a.semaphore("py-items", permits=0, owned=False)
+        consumer = threading.Thread(target=lambda: b.semaphore(
+            "py-items", permits=0, owned=False).acquire(timeout=30))
+        consumer.start()
+        _wait(lambda: items.invoke("waiters") == 1)
+        items.release()                                   # a producer releases for a consumer
+        consumer.join(30)
+        assert not consumer.is_alive()
+        bounded = a.semaphore("py-bounded", permits=1, owned=False, bounded=True)
+        with pytest.raises(ValueError, match="too many"):
+            bounded.release()
+
+
+def _wait(pred, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)

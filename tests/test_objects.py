@@ -390,12 +390,12 @@ def test_lock_release_by_non_owner_is_refused():
     h = OH()
     h.make("Lock", "l")
     a, b = h.sessions(2)
-    h.fails(a, "l", "release", type="PermissionError")          # free lock
+    h.fails(a, "l", "release", type="LockNotOwned")          # free lock
     h.ok(a, "l", "acquire")
-    h.fails(b, "l", "release", type="PermissionError")
+    h.fails(b, "l", "release", type="LockNotOwned")
     assert h.ok(a, "l", "is_owner") is True                       # still a's
     tb = h.call(b, "l", "acquire")
-    h.fails(b, "l", "release", type="PermissionError")           # waiting is not holding
+    h.fails(b, "l", "release", type="LockNotOwned")           # waiting is not holding
     assert h.waiting(tb)
     h.ok(a, "l", "release")
     assert h.value(tb) > 0
@@ -457,7 +457,7 @@ def test_lock_acquire_timeout_leaves_the_line():
     err_of(h, tb, TIMEOUT)
     h.ok(a, "l", "release")
     assert h.done(tc)
-    h.fails(b, "l", "release", type="PermissionError")
+    h.fails(b, "l", "release", type="LockNotOwned")
 
 
 def test_lock_not_reentrant_by_default():
@@ -486,7 +486,7 @@ def test_lock_reentrant():
     assert h.waiting(tb)                                # one hold left
     h.ok(a, "l", "release")
     assert h.value(tb) > f
-    h.fails(a, "l", "release", type="PermissionError")
+    h.fails(a, "l", "release", type="LockNotOwned")
 
 
 def test_lock_reentrant_holder_session_end_releases_every_hold():
@@ -633,47 +633,72 @@ def test_barrier_is_cyclic():
     assert h.ok(a, "one", "wait") == 0                 # one party: never waits
 
 
-def test_barrier_party_that_times_out_leaves_the_round():
+def broken(h, tag):
+    assert h.error(tag, APP).type == "BrokenBarrierError"
+
+
+def test_a_party_that_times_out_breaks_the_barrier_until_reset():
+    """threading.Barrier / CyclicBarrier: a timeout breaks the barrier for everyone."""
     h = OH()
     h.make("Barrier", "b", 3)
     p = h.sessions(4)
     t0 = h.call(p[0], "b", "wait", timeout=1)
     t1 = h.call(p[1], "b", "wait")
     h.tick(1)
-    err_of(h, t0, TIMEOUT)
-    assert h.ok(p[0], "b", "waiting") == 1
-    t2 = h.call(p[2], "b", "wait")
-    assert h.waiting(t1, t2)                           # the timed-out party does not count
-    t3 = h.call(p[3], "b", "wait")
-    assert h.done(t1) and h.done(t2) and h.done(t3)
+    broken(h, t0)                                      # the one that timed out
+    broken(h, t1)                                      # and the one still waiting
+    assert h.ok(p[0], "b", "broken") is True and h.ok(p[0], "b", "n_waiting") == 0
+    broken(h, h.call(p[2], "b", "wait"))               # later waits fail at once
+    assert h.ok(p[3], "b", "reset") is True
+    assert h.ok(p[3], "b", "broken") is False
+    t = [h.call(p[i], "b", "wait") for i in (1, 2)]
+    assert h.waiting(*t) and h.ok(p[0], "b", "n_waiting") == 2
+    t.append(h.call(p[3], "b", "wait"))
+    assert sorted(h.value(x) for x in t) == [0, 1, 2]
 
 
-def test_barrier_arrival_indices_are_distinct_after_a_party_left():
-    # A round releases `parties` callers; their arrival indices must be 0..parties-1,
-    # also when an earlier party of the round timed out.
+def test_abort_and_reset_break_the_waiting_round():
     h = OH()
     h.make("Barrier", "b", 3)
-    p = h.sessions(4)
-    h.call(p[0], "b", "wait", timeout=1)
-    t1 = h.call(p[1], "b", "wait")
-    h.tick(1)
-    t2 = h.call(p[2], "b", "wait")
-    t3 = h.call(p[3], "b", "wait")
-    assert sorted(h.value(t) for t in (t1, t2, t3)) == [0, 1, 2]
+    p = h.sessions(3)
+    t0 = h.call(p[0], "b", "wait")
+    assert h.ok(p[2], "b", "abort") is True
+    broken(h, t0)
+    broken(h, h.call(p[1], "b", "wait"))
+    h.ok(p[2], "b", "reset")
+    t1, t2 = h.call(p[0], "b", "wait"), h.call(p[1], "b", "wait")
+    assert h.ok(p[2], "b", "reset") is True            # reset while two wait: both fail
+    broken(h, t1)
+    broken(h, t2)
+    assert h.ok(p[2], "b", "broken") is False          # ... and the barrier is usable
+    t = [h.call(p[i], "b", "wait") for i in range(3)]
+    assert sorted(h.value(x) for x in t) == [0, 1, 2]
+    assert h.ok(p[0], "b", "size") == 3
 
 
 @pytest.mark.parametrize("how", ENDS)
-def test_barrier_party_whose_session_ends_leaves_the_round(how):
+def test_a_waiting_party_whose_session_ends_breaks_the_barrier(how):
     h = OH()
-    h.make("Barrier", "b", 2)
+    h.make("Barrier", "b", 3)
     a, b, c = h.sessions(3)
+    tb = h.call(b, "b", "wait")
     ta = h.call(a, "b", "wait")
     h.end(how, a)
     err_of(h, ta, ABORTED, "SessionExpired")
-    tb = h.call(b, "b", "wait")
-    assert h.waiting(tb)
-    tc = h.call(c, "b", "wait")
-    assert (h.value(tb), h.value(tc)) == (0, 1)
+    broken(h, tb)
+    broken(h, h.call(c, "b", "wait"))
+
+
+def test_a_broken_barrier_survives_a_checkpoint_and_waiters_are_rerun():
+    h = OH()
+    h.make("Barrier", "b", 3)
+    p = h.sessions(3)
+    t = [h.call(p[i], "b", "wait") for i in range(2)]
+    h.checkpoint()
+    assert h.waiting(*t) and h.ok(p[2], "b", "n_waiting") == 2
+    h.ok(p[2], "b", "abort")
+    for x in t:
+        broken(h, x)
 
 
 @pytest.mark.parametrize("parties", [0, -1, "2", 2.0])
@@ -907,11 +932,11 @@ def test_rwlock_misuse_is_refused():
     h = OH()
     h.make("ReadWriteLock", "rw")
     a, b = h.sessions(2)
-    h.fails(a, "rw", "release_read", type="PermissionError")
-    h.fails(a, "rw", "release_write", type="PermissionError")
+    h.fails(a, "rw", "release_read", type="LockNotOwned")
+    h.fails(a, "rw", "release_write", type="LockNotOwned")
     h.ok(a, "rw", "acquire_write")
     h.fails(a, "rw", "acquire_write", type="RuntimeError")
-    h.fails(b, "rw", "release_write", type="PermissionError")
+    h.fails(b, "rw", "release_write", type="LockNotOwned")
     h.ok(a, "rw", "release_write")
     assert h.error(h.create("ReadWriteLock", "rw2", 1).tag, INVALID)
 
@@ -1048,7 +1073,7 @@ def test_counter_stays_within_int64():
 
 @pytest.mark.parametrize("cls, ctor, method, args", [
     ("Semaphore", [2], "acquire", [1]),
-    ("Semaphore", [2], "release", [1]),
+    ("Semaphore", [2], "release", [1, 2]),
     ("Barrier", [2], "wait", [1]),
     ("DoubleBarrier", [2], "enter", [1]),
     ("DoubleBarrier", [2], "leave", [1]),
@@ -1297,3 +1322,42 @@ def test_kernel_bench_quick_smoke():
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "| measurement" in out.stdout
+
+
+# ================================================= threading-like semaphores and lock errors
+
+def test_an_unowned_semaphore_is_released_by_another_session():
+    h = OH()
+    h.make("Semaphore", "s", 0, owned=False)
+    producer, consumer = h.sessions(2)
+    t = h.call(consumer, "s", "acquire")
+    assert h.waiting(t)
+    assert h.ok(producer, "s", "release") is True      # not the acquirer's: allowed
+    assert h.value(t) is True
+    assert h.ok(producer, "s", "release", 3) is True   # release(n)
+    assert h.ok(consumer, "s", "available") == 3
+    h.end("close", consumer)                           # no lease comes back
+    assert h.ok(producer, "s", "available") == 3
+
+
+def test_a_bounded_semaphore_refuses_over_release_and_changes_nothing():
+    h = OH()
+    h.make("Semaphore", "s", 2, owned=False, bounded=True)
+    a, = h.sessions(1)
+    assert h.fails(a, "s", "release", type="ValueError")
+    assert h.ok(a, "s", "acquire") is True
+    assert h.fails(a, "s", "release", 2, type="ValueError")
+    assert h.ok(a, "s", "available") == 1
+    assert h.ok(a, "s", "release") is True and h.ok(a, "s", "available") == 2
+    assert h.error(h.create("Semaphore", "bad", 2, bounded=True).tag, APP).type == "ValueError"
+
+
+def test_an_owned_semaphore_releases_several_of_its_own_permits():
+    h = OH()
+    h.make("Semaphore", "s", 3)
+    a, b = h.sessions(2)
+    h.ok(a, "s", "acquire")
+    h.ok(a, "s", "acquire")
+    h.fails(a, "s", "release", 3, type="PermissionError")
+    h.fails(b, "s", "release", type="PermissionError")
+    assert h.ok(a, "s", "release", 2) is True and h.ok(a, "s", "available") == 3

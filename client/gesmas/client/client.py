@@ -36,7 +36,8 @@ elsewhere and still returns its result.
 
 Timeouts. ``timeout=None`` leaves InvokeRequest.timeout unset (wait as long as it takes);
 ``timeout=0`` means "do not wait"; otherwise the server times the wait out in log time and
-the gRPC deadline is ``timeout + DEADLINE_MARGIN`` so the server's answer wins.
+the gRPC deadline is ``timeout + DEADLINE_MARGIN`` so the server's answer wins (none for a
+timeout beyond a year, such as ``threading.TIMEOUT_MAX`` or ``float("inf")``).
 
 Channels send gRPC keepalive pings every 5 s during calls, so a hung replica (SIGSTOP, a
 partition) is detected within ~10 s even when a call waits without a deadline. The server
@@ -69,6 +70,7 @@ from gesmas.client.errors import (
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.proxies import (
     PROXIES,
+    BarrierProxy,
     LeaderElectionProxy,
     LockProxy,
     ObjectProxy,
@@ -95,6 +97,17 @@ log = logging.getLogger(__name__)
 DEFAULT_CLUSTER = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 #: Extra seconds the gRPC deadline of a call with a timeout allows beyond it.
 DEADLINE_MARGIN = 10.0
+#: Timeouts longer than this (threading.TIMEOUT_MAX, float("inf"), ...) put no gRPC deadline
+#: on the call: a deadline that far away overflows grpc's clock and fails at once. The server
+#: still times the wait out after `timeout` (or never, past ~31,000 years).
+MAX_RPC_DEADLINE = 365 * 24 * 3600.0
+
+
+def rpc_deadline(timeout: float | None) -> float | None:
+    """The gRPC deadline (seconds from now) of a call that may wait `timeout` seconds."""
+    if timeout is None or timeout + DEADLINE_MARGIN > MAX_RPC_DEADLINE:
+        return None
+    return timeout + DEADLINE_MARGIN
 #: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
 RPC_TIMEOUT = 10.0
 MAX_MESSAGE = 16 * 1024 * 1024
@@ -566,7 +579,7 @@ class Client:
                 resp = self._call(
                     "Invoke",
                     request,
-                    rpc_timeout=None if timeout is None else timeout + DEADLINE_MARGIN,
+                    rpc_timeout=rpc_deadline(timeout),
                     cap=None if timeout is None else start + timeout + self._retry_timeout,
                     on_retry=refresh_ack,
                 )
@@ -616,12 +629,19 @@ class Client:
         return self._typed("Lock", name, LockProxy, kwargs)
 
     def semaphore(self, name: str, **kwargs: Any) -> SemaphoreProxy:
-        """A counting semaphore (``permits=``)."""
+        """A counting semaphore (``permits=``): leased to sessions by default;
+        ``owned=False`` is threading.Semaphore's semantics (any session releases, e.g. a
+        producer what a consumer acquires), ``owned=False, bounded=True``
+        threading.BoundedSemaphore's. ``release(n)`` gives back n permits."""
         return self._typed("Semaphore", name, SemaphoreProxy, kwargs)
 
-    def barrier(self, name: str, **kwargs: Any) -> ObjectProxy:
-        """A cyclic barrier (``parties=``): ``wait()``."""
-        return self.object("Barrier", name, **kwargs)
+    def barrier(self, name: str, **kwargs: Any) -> BarrierProxy:
+        """A cyclic barrier (``parties=``) with threading.Barrier's semantics: ``wait()``
+        returns the arrival index; a party that times out, ``abort()`` or a waiting party's
+        session ending breaks it (every waiter, and every later ``wait()``, gets
+        BrokenBarrierError, catchable as threading.BrokenBarrierError) until ``reset()``;
+        ``broken``, ``n_waiting``, ``parties``."""
+        return self._typed("Barrier", name, BarrierProxy, kwargs)
 
     def double_barrier(self, name: str, **kwargs: Any) -> ObjectProxy:
         """A double barrier (``parties=``): ``enter()`` / ``leave()``."""

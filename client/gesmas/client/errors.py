@@ -25,6 +25,8 @@ sides share is in ``gesmas.protocol``.
 """
 from __future__ import annotations
 
+import builtins
+import threading
 from typing import Any, ClassVar
 
 import grpc
@@ -205,12 +207,35 @@ _STATUS_CLASSES: dict[grpc.StatusCode, type[GesmasError]] = {
 }
 
 
+# Where Python has a convention, a remote exception is also catchable as the built-in one:
+# ``except ValueError`` catches a method's ValueError, ``except RuntimeError`` a release of a
+# lock this session does not hold (as with ``threading.Lock``), ``except
+# threading.BrokenBarrierError`` a broken Barrier. Each is a subclass of ApplicationError and
+# of the built-in, named Remote<type> (e.g. ``RemoteValueError``).
+_PYTHON_BASES: dict[str, type[BaseException]] = {
+    name: getattr(builtins, name) for name in (
+        "ValueError", "TypeError", "KeyError", "IndexError", "LookupError", "RuntimeError",
+        "PermissionError", "ZeroDivisionError", "ArithmeticError", "OverflowError",
+        "AttributeError", "NotImplementedError", "AssertionError", "RecursionError")
+}
+_PYTHON_BASES.update({"LockNotOwned": RuntimeError,
+                      "BrokenBarrierError": threading.BrokenBarrierError})
+REMOTE_CLASSES: dict[str, type[ApplicationError]] = {}
+for _name, _base in _PYTHON_BASES.items():
+    _cls = type(f"Remote{_name}", (ApplicationError, _base),
+                {"__module__": __name__, "__doc__": f"A remote {_name}."})
+    globals()[_cls.__name__] = REMOTE_CLASSES[_name] = _cls
+
+
 def error_from_detail(detail: pb.ErrorDetail) -> GesmasError:
     """The exception for an ErrorDetail. An ABORTED detail with type ``"SessionExpired"``
-    becomes ``SessionExpired``; an unknown code (or OK) becomes ``Internal``."""
+    becomes ``SessionExpired``; an APPLICATION detail whose type has a Python counterpart
+    one of the REMOTE_CLASSES; an unknown code (or OK) becomes ``Internal``."""
     cls = ERROR_CLASSES.get(detail.code, Internal)
     if cls is Aborted and detail.type == SESSION_EXPIRED_TYPE:
         cls = SessionExpired
+    elif cls is ApplicationError:
+        cls = REMOTE_CLASSES.get(detail.type, ApplicationError)
     return cls(detail.message, detail.type, detail.leader_hint)
 
 

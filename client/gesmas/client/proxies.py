@@ -75,11 +75,46 @@ class LockProxy(ObjectProxy):
 class SemaphoreProxy(ObjectProxy):
     """``with client.semaphore(name, permits=4): ...`` holds one permit."""
 
+    def acquire(self, timeout: float | None = None) -> Any:
+        return self.invoke("acquire", timeout=timeout)
+
+    def release(self, n: int = 1) -> None:
+        self.invoke("release", n)
+
     def __enter__(self) -> Any:
         return self.invoke("acquire")
 
     def __exit__(self, *exc: object) -> None:
         self.invoke("release")
+
+
+class BarrierProxy(ObjectProxy):
+    """threading.Barrier's interface: ``wait(timeout=None)``, ``abort()``, ``reset()`` and
+    the properties ``parties``, ``n_waiting``, ``broken`` (each a call)."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        index: int = self.invoke("wait", timeout=timeout)
+        return index
+
+    def abort(self) -> None:
+        self.invoke("abort")
+
+    def reset(self) -> None:
+        self.invoke("reset")
+
+    @property
+    def parties(self) -> int:
+        n: int = self.invoke("size")
+        return n
+
+    @property
+    def n_waiting(self) -> int:
+        n: int = self.invoke("n_waiting")
+        return n
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.invoke("broken"))
 
 
 class ReadWriteLockProxy(ObjectProxy):
@@ -124,6 +159,7 @@ class LeaderElectionProxy(ObjectProxy):
 PROXIES: dict[str, type[ObjectProxy]] = {
     "Lock": LockProxy,
     "Semaphore": SemaphoreProxy,
+    "Barrier": BarrierProxy,
     "ReadWriteLock": ReadWriteLockProxy,
     "LeaderElection": LeaderElectionProxy,
 }

@@ -1,9 +1,12 @@
 """Barrier (cyclic) and DoubleBarrier (enter / leave, as in ZooKeeper's recipe).
 
-Barrier(parties): `wait()` blocks until `parties` callers are waiting, then releases them all
-  together and resets for the next round. It returns the caller's arrival index in the round
-  (0 for the first). One request per party, one wake-up per party: no herd. A party that times
-  out or whose session ends leaves the round; the others keep waiting.
+Barrier(parties): threading.Barrier's semantics (and Java's CyclicBarrier's). `wait()` blocks
+  until `parties` callers are waiting, then releases them all together and resets for the
+  next round. It returns the caller's arrival index in the round (0 for the first). One
+  request per party, one wake-up per party: no herd. A party that times out, `abort()`, or a
+  waiting party's session ending *breaks* the barrier: every waiter, and every later
+  `wait()`, fails with BrokenBarrierError (a RuntimeError) until `reset()`, which also breaks
+  the waits of the current round, atomically. `broken()`, `n_waiting()`, `size()` (parties).
 DoubleBarrier(parties): `enter()` blocks until `parties` callers have entered, `leave()` blocks
   until every party of the round has called leave. A party whose session ends counts as left.
 
@@ -13,10 +16,18 @@ and a checkpoint needs no undo.
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gesmas.server.kernel.dialect import Semaphore, context
+    from gesmas.server.kernel.dialect import SessionEnded, Semaphore, Timeout, context
+
+
+class BrokenBarrierError(RuntimeError):
+    """The barrier is broken; the client raises it as threading.BrokenBarrierError too."""
 
 
 class Barrier:
+    _broken = False                       # class defaults: barriers saved before they existed
+    _gen = 0                              # rounds begun: completed, broken or reset
+    _failed = -1                          # the last round that was broken or reset
+
     def __init__(self, parties):
         if type(parties) is not int or parties < 1:
             raise ValueError("parties must be a positive int")
@@ -24,23 +35,73 @@ class Barrier:
         self._gate = Semaphore(0)
         self.rounds = 0
         self._handed = 0                  # indices given to the woken parties of the round
+        self._broken = False
+        self._gen = 0
+        self._failed = -1
 
     def wait(self):
+        if self._broken:
+            raise BrokenBarrierError("the barrier is broken: reset() it")
         arrived = self._gate.waiters
         if arrived + 1 >= self.parties:
             self.rounds += 1
             self._handed = 0
+            self._gen += 1
             if arrived:
                 self._gate.release(arrived)
             return arrived
-        self._gate.acquire()
+        gen = self._gen                   # a waiting party changes nothing before it waits
+        try:
+            self._gate.acquire()
+        except Timeout:
+            self._break()
+            raise BrokenBarrierError("wait() timed out: the barrier is now broken")
+        except SessionEnded:
+            self._break()
+            raise
+        if self._failed >= gen:
+            raise BrokenBarrierError("the barrier was broken or reset while waiting")
         # Woken in arrival order, right after the last party: number the survivors
         index = self._handed
         self._handed += 1
         return index
 
+    def abort(self):
+        """Break the barrier: the waiting parties and every later wait() fail until reset()."""
+        self._break()
+        return True
+
+    def reset(self):
+        """Back to a fresh round, atomically: the waiting parties fail with
+        BrokenBarrierError, later wait()s count from zero."""
+        waiting = self._gate.waiters
+        if waiting:
+            self._failed = self._gen
+            self._gen += 1
+            self._gate.release(waiting)
+        self._broken = False
+        self._handed = 0
+        return True
+
+    def broken(self):
+        return self._broken
+
+    def n_waiting(self):
+        return 0 if self._broken else self._gate.waiters
+
+    def size(self):
+        return self.parties
+
     def waiting(self):
         return self._gate.waiters
+
+    def _break(self):
+        self._broken = True
+        waiting = self._gate.waiters
+        self._failed = self._gen
+        self._gen += 1
+        if waiting:
+            self._gate.release(waiting)
 
 
 class DoubleBarrier:

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from gesmas.server.kernel.dialect import Semaphore, context
 
 
+class LockNotOwned(RuntimeError):
+    """release() by a session that does not hold the lock (threading raises RuntimeError
+    there too; the client's exception is both ApplicationError and RuntimeError)."""
+
+
 class Lock:
     def __init__(self, reentrant=False):
         self.reentrant = bool(reentrant)
@@ -53,7 +58,7 @@ class Lock:
 
     def release(self):
         if self._owner != context().session:
-            raise PermissionError("this session does not hold the lock")
+            raise LockNotOwned("this session does not hold the lock")
         self._depth -= 1
         if self._depth == 0:
             self._owner = None

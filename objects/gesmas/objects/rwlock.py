@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from gesmas.server.kernel.dialect import Semaphore, Timeout, SessionEnded, context
 
 
+
+class LockNotOwned(RuntimeError):
+    """A release by a session that does not hold that side of the lock."""
+
 class ReadWriteLock:
     def __init__(self):
         self._readq = Semaphore(0)
@@ -35,7 +39,7 @@ class ReadWriteLock:
         me = context().session
         held = self._readers.get(me, 0)
         if not held:
-            raise PermissionError("this session holds no read lock")
+            raise LockNotOwned("this session holds no read lock")
         self._drop_reader(me, 1)
         return True
 
@@ -56,7 +60,7 @@ class ReadWriteLock:
 
     def release_write(self):
         if self._writer != context().session:
-            raise PermissionError("this session does not hold the write lock")
+            raise LockNotOwned("this session does not hold the write lock")
         self._writer = None
         self._writing = False
         self._hand_over(readers_first=True)
