@@ -57,15 +57,11 @@ from typing import Any, TypedDict, TypeVar
 
 import grpc
 
-from gesmas.client import convert
+from gesmas.client import convert, core
 from gesmas.client.errors import (
-    ERROR_METADATA_KEY,
     GesmasError,
     NotFound,
     SessionExpired,
-    Unauthenticated,
-    Unavailable,
-    error_from_rpc,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.proxies import (
@@ -105,19 +101,12 @@ MAX_RPC_DEADLINE = 365 * 24 * 3600.0
 
 def rpc_deadline(timeout: float | None) -> float | None:
     """The gRPC deadline (seconds from now) of a call that may wait `timeout` seconds."""
-    if timeout is None or timeout + DEADLINE_MARGIN > MAX_RPC_DEADLINE:
-        return None
-    return timeout + DEADLINE_MARGIN
+    return core.rpc_deadline(timeout, DEADLINE_MARGIN, MAX_RPC_DEADLINE)
 #: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
 RPC_TIMEOUT = 10.0
 MAX_MESSAGE = 16 * 1024 * 1024
 #: Proxies a client remembers, so that repeated accessor calls cost no round trip.
 PROXY_CACHE = 1024
-BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
-#: An attempt that lasted this long before failing had reached a replica: the failure
-#: starts a new retry period instead of counting against the current one.
-_ATTACHED = 3.0
-
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -131,14 +120,6 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.ping_timeout_ms", 5000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-
-# Failures without an ErrorDetail that mean "the call may not have reached a working
-# replica": safe to resend (same seq for Invoke).
-_TRANSPORT = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,  # our own deadline: the replica hung
-    grpc.StatusCode.CANCELLED,  # the server shut down ("Cancelling all calls")
-}
 
 T = TypeVar("T")
 
@@ -203,14 +184,6 @@ class ClientClosed(SessionExpired):
         super().__init__(message, type, leader_hint)
 
 
-class _Failure(Exception):
-    """An attempt failed in a way that may be retried elsewhere."""
-
-    def __init__(self, error: GesmasError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class Client:
     """A connection to a gesmas cluster with one session; safe to share between threads.
 
@@ -243,16 +216,13 @@ class Client:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
         if route not in ("leader", "replica"):
             raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
-        self._addresses = parse_cluster(cluster)
+        self._routing = core.Routing(parse_cluster(cluster), route == "leader")
         self._tls = resolve_tls(tls)
         self._credentials = self._tls.credentials() if self._tls is not None else None
         self._login = Login(user, password, token)
-        self._preferred = 0  # index of the address to try first
-        self._leader: str | None = None  # where keep-alives (and routed calls) go, once known
-        self._route_leader = route == "leader"
         self._ttl = float(session_ttl)
         self._retry_timeout = float(retry_timeout)
-        self._lock = threading.Lock()  # addresses, preferred, channels
+        self._lock = threading.Lock()  # channels, proxies
         self._session_lock = threading.Lock()  # opening the session
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
@@ -263,10 +233,7 @@ class Client:
         self._expired: SessionExpired | None = None
         self._closed = threading.Event()
         self._keepalive: threading.Thread | None = None
-        self._seq_lock = threading.Lock()
-        self._next_seq = 1
-        self._ack = 0
-        self._ended: set[int] = set()  # ended seqs above the ack mark
+        self._seqs = core.Sequencer()
         if connect:
             try:
                 self.session
@@ -283,11 +250,11 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Client({','.join(self._addresses)!r}, session={self._session})"
+        return f"Client({','.join(self._routing.addresses)!r}, session={self._session})"
 
     @property
     def addresses(self) -> list[str]:
-        return list(self._addresses)
+        return list(self._routing.addresses)
 
     @property
     def session(self) -> int:
@@ -302,8 +269,8 @@ class Client:
             self._session, self._granted_ttl = resp.session, resp.ttl or self._ttl
             self._session_secret = resp.session_secret
             if resp.leader:
-                with self._lock:
-                    self._learn_leader(resp.leader)
+                with self._routing.lock:
+                    self._routing.learn_leader(resp.leader)
             self._keepalive = threading.Thread(
                 target=self._keepalive_loop, name=f"gesmas-keepalive-{resp.session}", daemon=True
             )
@@ -313,8 +280,8 @@ class Client:
     @property
     def leader(self) -> str | None:
         """The leader's client address as last learned (OpenSession, keep-alives, hints)."""
-        with self._lock:
-            return self._leader
+        with self._routing.lock:
+            return self._routing.leader
 
     @property
     def expired(self) -> bool:
@@ -393,36 +360,6 @@ class Client:
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
 
-    def _learn_leader(self, address: str) -> None:
-        """Note the leader's address (with ``_lock`` held), adding it to the list if the
-        cluster list lacked it."""
-        if address not in self._addresses:
-            self._addresses.append(address)
-        self._leader = address
-
-    def _first_address(self, keepalive: bool) -> str:
-        with self._lock:
-            if (keepalive or self._route_leader) and self._leader:
-                return self._leader
-            return self._addresses[self._preferred]
-
-    def _next_address(self, failed: str, hint: str, keepalive: bool = False) -> str:
-        """Where to go after ``failed`` answered ``hint`` (maybe empty). A hint names the
-        leader; a call also makes the next address its preferred one, a keep-alive leaves the
-        calls' routing alone."""
-        with self._lock:
-            if hint and hint != failed:
-                self._learn_leader(hint)
-                nxt = hint
-            else:
-                if failed == self._leader:
-                    self._leader = None
-                i = self._addresses.index(failed) + 1 if failed in self._addresses else 0
-                nxt = self._addresses[i % len(self._addresses)]
-            if not keepalive:
-                self._preferred = self._addresses.index(nxt)
-            return nxt
-
     def _authenticate(self, address: str) -> Callable[[str, str], tuple[str, float]]:
         def authenticate(user: str, password: str) -> tuple[str, float]:
             resp = self._attempt(address, "Authenticate",
@@ -439,17 +376,7 @@ class Client:
             return getattr(self._stub(address), method)(request, timeout=deadline,
                                                          metadata=metadata)
         except grpc.RpcError as e:
-            error = error_from_rpc(e)
-            if _has_detail(e):
-                if isinstance(error, Unavailable):
-                    raise _Failure(error) from e
-                if isinstance(error, Unauthenticated) and metadata \
-                        and self._login.refused(metadata):
-                    # an expired or revoked token: log in again (the call did not run)
-                    raise _Failure(Unavailable(f"{address}: {error.message}")) from e
-            elif e.code() in _TRANSPORT:
-                raise _Failure(Unavailable(f"{address}: {error.message}")) from e
-            raise error from e
+            raise core.classify(e, address, self._login, metadata) from e
         except ValueError as e:  # "Cannot invoke RPC on closed channel!"
             if self._closed.is_set():
                 raise ClientClosed() from e
@@ -475,38 +402,21 @@ class Client:
         which no retry starts; ``closing`` lets the call run while the client closes;
         ``keepalive`` sends to the leader (only the leader answers a keep-alive)."""
         budget = self._retry_timeout if retry_timeout is None else retry_timeout
-        address = self._first_address(keepalive)
-        period_start: float | None = None
-        delay, followed_hint = BACKOFF_FIRST, False
+        attempts = core.Attempts(self._routing, budget, cap, keepalive)
         while True:
             started = time.monotonic()
             try:
-                response = self._attempt(address, method, request, rpc_timeout)
-                if keepalive:
-                    with self._lock:
-                        self._leader = address
-                return address, response
-            except _Failure as failure:
+                response = self._attempt(attempts.address, method, request, rpc_timeout)
+                attempts.succeeded()
+                return attempts.address, response
+            except core.Failure as failure:
                 error = failure.error
-            now = time.monotonic()
-            if period_start is None:
-                period_start = started
-            elif now - started >= _ATTACHED:  # it had reached a replica: a new period
-                period_start = now
-            give_up = period_start + budget if cap is None else min(period_start + budget, cap)
             if self._closed.is_set() and not closing:
                 raise ClientClosed() from None
-            if now >= give_up:
-                raise error
-            previous, address = address, self._next_address(address, error.leader_hint,
-                                                             keepalive)
-            log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error, address)
-            hint = bool(error.leader_hint) and address == error.leader_hint
-            if hint and not followed_hint:
-                pause = 0.0  # a fresh hint: go at once
-            else:
-                pause, delay = min(delay, give_up - now), min(delay * 2, BACKOFF_MAX)
-            followed_hint = hint
+            previous = attempts.address
+            pause = attempts.failed(error, started, time.monotonic())
+            log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error,
+                      attempts.address)
             if closing:
                 time.sleep(pause)
             elif self._closed.wait(pause):
@@ -517,21 +427,13 @@ class Client:
     # --- sequence numbers --------------------------------------------------------------------
 
     def _new_seq(self) -> int:
-        with self._seq_lock:
-            seq = self._next_seq
-            self._next_seq += 1
-            return seq
+        return self._seqs.new()
 
     def _end_seq(self, seq: int) -> None:
-        with self._seq_lock:
-            self._ended.add(seq)
-            while self._ack + 1 in self._ended:
-                self._ack += 1
-                self._ended.discard(self._ack)
+        self._seqs.end(seq)
 
     def _current_ack(self) -> int:
-        with self._seq_lock:
-            return self._ack
+        return self._seqs.ack()
 
     # --- objects -------------------------------------------------------------------------------
 
@@ -554,17 +456,8 @@ class Client:
                 create: tuple[tuple[Any, ...], dict[str, Any]] | None) -> Any:
         """``invoke``; with ``create`` (constructor args, kwargs) the object is made first
         if it does not exist, in the same command (what proxies from accessors send)."""
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
-        request = pb.InvokeRequest(class_name=class_name, object_name=object_name, method=method)
-        convert.fill_values(request.args, args)
-        convert.fill_map(request.kwargs, kwargs)
-        if create is not None:
-            request.create = True
-            convert.fill_values(request.ctor_args, create[0])
-            convert.fill_map(request.ctor_kwargs, create[1])
-        if timeout is not None:
-            request.timeout = float(timeout)
+        request = core.invoke_request(class_name, object_name, method, args, kwargs, timeout,
+                                      create)
         request.session = self.session
         request.session_secret = self._session_secret
         request.seq = self._new_seq()
@@ -723,7 +616,7 @@ class Client:
             try:
                 resp = self._attempt(leader, "Status", pb.StatusRequest(), RPC_TIMEOUT)
                 address = leader
-            except (_Failure, GesmasError) as e:
+            except (core.Failure, GesmasError) as e:
                 log.debug("gesmas: status from leader %s failed: %s", leader, e)
         nodes = [NodeHealth(node_id=n.node_id, address=n.address, connected=n.connected,
                             match_index=n.match_index) for n in resp.nodes]
@@ -773,7 +666,7 @@ class Client:
         to another process as ``Client(token=...)``."""
         if not self._login.can_renew():
             raise ValueError("authenticate() needs user= and password=")
-        address = self._first_address(False)
+        address = self._routing.first(False)
         meta = self._login.metadata(self._authenticate(address))
         return meta[0][1].partition(" ")[2]
 
@@ -784,9 +677,3 @@ class Client:
         resp = self._call("RemoveNode", pb.RemoveNodeRequest(raft_addr=raft_addr),
                           rpc_timeout=RPC_TIMEOUT + 5.0)
         return bool(resp.changed)
-
-
-def _has_detail(e: grpc.RpcError) -> bool:
-    trailing = getattr(e, "trailing_metadata", None)
-    metadata = trailing() if callable(trailing) else None
-    return any(key == ERROR_METADATA_KEY for key, _ in metadata or ())

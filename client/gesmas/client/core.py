@@ -1,0 +1,208 @@
+"""What the synchronous client and the asyncio client (``gesmas.aio``) share, without I/O:
+where a call goes (``Routing``), when it is retried and after what pause (``Attempts``), how a
+failed RPC is classified (``classify``), and the exactly-once bookkeeping of a session's
+sequence numbers (``Sequencer``). Each client does its own waiting (``time.sleep`` or
+``asyncio.sleep``) and its own RPCs; the rules are here, once. See the module docstring of
+``gesmas.client.client`` for the rules themselves ("Routing", "Retries").
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import grpc
+
+from gesmas.client.errors import (
+    ERROR_METADATA_KEY,
+    GesmasError,
+    Unauthenticated,
+    Unavailable,
+    error_from_rpc,
+)
+from gesmas.client.security import Login
+
+__all__ = ["Attempts", "Failure", "Routing", "Sequencer", "classify"]
+
+BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
+#: An attempt that lasted this long before failing had reached a replica: the failure
+#: starts a new retry period instead of counting against the current one.
+ATTACHED = 3.0
+
+# Failures without an ErrorDetail that mean "the call may not have reached a working
+# replica": safe to resend (same seq for Invoke).
+TRANSPORT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,  # our own deadline: the replica hung
+    grpc.StatusCode.CANCELLED,  # the server shut down ("Cancelling all calls")
+}
+
+
+class Failure(Exception):
+    """An attempt failed in a way that may be retried elsewhere."""
+
+    def __init__(self, error: GesmasError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def has_detail(e: grpc.RpcError) -> bool:
+    trailing = getattr(e, "trailing_metadata", None)
+    metadata = trailing() if callable(trailing) else None
+    return any(key == ERROR_METADATA_KEY for key, _ in metadata or ())
+
+
+def classify(e: grpc.RpcError, address: str, login: Login,
+             metadata: tuple[tuple[str, str], ...]) -> BaseException:
+    """What a failed attempt raises: ``Failure`` (retry elsewhere) or the GesmasError."""
+    error = error_from_rpc(e)
+    if has_detail(e):
+        if isinstance(error, Unavailable):
+            return Failure(error)
+        if isinstance(error, Unauthenticated) and metadata and login.refused(metadata):
+            # an expired or revoked token: log in again (the call did not run)
+            return Failure(Unavailable(f"{address}: {error.message}"))
+    elif e.code() in TRANSPORT:
+        return Failure(Unavailable(f"{address}: {error.message}"))
+    return error
+
+
+class Routing:
+    """The cluster's client addresses, the leader as last learned and the address calls try
+    first. Thread-safe."""
+
+    def __init__(self, addresses: list[str], route_leader: bool) -> None:
+        self.addresses = addresses
+        self.preferred = 0
+        self.leader: str | None = None
+        self.route_leader = route_leader
+        self.lock = threading.Lock()
+
+    def learn_leader(self, address: str) -> None:
+        """Note the leader's address (with ``lock`` held), adding it to the list if the
+        cluster list lacked it."""
+        if address not in self.addresses:
+            self.addresses.append(address)
+        self.leader = address
+
+    def first(self, keepalive: bool) -> str:
+        with self.lock:
+            if (keepalive or self.route_leader) and self.leader:
+                return self.leader
+            return self.addresses[self.preferred]
+
+    def next(self, failed: str, hint: str, keepalive: bool = False) -> str:
+        """Where to go after ``failed`` answered ``hint`` (maybe empty). A hint names the
+        leader; a call also makes the next address its preferred one, a keep-alive leaves the
+        calls' routing alone."""
+        with self.lock:
+            if hint and hint != failed:
+                self.learn_leader(hint)
+                nxt = hint
+            else:
+                if failed == self.leader:
+                    self.leader = None
+                i = self.addresses.index(failed) + 1 if failed in self.addresses else 0
+                nxt = self.addresses[i % len(self.addresses)]
+            if not keepalive:
+                self.preferred = self.addresses.index(nxt)
+            return nxt
+
+
+class Attempts:
+    """The retry schedule of one call: ``address`` to try now; after a failure, ``failed``
+    moves it and returns the pause before the next attempt, or raises the error when the
+    call must give up (``budget`` seconds of failing without a break; never past ``cap``)."""
+
+    def __init__(self, routing: Routing, budget: float, cap: float | None,
+                 keepalive: bool = False) -> None:
+        self.routing = routing
+        self.budget = budget
+        self.cap = cap
+        self.keepalive = keepalive
+        self.address = routing.first(keepalive)
+        self._period_start: float | None = None
+        self._delay = BACKOFF_FIRST
+        self._followed_hint = False
+
+    def succeeded(self) -> None:
+        if self.keepalive:
+            with self.routing.lock:
+                self.routing.leader = self.address
+
+    def failed(self, error: GesmasError, started: float, now: float) -> float:
+        if self._period_start is None:
+            self._period_start = started
+        elif now - started >= ATTACHED:         # it had reached a replica: a new period
+            self._period_start = now
+        give_up = self._period_start + self.budget
+        if self.cap is not None:
+            give_up = min(give_up, self.cap)
+        if now >= give_up:
+            raise error
+        self.address = self.routing.next(self.address, error.leader_hint, self.keepalive)
+        hint = bool(error.leader_hint) and self.address == error.leader_hint
+        if hint and not self._followed_hint:
+            pause = 0.0                         # a fresh hint: go at once
+        else:
+            pause, self._delay = min(self._delay, give_up - now), min(self._delay * 2,
+                                                                      BACKOFF_MAX)
+        self._followed_hint = hint
+        return pause
+
+
+class Sequencer:
+    """A session's sequence numbers: ``new`` for each call (kept across its retries), ``end``
+    when the caller will never ask about it again, ``ack`` the highest n such that every call
+    with seq <= n has ended. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 1
+        self._ack = 0
+        self._ended: set[int] = set()
+
+    def new(self) -> int:
+        with self._lock:
+            seq = self._next
+            self._next += 1
+            return seq
+
+    def end(self, seq: int) -> None:
+        with self._lock:
+            self._ended.add(seq)
+            while self._ack + 1 in self._ended:
+                self._ack += 1
+                self._ended.discard(self._ack)
+
+    def ack(self) -> int:
+        with self._lock:
+            return self._ack
+
+
+def rpc_deadline(timeout: float | None, margin: float, limit: float) -> float | None:
+    """The gRPC deadline (seconds from now) of a call that may wait ``timeout`` seconds:
+    ``timeout + margin``, or none beyond ``limit`` (a deadline that far away overflows
+    grpc's clock and fails at once)."""
+    if timeout is None or timeout + margin > limit:
+        return None
+    return timeout + margin
+
+
+def invoke_request(class_name: str, object_name: str, method: str, args: Any, kwargs: Any,
+                   timeout: float | None,
+                   create: tuple[tuple[Any, ...], dict[str, Any]] | None) -> Any:
+    """The InvokeRequest of a call (without session, seq, ack)."""
+    from gesmas.client import convert
+    from gesmas.v1 import gesmas_pb2 as pb
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
+    request = pb.InvokeRequest(class_name=class_name, object_name=object_name, method=method)
+    convert.fill_values(request.args, args)
+    convert.fill_map(request.kwargs, kwargs)
+    if create is not None:
+        request.create = True
+        convert.fill_values(request.ctor_args, create[0])
+        convert.fill_map(request.ctor_kwargs, create[1])
+    if timeout is not None:
+        request.timeout = float(timeout)
+    return request
