@@ -47,3 +47,13 @@ def test_cluster_bench_quick(tmp_path: Path) -> None:
     assert [(r["op"], r["clients"]) for r in tp] == [
         ("produce", 1), ("consume", 1), ("produce", 2), ("consume", 2)]
     assert all(r["ops"] == r["n"] > 0 and r["stuck_clients"] == 0 for r in tp), tp
+
+
+def test_aio_bench_small() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "aio_bench.py"), "--n", "200"],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    figures = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
+    assert figures["lost"] == "0" and figures["wrong"] == "0" and figures["n"] == "200"
+    assert float(figures["rss_mb_blocked"]) > 0

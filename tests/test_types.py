@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_mypy_finds_no_type_errors(tmp_path):
     cmd = [sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "pyproject.toml"),
            "--cache-dir", str(tmp_path / "cache"), "-p", "gesmas.client", "-p", "gesmas.protocol",
-           "-p", "gesmas.server", "-p", "gesmas.objects"]
+           "-p", "gesmas.server", "-p", "gesmas.objects", "-p", "gesmas.aio"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues found" in done.stdout

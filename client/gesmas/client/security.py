@@ -87,16 +87,30 @@ class Login:
     def can_renew(self) -> bool:
         return self._password is not None
 
+    def due(self) -> bool:
+        """Whether a login is needed before the next call (no token, or one about to end)."""
+        return self._password is not None and (
+            self._token is None or time.monotonic() > self._expiry - REFRESH_BEFORE)
+
+    def credentials(self) -> tuple[str, str]:
+        assert self.user is not None and self._password is not None
+        return self.user, self._password
+
+    def store(self, token: str, ttl: float) -> None:
+        self._token, self._expiry = token, time.monotonic() + ttl
+
+    def header(self) -> tuple[tuple[str, str], ...]:
+        current = self._token
+        return (("authorization", f"Bearer {current}"),) if current else ()
+
     def metadata(self, authenticate: Callable[[str, str], tuple[str, float]]
                  ) -> tuple[tuple[str, str], ...]:
+        """The metadata of a call, logging in first if due (``authenticate`` is the
+        synchronous client's Authenticate RPC; the asyncio client awaits its own)."""
         with self._lock:
-            if self._password is not None and (
-                    self._token is None or time.monotonic() > self._expiry - REFRESH_BEFORE):
-                assert self.user is not None
-                fresh, ttl = authenticate(self.user, self._password)
-                self._token, self._expiry = fresh, time.monotonic() + ttl
-            current = self._token
-        return (("authorization", f"Bearer {current}"),) if current else ()
+            if self.due():
+                self.store(*authenticate(*self.credentials()))
+            return self.header()
 
     def refused(self, token_metadata: tuple[tuple[str, str], ...]) -> bool:
         """A replica refused the token sent as ``token_metadata``: forget it so that the next

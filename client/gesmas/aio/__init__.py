@@ -1,0 +1,424 @@
+"""gesmas for asyncio: the same objects and calls as ``gesmas.client``, awaitable.
+
+    from gesmas.aio import Client
+    async with Client("127.0.0.1:7101,127.0.0.1:7102") as c:
+        q = c.queue("jobs")                       # no round trip: a proxy
+        await q.produce(b"job-1")
+        item = await q.consume(timeout=5)
+        async with c.lock("schema") as fence:
+            ...
+        await c.barrier("phase", parties=3).wait()
+
+Same rules as the synchronous client, from the same code (``gesmas.client.core``): calls go
+to the leader (or stay on a replica with ``route="replica"``), are resent with the same
+(session, seq) on UNAVAILABLE or a broken connection, so a call blocked on a replica that dies
+re-attaches elsewhere and nothing runs twice; the same TLS and login (``tls=``, ``user=``,
+``password=``, ``token=``, the GESMAS_* environment). The differences:
+
+- The session is kept alive by a task, not a thread, and every call is a task's await, not a
+  thread: ten thousand calls can wait in one process (bench/aio_bench.py).
+- Accessors (``c.queue(name, ...)``) return a proxy at once; every call through it is a
+  get-or-create of the object in the same command (one commit per call), so an error such as
+  AlreadyExists (the name is another class's) comes with the first call.
+- Cancelling the task that awaits a call cancels its RPC; the replica then withdraws the
+  call's server-side wait (the Cancel command), so a cancelled ``consume`` that was still
+  waiting takes no item. A call that had already completed when the cancellation arrived
+  keeps its effect (its answer is lost with the task), as with any RPC cancelled in flight.
+- gRPC allows ~1000 concurrent calls on one connection (the server's
+  ``max_concurrent_streams``); the client opens another connection to a replica when the
+  ones it has are that busy.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import grpc
+
+from gesmas.client import convert, core
+from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_RPC_DEADLINE,
+                                  RPC_TIMEOUT, ClientClosed, parse_cluster)
+from gesmas.client.errors import (GesmasError, NotFound, SessionExpired)
+from gesmas.client.security import TLS, Login, resolve_tls
+from gesmas.v1 import gesmas_pb2 as pb
+from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+__all__ = ["BarrierProxy", "Client", "LockProxy", "ObjectProxy", "SemaphoreProxy"]
+
+log = logging.getLogger(__name__)
+
+#: Calls on one connection before the client opens another to the same replica (the
+#: server allows 1000 streams per connection: gesmas.server.grpclimits).
+STREAMS_PER_CONNECTION = 900
+PROXY_CACHE = 1024
+
+
+class _Connection:
+    __slots__ = ("channel", "stub", "busy")
+
+    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None) -> None:
+        # a channel of its own (not grpc's shared subchannel): one more TCP connection
+        options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.channel = (grpc.aio.secure_channel(address, credentials, options=options)
+                        if credentials is not None else
+                        grpc.aio.insecure_channel(address, options=options))
+        self.stub = pb_grpc.GesmasStub(self.channel)
+        self.busy = 0
+
+
+class Client:
+    """An asyncio connection to a gesmas cluster with one session. Use ``async with`` (or
+    ``await c.connect()`` / ``await c.close()``); arguments as ``gesmas.client.Client``."""
+
+    def __init__(self, cluster: str | list[str] | None = None, *, session_ttl: float = 10.0,
+                 retry_timeout: float = 30.0, route: str = "leader",
+                 tls: TLS | bool | str | dict[str, Any] | None = None,
+                 user: str | None = None, password: str | None = None,
+                 token: str | None = None) -> None:
+        if not session_ttl > 0:
+            raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
+        if route not in ("leader", "replica"):
+            raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
+        self._routing = core.Routing(parse_cluster(cluster), route == "leader")
+        tls_settings = resolve_tls(tls)
+        self._credentials = tls_settings.credentials() if tls_settings is not None else None
+        self._login = Login(user, password, token)
+        self._ttl = float(session_ttl)
+        self._retry_timeout = float(retry_timeout)
+        self._connections: dict[str, list[_Connection]] = {}
+        self._session = 0
+        self._session_secret = ""
+        self._granted_ttl = self._ttl
+        self._session_lock: asyncio.Lock | None = None
+        self._login_lock: asyncio.Lock | None = None
+        self._expired: SessionExpired | None = None
+        self._closed = False
+        self._keepalive: asyncio.Task[None] | None = None
+        self._seqs = core.Sequencer()
+        self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Client:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> int:
+        """Open the session now (otherwise the first call does); returns its id."""
+        return await self.session()
+
+    async def session(self) -> int:
+        self._check_usable()
+        if self._session:
+            return self._session
+        if self._session_lock is None:
+            self._session_lock = asyncio.Lock()
+        async with self._session_lock:
+            if not self._session:
+                resp = await self._call("OpenSession", pb.OpenSessionRequest(ttl=self._ttl))
+                self._session, self._session_secret = resp.session, resp.session_secret
+                self._granted_ttl = resp.ttl or self._ttl
+                if resp.leader:
+                    with self._routing.lock:
+                        self._routing.learn_leader(resp.leader)
+                self._keepalive = asyncio.get_running_loop().create_task(
+                    self._keepalive_loop(), name=f"gesmas-keepalive-{self._session}")
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session (its waits are aborted, its locks released) and the channels."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        if self._session and self._expired is None:
+            try:
+                await self._call("CloseSession", pb.CloseSessionRequest(
+                    session=self._session, session_secret=self._session_secret),
+                    retry_timeout=min(self._retry_timeout, 5.0), closing=True)
+            except GesmasError as e:
+                log.warning("gesmas: could not close session %d: %s", self._session, e)
+        connections, self._connections = self._connections, {}
+        for pool in connections.values():
+            for conn in pool:
+                await conn.channel.close()
+
+    @property
+    def expired(self) -> bool:
+        return self._expired is not None
+
+    def _check_usable(self) -> None:
+        if self._expired is not None:
+            raise SessionExpired(self._expired.message, self._expired.type)
+        if self._closed:
+            raise ClientClosed()
+
+    def _mark_expired(self, error: GesmasError) -> None:
+        if self._expired is None:
+            log.warning("gesmas: session %d is gone: %s", self._session, error)
+            self._expired = SessionExpired(f"session {self._session} expired: {error.message}",
+                                           "SessionExpired")
+
+    async def _keepalive_loop(self) -> None:
+        interval = max(self._granted_ttl / 3.0, 0.05)
+        wait = interval
+        while True:
+            await asyncio.sleep(wait)
+            try:
+                resp = await self._call(
+                    "KeepAlive", pb.KeepAliveRequest(session=self._session,
+                                                     session_secret=self._session_secret),
+                    rpc_timeout=max(interval, 1.0), retry_timeout=interval, keepalive=True)
+            except ClientClosed:
+                return
+            except (NotFound, SessionExpired) as e:
+                self._mark_expired(e)
+                return
+            except GesmasError as e:      # nobody reachable this round: try again sooner
+                log.debug("gesmas: keep-alive of session %d failed: %s", self._session, e)
+                wait = min(interval / 3.0, 1.0)
+                continue
+            if resp.ttl > 0:
+                interval = max(resp.ttl / 3.0, 0.05)
+            wait = interval
+
+    # --- transport and retries (the rules are core's) --------------------------------------
+
+    def _connection(self, address: str) -> _Connection:
+        if self._closed and not self._connections:
+            raise ClientClosed()
+        pool = self._connections.setdefault(address, [])
+        best = min(pool, key=lambda c: c.busy) if pool else None
+        if best is None or best.busy >= STREAMS_PER_CONNECTION:
+            best = _Connection(address, self._credentials)
+            pool.append(best)
+        return best
+
+    async def _metadata(self, address: str) -> tuple[tuple[str, str], ...]:
+        if not self._login.enabled:
+            return ()
+        if self._login.can_renew() and self._login.due():
+            if self._login_lock is None:
+                self._login_lock = asyncio.Lock()
+            async with self._login_lock:
+                if self._login.due():
+                    user, password = self._login.credentials()
+                    resp = await self._attempt(address, "Authenticate", pb.AuthenticateRequest(
+                        user=user, password=password), RPC_TIMEOUT, login=False)
+                    self._login.store(resp.token, resp.ttl)
+        return self._login.header()
+
+    async def _attempt(self, address: str, method: str, request: Any,
+                       deadline: float | None, login: bool = True) -> Any:
+        metadata = await self._metadata(address) if login else ()
+        conn = self._connection(address)
+        conn.busy += 1
+        try:
+            return await getattr(conn.stub, method)(request, timeout=deadline,
+                                                    metadata=metadata)
+        except grpc.RpcError as e:
+            raise core.classify(e, address, self._login, metadata) from e
+        finally:
+            conn.busy -= 1
+
+    async def _call(self, method: str, request: Any, **options: Any) -> Any:
+        return (await self._send(method, request, **options))[1]
+
+    async def _send(self, method: str, request: Any, *, rpc_timeout: float | None = RPC_TIMEOUT,
+                    retry_timeout: float | None = None, cap: float | None = None,
+                    closing: bool = False, on_retry: Any = None,
+                    keepalive: bool = False) -> tuple[str, Any]:
+        budget = self._retry_timeout if retry_timeout is None else retry_timeout
+        attempts = core.Attempts(self._routing, budget, cap, keepalive)
+        while True:
+            started = time.monotonic()
+            try:
+                response = await self._attempt(attempts.address, method, request, rpc_timeout)
+                attempts.succeeded()
+                return attempts.address, response
+            except core.Failure as failure:
+                error = failure.error
+            if self._closed and not closing:
+                raise ClientClosed() from None
+            pause = attempts.failed(error, started, time.monotonic())
+            await asyncio.sleep(pause)
+            if on_retry is not None:
+                on_retry()
+
+    # --- calls -----------------------------------------------------------------------------
+
+    async def invoke(self, class_name: str, object_name: str, method: str, *args: Any,
+                     timeout: float | None = None, **kwargs: Any) -> Any:
+        """Call ``method`` on the existing object ``object_name``; as the sync client's."""
+        return await self._invoke(class_name, object_name, method, args, kwargs, timeout, None)
+
+    async def _invoke(self, class_name: str, object_name: str, method: str,
+                      args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
+                      create: tuple[tuple[Any, ...], dict[str, Any]] | None) -> Any:
+        request = core.invoke_request(class_name, object_name, method, args, kwargs, timeout,
+                                      create)
+        request.session = await self.session()
+        request.session_secret = self._session_secret
+        request.seq = self._seqs.new()
+        try:
+            request.ack = self._seqs.ack()
+
+            def refresh_ack() -> None:
+                request.ack = self._seqs.ack()
+
+            start = time.monotonic()
+            try:
+                resp = await self._call(
+                    "Invoke", request,
+                    rpc_timeout=core.rpc_deadline(timeout, DEADLINE_MARGIN, MAX_RPC_DEADLINE),
+                    cap=None if timeout is None else start + timeout + self._retry_timeout,
+                    on_retry=refresh_ack)
+            except SessionExpired as e:
+                if not isinstance(e, ClientClosed):
+                    self._mark_expired(e)
+                raise
+            return convert.from_value(resp.result)
+        finally:
+            self._seqs.end(request.seq)
+
+    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
+        """A proxy for the object ``name`` of class ``class_name``, made with these
+        constructor arguments by its first call if it does not exist. No round trip."""
+        key = (class_name, name)
+        proxy = self._proxies.get(key)
+        if proxy is None:
+            proxy = _PROXIES.get(class_name, ObjectProxy)(self, class_name, name,
+                                                          (args, kwargs))
+            self._proxies[key] = proxy
+            while len(self._proxies) > PROXY_CACHE:
+                self._proxies.popitem(last=False)
+        return proxy
+
+    def queue(self, name: str, **kwargs: Any) -> ObjectProxy:
+        return self.object("Queue", name, **kwargs)
+
+    def lock(self, name: str, **kwargs: Any) -> LockProxy:
+        proxy = self.object("Lock", name, **kwargs)
+        assert isinstance(proxy, LockProxy)
+        return proxy
+
+    def semaphore(self, name: str, **kwargs: Any) -> SemaphoreProxy:
+        proxy = self.object("Semaphore", name, **kwargs)
+        assert isinstance(proxy, SemaphoreProxy)
+        return proxy
+
+    def barrier(self, name: str, **kwargs: Any) -> BarrierProxy:
+        proxy = self.object("Barrier", name, **kwargs)
+        assert isinstance(proxy, BarrierProxy)
+        return proxy
+
+    def latch(self, name: str, **kwargs: Any) -> ObjectProxy:
+        return self.object("CountDownLatch", name, **kwargs)
+
+    def counter(self, name: str, **kwargs: Any) -> ObjectProxy:
+        return self.object("Counter", name, **kwargs)
+
+    def election(self, name: str, **kwargs: Any) -> ObjectProxy:
+        return self.object("LeaderElection", name, **kwargs)
+
+    def rwlock(self, name: str, **kwargs: Any) -> ObjectProxy:
+        return self.object("ReadWriteLock", name, **kwargs)
+
+    async def delete_object(self, name: str) -> None:
+        for key in [k for k in self._proxies if k[1] == name]:
+            del self._proxies[key]
+        await self._call("DeleteObject", pb.DeleteObjectRequest(object_name=name))
+
+    async def register_class(self, source: str) -> dict[str, int]:
+        resp = await self._call("RegisterClass", pb.RegisterClassRequest(source=source))
+        return {c.name: c.version for c in resp.classes}
+
+    async def auth(self, op: str, **args: Any) -> Any:
+        request = pb.AuthRequest(op=op)
+        convert.fill_map(request.args, args)
+        return convert.from_value((await self._call("Auth", request)).result)
+
+    async def status(self) -> dict[str, Any]:
+        address, resp = await self._send("Status", pb.StatusRequest())
+        return {"address": address, "leader_address": resp.leader_address,
+                "is_leader": resp.is_leader, "term": resp.term,
+                "commit_index": resp.commit_index, "last_applied": resp.last_applied,
+                "object_count": resp.object_count, "waiter_count": resp.waiter_count,
+                "session_count": resp.session_count}
+
+
+class ObjectProxy:
+    """A named object; ``await proxy.method(*args, timeout=None, **kwargs)``."""
+
+    def __init__(self, client: Client, class_name: str, object_name: str,
+                 create: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> None:
+        self.client = client
+        self.class_name = class_name
+        self.object_name = object_name
+        self._create = create
+
+    def __repr__(self) -> str:
+        return f"<aio {type(self).__name__} {self.class_name} {self.object_name!r}>"
+
+    async def invoke(self, method: str, *args: Any, timeout: float | None = None,
+                     **kwargs: Any) -> Any:
+        return await self.client._invoke(self.class_name, self.object_name, method, args,
+                                         kwargs, timeout, self._create)
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        async def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+            return await self.invoke(method, *args, timeout=timeout, **kwargs)
+
+        call.__name__ = call.__qualname__ = method
+        return call
+
+
+class LockProxy(ObjectProxy):
+    """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases."""
+
+    async def acquire(self, timeout: float | None = None) -> int:
+        fence: int = await self.invoke("acquire", timeout=timeout)
+        return fence
+
+    async def release(self) -> None:
+        await self.invoke("release")
+
+    async def __aenter__(self) -> int:
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class SemaphoreProxy(ObjectProxy):
+    async def acquire(self, timeout: float | None = None) -> Any:
+        return await self.invoke("acquire", timeout=timeout)
+
+    async def release(self, n: int = 1) -> None:
+        await self.invoke("release", n)
+
+    async def __aenter__(self) -> Any:
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class BarrierProxy(ObjectProxy):
+    async def wait(self, timeout: float | None = None) -> int:
+        index: int = await self.invoke("wait", timeout=timeout)
+        return index
+
+
+_PROXIES: dict[str, type[ObjectProxy]] = {"Lock": LockProxy, "Semaphore": SemaphoreProxy,
+                                          "Barrier": BarrierProxy}

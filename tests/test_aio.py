@@ -1,0 +1,124 @@
+"""The asyncio client (gesmas.aio) against real 3-process clusters: the calls, cancellation
+that withdraws the server-side wait, many waiting tasks in one process, fail-over, TLS and
+login. The retry rules are the synchronous client's (gesmas.client.core)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gesmas.aio import Client
+from gesmas.client import AlreadyExists, Timeout
+from gesmas.server.cluster import LocalCluster
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+async def until(pred, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await pred():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+def test_calls_locks_and_barriers(cluster):
+    async def main():
+        async with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+            q = a.queue("aio-q")
+            await q.produce(b"job-1")
+            assert await b.queue("aio-q").consume(timeout=5) == b"job-1"
+            with pytest.raises(Timeout):
+                await q.consume(timeout=0.1)
+            async with a.lock("aio-lock") as fence:
+                assert fence > 0
+                waiter = asyncio.create_task(b.lock("aio-lock").acquire())
+                await until(lambda: a.lock("aio-lock").waiters(), 10)
+                assert not waiter.done()
+            assert await waiter > fence
+            await b.lock("aio-lock").release()
+            results = await asyncio.gather(*(c.barrier("aio-b", parties=3).wait(timeout=10)
+                                             for c in (a, b, a)))
+            assert sorted(results) == [0, 1, 2]
+            with pytest.raises(AlreadyExists):
+                await a.lock("aio-q").acquire()           # a Queue: said by the first call
+    run(main())
+
+
+def test_a_cancelled_consumer_takes_no_item(cluster):
+    async def main():
+        async with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+            q = a.queue("aio-cancel")
+            consumer = asyncio.create_task(q.consume())
+            await until(lambda: _waiters(a, "aio-cancel", 1))
+            consumer.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await consumer
+            await until(lambda: _waiters(a, "aio-cancel", 0))   # the wait was withdrawn
+            await b.queue("aio-cancel").produce("item")
+            assert await b.queue("aio-cancel").consume(timeout=5) == "item"
+    run(main())
+
+
+async def _waiters(c: Client, name: str, n: int) -> bool:
+    return await c.queue(name).invoke("size") >= 0 and \
+        (await c.status())["waiter_count"] == n
+
+
+def test_two_thousand_tasks_wait_in_one_process_and_nothing_is_lost(cluster):
+    n = 2000
+
+    async def main():
+        async with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+            q = a.queue("aio-many")
+            consumers = [asyncio.create_task(q.consume(timeout=90)) for _ in range(n)]
+            await until(lambda: _at_least(a, n), 60)
+            await asyncio.gather(*(b.queue("aio-many").produce(i) for i in range(n)))
+            got = await asyncio.gather(*consumers)
+            assert sorted(got) == list(range(n))
+            assert len(a._connections[next(iter(a._connections))]) >= 2   # > 1 connection
+    run(main())
+
+
+async def _at_least(c: Client, n: int) -> bool:
+    return (await c.status())["waiter_count"] >= n
+
+
+def test_a_waiting_call_survives_the_leader_dying():
+    with LocalCluster() as cl:
+        async def main():
+            async with Client(cl.addresses, retry_timeout=60) as a:
+                q = a.queue("aio-failover")
+                consumer = asyncio.create_task(q.consume(timeout=90))
+                await until(lambda: _at_least(a, 1))
+                leader = await asyncio.to_thread(cl.find_leader)
+                await asyncio.to_thread(cl.kill, leader)
+                async with Client([m.client_addr for m in cl.members if m is not leader],
+                                  retry_timeout=60) as b:
+                    await b.queue("aio-failover").produce("after")
+                assert await consumer == "after"
+        run(main())
+
+
+def test_tls_and_login():
+    with LocalCluster(secure=True) as cl:
+        async def main():
+            async with Client(cl.addresses, **cl.client_options()) as root:
+                await root.auth("user_add", name="ann", password="ann-password")
+                await root.counter("c").add(1)
+            async with Client(cl.addresses, **cl.client_options("ann", "ann-password")) as ann:
+                from gesmas.client import PermissionDenied
+                with pytest.raises(PermissionDenied):
+                    await ann.counter("c").get()
+        run(main())
+
+
+def test_the_sync_and_async_clients_share_their_rules():
+    """One implementation of routing and retries (no copy): both clients use core's."""
+    import gesmas.aio as aio
+    import gesmas.client.client as sync
+    from gesmas.client import core
+    assert "Attempts" not in vars(aio) and "Attempts" not in vars(sync)
+    assert aio.core is core and sync.core is core
