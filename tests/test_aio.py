@@ -78,7 +78,9 @@ def test_two_thousand_tasks_wait_in_one_process_and_nothing_is_lost(cluster):
             await asyncio.gather(*(b.queue("aio-many").produce(i) for i in range(n)))
             got = await asyncio.gather(*consumers)
             assert sorted(got) == list(range(n))
-            assert len(a._connections[next(iter(a._connections))]) >= 2   # > 1 connection
+            # 2000 calls on one replica: more than one connection (the server allows 1000
+            # streams on one)
+            assert max(len(pool) for pool in a._connections.values()) >= 2
     run(main())
 
 
