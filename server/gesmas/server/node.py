@@ -32,6 +32,9 @@ from .kernel.kernel import Completion
 
 log = logging.getLogger(__name__)
 
+HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
+
+
 class StateMachine:
     """What the Replica drives: the kernel plus node-local bookkeeping on the apply thread."""
 
@@ -348,6 +351,40 @@ class Node:
             except Exception:
                 log.exception("leader duty failed")
 
+    # -- health (grpc.health.v1) ----------------------------------------------------------
+
+    def serving(self, previous_commit: int) -> tuple[bool, int]:
+        """(whether this replica should be routed to, the commit index it knows now): it
+        knows a leader it can reach and has applied every entry committed at the previous
+        check (a replica that keeps up has; a lagging or partitioned one has not)."""
+        try:
+            st = self.replica.status()
+        except Exception:
+            return False, previous_commit
+        commit = int(st.get("commit_index") or 0)
+        leader = st.get("leader")
+        # an isolated follower keeps naming its old leader (pysyncobj starts no election
+        # while it reaches nobody): the leader counts only while this replica reaches it
+        reaches = leader == self.config.raft_addr or \
+            bool(st.get("peers", {}).get(leader, {}).get("connected"))
+        ok = leader is not None and reaches and \
+            int(st.get("last_applied") or 0) >= previous_commit
+        return ok, commit
+
+    async def watch_health(self, period: float = HEALTH_PERIOD) -> None:
+        from grpc_health.v1 import health_pb2
+        statuses = health_pb2.HealthCheckResponse
+        commit, last = 0, None
+        while True:
+            ok, commit = self.serving(commit)
+            if ok != last:
+                status = statuses.SERVING if ok else statuses.NOT_SERVING
+                for service in ("", "gesmas.v1.Gesmas"):
+                    await self.health.set(service, status)
+                log.info("health: %s", "SERVING" if ok else "NOT_SERVING")
+                last = ok
+            await asyncio.sleep(period)
+
     # -- running ---------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -363,12 +400,21 @@ class Node:
                                  maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
                                  interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])
         pb_grpc.add_GesmasServicer_to_server(Gateway(self), server)
+        from grpc_health.v1 import health, health_pb2_grpc
+        from grpc_reflection.v1alpha import reflection
+        from gesmas.v1 import gesmas_pb2
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (gesmas_pb2.DESCRIPTOR.services_by_name["Gesmas"].full_name,
+             "grpc.health.v1.Health", reflection.SERVICE_NAME), server)
         if c.tls_cert and c.tls_key:
             server.add_secure_port(c.client_addr, _server_credentials(c))
         else:
             server.add_insecure_port(c.client_addr)
         await server.start()
         duties = asyncio.create_task(self.duties())
+        watch_health = asyncio.create_task(self.watch_health())
         log.info("node %d serving clients on %s, raft on %s", c.node_id, c.client_addr,
                  c.raft_addr)
         print(f"gesmas node {c.node_id} ready: clients {c.client_addr}, raft {c.raft_addr}",
@@ -377,6 +423,7 @@ class Node:
             await stop.wait()
         finally:
             duties.cancel()
+            watch_health.cancel()
             await server.stop(grace=1.0)
             self.replica.destroy()
 
