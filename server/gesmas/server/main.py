@@ -37,7 +37,7 @@ def run_server(args: Any) -> int:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2
     os.makedirs(config.data_dir, exist_ok=True)
-    from .node import Node
+    from .node import Node, ReplicaFailed
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -46,7 +46,12 @@ def run_server(args: Any) -> int:
             loop.add_signal_handler(sig, stop.set)
         await Node(config).serve(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except ReplicaFailed as e:
+        print(f"gesmas: this replica can no longer apply the log ({e}); exiting",
+              file=sys.stderr)
+        return 3
     return 0
 
 

@@ -32,6 +32,10 @@ from .kernel.kernel import Completion
 
 log = logging.getLogger(__name__)
 
+class ReplicaFailed(RuntimeError):
+    """The replica stopped applying the log (Replica.fatal); the process exits with 3."""
+
+
 HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
 
 
@@ -395,7 +399,8 @@ class Node:
             self_addr=c.raft_addr, peer_addrs=[p[0] for p in c.peers], data_dir=c.data_dir,
             fresh=self.make_state_machine, restore=self.restore_state_machine,
             on_completions=lambda out: None, on_role_change=self._role_changed,
-            password=c.secret, fsync=c.fsync)
+            on_fatal=lambda exc: self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
+                stop.set), password=c.secret, fsync=c.fsync)
         server = grpc.aio.server(options=grpclimits.server_options(MAX_MESSAGE),
                                  maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
                                  interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])
@@ -421,6 +426,10 @@ class Node:
               flush=True)
         try:
             await stop.wait()
+            if self.replica.fatal is not None:
+                # a replica that can no longer apply the log must not keep answering: exit
+                # non-zero, so that `gesmas up`, systemd or Kubernetes restart it
+                raise ReplicaFailed(repr(self.replica.fatal))
         finally:
             duties.cancel()
             watch_health.cancel()
