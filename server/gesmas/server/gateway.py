@@ -142,11 +142,14 @@ class Gateway(pb_grpc.GesmasServicer):
         """Propose `cmd` and return the kernel's value, or abort the RPC with its error."""
         c = await self.node.call(cmd)
         if c.error is not None:
-            await self._abort(context, c.error)
+            raise CallFailed(c.error)
         return c.value
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
-                     leader_hint: str = "") -> None:
+                     leader_hint: str = "", request: Any = None) -> None:
+        if log.isEnabledFor(logging.INFO):
+            log.info("call failed: %s session=%s seq=%s %s", type(request).__name__,
+                     getattr(request, "session", "-"), getattr(request, "seq", "-"), error)
         status, details, trailers = wire.error_to_status(error, leader_hint)
         context.set_trailing_metadata(trailers)
         await context.abort(status, details)
@@ -331,6 +334,6 @@ class Gateway(pb_grpc.GesmasServicer):
         try:
             return await handler(request, context)
         except CallFailed as e:
-            await self._abort(context, e.error, e.leader_hint)
+            await self._abort(context, e.error, e.leader_hint, request)
         except (ValueError, TypeError) as e:     # a value the wire conversion refused
-            await self._abort(context, Error(Code.INVALID_ARGUMENT, str(e)))
+            await self._abort(context, Error(Code.INVALID_ARGUMENT, str(e)), "", request)

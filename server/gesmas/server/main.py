@@ -21,19 +21,20 @@ def ensure_hash_seed() -> None:
                   [sys.executable, "-m", "gesmas.client.cli", *sys.argv[1:]], env)
 
 
-def _setup_logging() -> None:
-    logging.basicConfig(level=os.environ.get("GESMAS_LOG", "WARNING").upper(),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def _setup_logging(node_id: int = 0, fmt: str | None = None) -> None:
+    from . import logs
+    logs.setup(node_id, os.environ.get("GESMAS_LOG", "WARNING"),
+               fmt or os.environ.get("GESMAS_LOG_FORMAT") or "text")
 
 
 def run_server(args: Any) -> int:
     """`gesmas server`: one replica in the foreground; 2 (with a message) for a bad
     configuration."""
     ensure_hash_seed()
-    _setup_logging()
     try:
         config = load_config(vars(args))
-    except ConfigError as e:
+        _setup_logging(config.node_id, getattr(args, "log_format", None))
+    except (ConfigError, ValueError) as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2
     os.makedirs(config.data_dir, exist_ok=True)
