@@ -391,6 +391,14 @@ class Node:
 
     # -- running ---------------------------------------------------------------------------
 
+    def _fatal_handler(self, stop: asyncio.Event) -> Any:
+        loop = self._loop
+        assert loop is not None
+
+        def on_fatal(exc: BaseException) -> None:      # the tick thread
+            loop.call_soon_threadsafe(stop.set)
+        return on_fatal
+
     async def serve(self, stop: asyncio.Event) -> None:
         from .replication import Replica
         self._loop = self.calls.loop = asyncio.get_running_loop()
@@ -399,8 +407,7 @@ class Node:
             self_addr=c.raft_addr, peer_addrs=[p[0] for p in c.peers], data_dir=c.data_dir,
             fresh=self.make_state_machine, restore=self.restore_state_machine,
             on_completions=lambda out: None, on_role_change=self._role_changed,
-            on_fatal=lambda exc: self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
-                stop.set), password=c.secret, fsync=c.fsync)
+            on_fatal=self._fatal_handler(stop), password=c.secret, fsync=c.fsync)
         server = grpc.aio.server(options=grpclimits.server_options(MAX_MESSAGE),
                                  maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
                                  interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])
