@@ -448,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", default=None,
                    help="allow a client port that is not loopback without TLS and auth "
                         "(anyone who reaches it can do everything)")
+    p.add_argument("--metrics-addr", metavar="HOST:PORT",
+                   help="serve Prometheus metrics over HTTP here (env GESMAS_METRICS_ADDR; "
+                        "default: off)")
     p.add_argument("--log-format", choices=["text", "json"],
                    help="one line per event as text (default) or JSON objects, for log "
                         "shippers (env GESMAS_LOG_FORMAT; the level: env GESMAS_LOG)")

@@ -77,6 +77,7 @@ class Member:
     data_dir: str
     log_path: str
     proc: subprocess.Popen[bytes] | None = None
+    metrics_addr: str = ""                 # with LocalCluster(metrics=True)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class LocalCluster:
     client_cert_auth: bool = False
     root_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     users: tuple[str, ...] = ("root",)                  # client certificates to make
+    metrics: bool = False                               # each node serves /metrics
     pki: Any = None
 
     def __post_init__(self) -> None:
@@ -113,6 +115,9 @@ class LocalCluster:
             d = os.path.join(self.data_dir, f"node{i + 1}")
             self.members.append(Member(i + 1, f"127.0.0.1:{client[i]}", f"127.0.0.1:{raft[i]}",
                                        d, os.path.join(self.data_dir, f"node{i + 1}.log")))
+        if self.metrics:
+            for m, port in zip(self.members, free_ports(len(self.members))):
+                m.metrics_addr = f"127.0.0.1:{port}"
 
     @property
     def addresses(self) -> str:
@@ -138,6 +143,8 @@ class LocalCluster:
                "--data-dir", m.data_dir]
         if not self.fsync:
             cmd.append("--unsafe-no-fsync")
+        if m.metrics_addr:
+            cmd += ["--metrics-addr", m.metrics_addr]
         if self.secure:
             cmd += ["--tls-cert", self.pki.server_cert, "--tls-key", self.pki.server_key,
                     "--root-password-file", os.path.join(self.data_dir or "", "pki",

@@ -22,7 +22,7 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 #: the keys of a --config file, as flag names with '_'
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
-        "root_password_file", "insecure")
+        "root_password_file", "insecure", "metrics_addr")
 
 
 class ConfigError(ValueError):
@@ -48,6 +48,7 @@ class NodeConfig:
     tls_client_ca: str | None = None       # CA of client certificates: mutual TLS
     root_password: str | None = None       # bootstraps auth on a new cluster (user root)
     insecure: bool = False                 # allow a non-loopback client port without auth/TLS
+    metrics_addr: str | None = None        # host:port of the Prometheus metrics (off: None)
 
 
 def is_loopback(addr: str) -> bool:
@@ -170,4 +171,5 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         checkpoint_every=_int("checkpoint_every", every),
         skip_entries=frozenset(_int("skip_entries", i) for i in skip),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
-        root_password=root_password, insecure=insecure)
+        root_password=root_password, insecure=insecure,
+        metrics_addr=pick("metrics_addr") or environ.get("GESMAS_METRICS_ADDR") or None)

@@ -331,9 +331,17 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _guard(self, context: Any, handler: Any, request: Any) -> Any:
         """Run `handler`; turn gesmas failures into the documented status codes."""
+        metrics = self.node.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+        code: str | None = None
         try:
             return await handler(request, context)
         except CallFailed as e:
+            code = e.error.code.name
             await self._abort(context, e.error, e.leader_hint, request)
         except (ValueError, TypeError) as e:     # a value the wire conversion refused
+            code = Code.INVALID_ARGUMENT.name
             await self._abort(context, Error(Code.INVALID_ARGUMENT, str(e)), "", request)
+        finally:
+            if metrics is not None:
+                metrics.observe(handler.__name__.lstrip("_"), started, code)

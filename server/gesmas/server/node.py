@@ -79,6 +79,7 @@ class Node:
         self._leader_ready = False        # leader, and its state machine is up to date
         self.replica: Any = None
         self.kernel: Kernel | None = None  # the state machine's, for local reads of auth state
+        self.metrics: Any = None           # metrics.Metrics with --metrics-addr
         self._membership_busy = False
 
     # -- the state machine side (apply thread) --------------------------------------------------
@@ -408,6 +409,10 @@ class Node:
             fresh=self.make_state_machine, restore=self.restore_state_machine,
             on_completions=lambda out: None, on_role_change=self._role_changed,
             on_fatal=self._fatal_handler(stop), password=c.secret, fsync=c.fsync)
+        if c.metrics_addr:
+            from .metrics import Metrics
+            self.metrics = Metrics(self)
+            metrics_server = self.metrics.serve(c.metrics_addr)
         server = grpc.aio.server(options=grpclimits.server_options(MAX_MESSAGE),
                                  maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
                                  interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])
@@ -440,6 +445,8 @@ class Node:
         finally:
             duties.cancel()
             watch_health.cancel()
+            if self.metrics is not None:
+                metrics_server.shutdown()
             await server.stop(grace=1.0)
             self.replica.destroy()
 

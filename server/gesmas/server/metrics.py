@@ -1,0 +1,96 @@
+"""Prometheus metrics of one replica, on its own HTTP port (`--metrics-addr`; off unless
+set). Names follow Prometheus conventions (`gesmas_..._seconds`, `_total`).
+
+Most values are read when scraped (the Raft state, the kernel's counts), so serving a call
+costs only what the gateway records about it: one histogram observation, and one counter
+increment when it fails.
+
+    gesmas_raft_is_leader, gesmas_raft_term, gesmas_raft_commit_index,
+    gesmas_raft_applied_index, gesmas_raft_peers_connected
+    gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
+    gesmas_checkpoint_index, gesmas_checkpoint_bytes
+    gesmas_rpc_duration_seconds{method}   (histogram: every RPC served by this replica)
+    gesmas_rpc_errors_total{method,code}
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .node import Node
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0, 60.0, float("inf"))
+
+
+class NodeCollector:
+    """Gauges read from the node at scrape time (on the HTTP server's thread)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        node = self.node
+        st: dict[str, Any] = {}
+        try:
+            if node.replica is not None:
+                st = node.replica.status()
+        except Exception:
+            st = {}
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            return g
+
+        yield gauge("gesmas_raft_is_leader", "1 if this replica is the Raft leader",
+                    1.0 if st.get("state") == "leader" else 0.0)
+        yield gauge("gesmas_raft_term", "current Raft term", float(st.get("term") or 0))
+        yield gauge("gesmas_raft_commit_index", "highest log index known committed",
+                    float(st.get("commit_index") or 0))
+        yield gauge("gesmas_raft_applied_index", "highest log index applied here",
+                    float(st.get("last_applied") or 0))
+        peers = st.get("peers", {})
+        yield gauge("gesmas_raft_peers_connected", "other members this replica reaches",
+                    float(sum(1 for p in peers.values() if p.get("connected"))))
+        k = node.kernel
+        if k is not None:
+            yield gauge("gesmas_sessions", "open sessions", float(len(k.sessions)))
+            yield gauge("gesmas_objects", "live objects", float(len(k.objects)))
+            yield gauge("gesmas_waiters", "calls blocked in the kernel", float(k._waiting))
+            yield gauge("gesmas_classes", "registered class names",
+                        float(len(k.registry.versions)))
+            yield gauge("gesmas_checkpoint_index", "kernel index of the last checkpoint",
+                        float(k.checkpoint_index or 0))
+            yield gauge("gesmas_checkpoint_bytes", "size of the last checkpoint",
+                        float(len(k.checkpoint_blob or b"")))
+        yield gauge("gesmas_pending_calls", "calls this replica accepted and waits on",
+                    float(len(node.calls)))
+
+
+class Metrics:
+    """The registry of one replica, and what the gateway records per RPC."""
+
+    def __init__(self, node: Node) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(NodeCollector(node))
+        self.rpc_duration = Histogram("gesmas_rpc_duration_seconds",
+                                      "time to serve an RPC on this replica", ["method"],
+                                      buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.rpc_errors = Counter("gesmas_rpc_errors_total", "RPCs that failed, by code",
+                                  ["method", "code"], registry=self.registry)
+
+    def serve(self, addr: str) -> Any:
+        host, _, port = addr.rpartition(":")
+        server, _thread = start_http_server(int(port), host.strip("[]") or "127.0.0.1",
+                                            registry=self.registry)
+        return server
+
+    def observe(self, method: str, started: float, code: str | None) -> None:
+        self.rpc_duration.labels(method).observe(time.perf_counter() - started)
+        if code is not None:
+            self.rpc_errors.labels(method, code).inc()

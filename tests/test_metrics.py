@@ -1,0 +1,49 @@
+"""Prometheus metrics (issue "Operate it"): each replica serves its own on --metrics-addr."""
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gesmas.client import Client, Timeout
+from gesmas.server.cluster import LocalCluster
+
+import pytest
+
+
+def scrape(addr: str) -> dict[str, list]:
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(families: dict, name: str, **labels: str) -> float:
+    for samples in families.values():
+        for s in samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError((name, labels))
+
+
+def test_each_replica_serves_its_metrics():
+    with LocalCluster(metrics=True) as cl:
+        with Client(cl.addresses) as c:
+            c.queue("m").produce(1)
+            with pytest.raises(Timeout):
+                c.queue("m2").consume(timeout=0)
+            leader = cl.find_leader()
+            cl.wait_caught_up(cl.members[0])
+            all_metrics = {m.node_id: scrape(m.metrics_addr) for m in cl.members}
+        for node_id, f in all_metrics.items():
+            for name in ("gesmas_raft_is_leader", "gesmas_raft_term", "gesmas_raft_commit_index",
+                         "gesmas_raft_applied_index", "gesmas_sessions", "gesmas_objects",
+                         "gesmas_waiters", "gesmas_pending_calls", "gesmas_checkpoint_bytes",
+                         "gesmas_rpc_duration_seconds", "gesmas_rpc_errors"):
+                assert name in f, (node_id, name)
+            assert value(f, "gesmas_raft_is_leader") == (1.0 if node_id == leader.node_id
+                                                         else 0.0)
+            assert value(f, "gesmas_objects") >= 2 and value(f, "gesmas_raft_term") >= 1
+        lf = all_metrics[leader.node_id]
+        assert value(lf, "gesmas_rpc_duration_seconds_count", method="invoke") >= 2
+        assert value(lf, "gesmas_rpc_errors_total", method="invoke", code="TIMEOUT") == 1
+        assert value(lf, "gesmas_raft_peers_connected") == 2
