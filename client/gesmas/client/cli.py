@@ -318,6 +318,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     return int(_node().run_up(args) or 0)
 
 
+def cmd_certs(args: argparse.Namespace) -> int:
+    try:
+        certs = importlib.import_module("gesmas.server.certs")
+    except ImportError as e:
+        raise GesmasError(f"the server is not available in this installation: {e}") from None
+    pki = certs.make_pki(args.dir, users=args.users, hosts=args.hosts, days=args.days)
+    print(f"CA {pki.ca_cert}; server {pki.server_cert} / {pki.server_key}")
+    for user, (cert, key) in pki.clients.items():
+        print(f"client {user}: {cert} / {key}")
+    return 0
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     # flags, --config file and environment are merged by gesmas.server.config, in one place
     return int(_node().run_server(args) or 0)
@@ -409,6 +421,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_auth_commands(sub, common)
 
+    p = sub.add_parser("certs", help="make a throw-away CA and certificates",
+                       description="Write a CA, a server certificate for HOSTS and client "
+                                   "certificates for USERS into DIR (for tests, demos and "
+                                   "deploy/compose.yaml; use your own PKI in production).")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--hosts", type=_comma_list, default=["127.0.0.1", "localhost", "::1"],
+                   help="names and addresses the server certificate is valid for")
+    p.add_argument("--users", type=_comma_list, default=["root"],
+                   help="client certificates to make (their common names)")
+    p.add_argument("--days", type=int, default=365)
+    p.set_defaults(func=cmd_certs)
+
     p = sub.add_parser("up", help="run a local cluster in the foreground",
                        description="Start NODES server processes on 127.0.0.1 and wait.")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default %(default)s)")
@@ -424,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("server", help="run one server node",
                        description="Run one node. Flags override the --config file.")
-    p.add_argument("--id", type=int, help="node id")
+    p.add_argument("--id", help="node id: an integer, or from-hostname (the ordinal at the "
+                                "end of the host name + 1, for a StatefulSet); env GESMAS_ID")
     p.add_argument("--config", metavar="FILE",
                    help="JSON object with the same keys as the flags (client_addr, ...)")
     p.add_argument("--client-addr", metavar="HOST:PORT", help="gRPC address for clients")
@@ -434,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "client address lets this node tell clients where the leader is)")
     p.add_argument("--data-dir", metavar="DIR", help="journal and snapshot directory")
     p.add_argument("--secret", help="cluster secret (default: env GESMAS_CLUSTER_SECRET)")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="read the cluster secret from FILE (a Docker or Kubernetes secret; "
+                        "env GESMAS_SECRET_FILE)")
     p.add_argument("--unsafe-no-fsync", action="store_true", default=None,
                    help="do not fsync the journal (fast, loses data on power failure)")
     p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate of the client port "

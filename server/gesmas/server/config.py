@@ -1,9 +1,8 @@
 """A replica's configuration: one frozen object, parsed in one place.
 
-Sources, highest precedence first: command-line flags, the `--config` JSON file (keys as the
-flags, with `_` or `-`), environment variables (`GESMAS_CLUSTER_SECRET`,
-`GESMAS_CHECKPOINT_EVERY`, `GESMAS_TLS_CERT`, `GESMAS_TLS_KEY`, `GESMAS_TLS_CLIENT_CA`,
-`GESMAS_ROOT_PASSWORD_FILE`, `GESMAS_INSECURE`), defaults. `load` checks what it can before
+Sources, highest precedence first, the same for every key: command-line flags, the `--config`
+JSON file (keys as the flags, with `_` or `-`), environment variables (`GESMAS_<KEY>`, e.g.
+`GESMAS_CLIENT_ADDR`, `GESMAS_TLS_CERT`; the secret is `GESMAS_CLUSTER_SECRET`), defaults. `load` checks what it can before
 anything starts: the required addresses, unknown keys, types, that there is a cluster secret
 (always: the Raft port authenticates every frame with it), and that a client port that is not
 loopback has TLS and a root password (or --insecure).
@@ -22,7 +21,7 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 #: the keys of a --config file, as flag names with '_'
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
-        "root_password_file", "insecure", "metrics_addr")
+        "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format")
 
 
 class ConfigError(ValueError):
@@ -49,6 +48,7 @@ class NodeConfig:
     root_password: str | None = None       # bootstraps auth on a new cluster (user root)
     insecure: bool = False                 # allow a non-loopback client port without auth/TLS
     metrics_addr: str | None = None        # host:port of the Prometheus metrics (off: None)
+    log_format: str = "text"               # or "json" (logs.py)
 
 
 def is_loopback(addr: str) -> bool:
@@ -113,27 +113,62 @@ def _int(name: str, value: Any) -> int:
         raise ConfigError(f"{name} must be an integer, not {value!r}") from None
 
 
+#: environment variable of each key: GESMAS_<KEY>, but for the secret's historic name
+ENV = {key: f"GESMAS_{key.upper()}" for key in KEYS} | {"secret": "GESMAS_CLUSTER_SECRET"}
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _id(value: Any) -> int:
+    """A node id: an integer, or "from-hostname": the ordinal at the end of the host name
+    plus one (a Kubernetes StatefulSet's pod gesmas-2 is node 3)."""
+    if value == "from-hostname":
+        import socket
+        tail = socket.gethostname().rsplit("-", 1)[-1]
+        if not tail.isdigit():
+            raise ConfigError(f"id from-hostname: the host name {socket.gethostname()!r} "
+                              "does not end with -<ordinal>")
+        return int(tail) + 1
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"id must be an integer or from-hostname, not {value!r}")
+    return value
+
+
 def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> NodeConfig:
     """The configuration from parsed flags (a mapping with the KEYS as names, None or missing
-    when not given, plus "config", the file's path) and the environment."""
+    when not given, plus "config", the file's path) and the environment. Every key has one
+    precedence order: the flag, else the --config file, else the environment (ENV), else
+    the default."""
     file = read_file(flags["config"]) if flags.get("config") else {}
 
     def pick(name: str, default: Any = None) -> Any:
         v = flags.get(name)
-        return v if v not in (None, "", []) else file.get(name, default)
+        if v not in (None, "", []):
+            return v
+        if name in file:
+            return file[name]
+        return environ.get(ENV[name]) or default
+
+    def flag(name: str) -> bool:
+        v = pick(name, False)
+        return v.strip().lower() in _TRUE if isinstance(v, str) else bool(v)
 
     node_id, client_addr, raft_addr = pick("id"), pick("client_addr"), pick("raft_addr")
     if node_id is None or client_addr is None or raft_addr is None:
         raise ConfigError("--id, --client-addr and --raft-addr are required (or a --config "
-                          "file with id, client_addr, raft_addr, peers, data_dir)")
-    if isinstance(node_id, bool) or not isinstance(node_id, int):
-        raise ConfigError(f"id must be an integer, not {node_id!r}")
-    peers = _peers(pick("peers", []))
-    secret = pick("secret") or environ.get("GESMAS_CLUSTER_SECRET") or None
+                          "file with id, client_addr, raft_addr, peers, data_dir, or "
+                          "GESMAS_ID, GESMAS_CLIENT_ADDR, GESMAS_RAFT_ADDR)")
+    node_id = _id(node_id)
+    # the node itself may be listed (one --peers for every node, as in Kubernetes): dropped
+    peers = tuple(p for p in _peers(pick("peers", [])) if p[0] != raft_addr)
+    secret = pick("secret") or None
+    secret_file = pick("secret_file")
+    if not secret and secret_file:
+        secret = _read_secret("secret_file", secret_file, 16)
     require_secret(secret)
-    tls_cert = pick("tls_cert") or environ.get("GESMAS_TLS_CERT") or None
-    tls_key = pick("tls_key") or environ.get("GESMAS_TLS_KEY") or None
-    client_ca = pick("tls_client_ca") or environ.get("GESMAS_TLS_CLIENT_CA") or None
+    tls_cert, tls_key = pick("tls_cert") or None, pick("tls_key") or None
+    client_ca = pick("tls_client_ca") or None
     if bool(tls_cert) != bool(tls_key) or (client_ca and not tls_cert):
         raise ConfigError("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only "
                           "with them)")
@@ -141,19 +176,9 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
                        ("tls_client_ca", client_ca)):
         if path and not os.path.isfile(path):
             raise ConfigError(f"{name}: no such file {path!r}")
-    root_file = pick("root_password_file") or environ.get("GESMAS_ROOT_PASSWORD_FILE") or None
-    root_password = None
-    if root_file:
-        try:
-            with open(root_file, encoding="utf-8") as f:
-                root_password = f.read().rstrip("\r\n")
-        except OSError as e:
-            raise ConfigError(f"root_password_file: {e}") from None
-        if len(root_password) < 8:
-            raise ConfigError("root_password_file: the root password must have at least 8 "
-                              "characters")
-    insecure = bool(pick("insecure", False)) or environ.get("GESMAS_INSECURE", "") in (
-        "1", "true", "yes")
+    root_file = pick("root_password_file") or None
+    root_password = _read_secret("root_password_file", root_file, 8) if root_file else None
+    insecure = flag("insecure")
     if not is_loopback(str(client_addr)) and not insecure and not (tls_cert and root_password):
         raise ConfigError(
             f"the client port {client_addr} is not loopback: give it TLS (--tls-cert, "
@@ -161,15 +186,28 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
             "cluster), or run it open with --insecure (anyone who reaches the port can do "
             "everything)")
     skip = pick("skip_entries") or ()
+    if isinstance(skip, str):
+        skip = [x for x in skip.split(",") if x.strip()]
     if not isinstance(skip, (list, tuple)):
         raise ConfigError(f"skip_entries must be a list of log indices, not {skip!r}")
-    every = pick("checkpoint_every", environ.get("GESMAS_CHECKPOINT_EVERY") or 20_000)
     return NodeConfig(
         node_id=node_id, client_addr=str(client_addr), raft_addr=str(raft_addr), peers=peers,
         data_dir=str(pick("data_dir") or f"gesmas-data-{node_id}"), secret=secret,
-        fsync=not bool(pick("unsafe_no_fsync", False)),
-        checkpoint_every=_int("checkpoint_every", every),
+        fsync=not flag("unsafe_no_fsync"),
+        checkpoint_every=_int("checkpoint_every", pick("checkpoint_every", 20_000)),
         skip_entries=frozenset(_int("skip_entries", i) for i in skip),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
         root_password=root_password, insecure=insecure,
-        metrics_addr=pick("metrics_addr") or environ.get("GESMAS_METRICS_ADDR") or None)
+        metrics_addr=pick("metrics_addr") or None,
+        log_format=str(pick("log_format") or "text"))
+
+
+def _read_secret(name: str, path: Any, minimum: int) -> str:
+    try:
+        with open(str(path), encoding="utf-8") as f:
+            value = f.read().rstrip("\r\n")
+    except OSError as e:
+        raise ConfigError(f"{name}: {e}") from None
+    if len(value) < minimum:
+        raise ConfigError(f"{name}: it must hold at least {minimum} characters")
+    return value

@@ -32,7 +32,7 @@ def run_server(args: Any) -> int:
     ensure_hash_seed()
     try:
         config = load_config(vars(args))
-        _setup_logging(config.node_id, getattr(args, "log_format", None))
+        _setup_logging(config.node_id, config.log_format)
     except (ConfigError, ValueError) as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2
