@@ -9,6 +9,9 @@ run: $(VENV)/.installed
 	$(PY) -m gesmas.server.demo
 
 test: $(VENV)/.installed
+	@# the status page is tested in a real headless browser (Debian's chromium)
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) \
+		|| echo "make test: could not install chromium; tests/test_status_page.py will fail"
 	$(PY) protos/generate.py --check
 	$(PY) -m pytest -q -p no:cacheprovider
 	# the fault and membership suites again, with TLS and auth on (tests/rawgrpc.py)

@@ -1,5 +1,5 @@
 """Prometheus metrics of one replica, on its own HTTP port (`--metrics-addr`; off unless
-set). Names follow Prometheus conventions (`gesmas_..._seconds`, `_total`).
+set), which also serves the status page (statuspage.py). Names follow Prometheus conventions (`gesmas_..._seconds`, `_total`).
 
 Most values are read when scraped (the Raft state, the kernel's counts), so serving a call
 costs only what the gateway records about it: one histogram observation, and one counter
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,6 +76,7 @@ class Metrics:
     """The registry of one replica, and what the gateway records per RPC."""
 
     def __init__(self, node: Node) -> None:
+        self.node = node
         self.registry = CollectorRegistry()
         self.registry.register(NodeCollector(node))
         self.rpc_duration = Histogram("gesmas_rpc_duration_seconds",
@@ -85,9 +86,47 @@ class Metrics:
                                   ["method", "code"], registry=self.registry)
 
     def serve(self, addr: str) -> Any:
+        """Serve /metrics, /status (the status page) and /status.json on `addr` from a
+        daemon thread; returns the server (``shutdown()`` stops it)."""
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from . import statuspage
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
+                elif path in ("/", "/status", "/status/"):
+                    self._send(200, "text/html; charset=utf-8",
+                               statuspage.PAGE.encode("utf-8"))
+                elif path in ("/status.json", "/status/status.json"):
+                    body = json.dumps(statuspage.snapshot(metrics.node)).encode("utf-8")
+                    self._send(200, "application/json", body)
+                else:
+                    self._send(404, "text/plain", b"not found: /metrics, /status\n")
+
+            def _send(self, code: int, kind: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass                                  # no access log on stderr
+
         host, _, port = addr.rpartition(":")
-        server, _thread = start_http_server(int(port), host.strip("[]") or "127.0.0.1",
-                                            registry=self.registry)
+        server = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="gesmas-metrics",
+                         daemon=True).start()
         return server
 
     def observe(self, method: str, started: float, code: str | None) -> None:

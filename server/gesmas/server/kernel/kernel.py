@@ -170,7 +170,8 @@ class Kernel:
             raise KernelError(Code.INVALID_ARGUMENT, "user and secret must be strings")
         self.auth.authenticated(cmd.user)
         self._within(cmd.user, "sessions")
-        self.sessions[self.index] = Session(self.index, float(ttl), cmd.user, cmd.secret)
+        self.sessions[self.index] = Session(self.index, float(ttl), cmd.user, cmd.secret,
+                                            self.now)
         self.usage.add(cmd.user, "sessions", 1)
         self.session_changes.append((self.index, float(ttl), cmd.secret))
         self._complete(cmd.tag, self.index)

@@ -45,11 +45,13 @@ class Config:
 
 class Session:
     __slots__ = ("id", "ttl", "results", "acked", "dropped", "touched", "inflight", "user",
-                 "secret")
+                 "secret", "opened")
 
-    def __init__(self, sid: int, ttl: float, user: str = "", secret: str = "") -> None:
+    def __init__(self, sid: int, ttl: float, user: str = "", secret: str = "",
+                 opened: float = 0.0) -> None:
         self.id = sid
         self.ttl = ttl
+        self.opened = opened                     # kernel time when it was opened
         self.user = user                         # who opened it (auth), "" for nobody
         self.secret = secret                     # must accompany every use of the session
         self.results: dict[int, tuple[Any, Error | None]] = {}
@@ -61,13 +63,15 @@ class Session:
     def __getstate__(self) -> tuple[Any, ...]:
         return (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
                 [(seq, r.index, r.tags) for seq, r in self.inflight.items()], self.user,
-                self.secret)
+                self.secret, self.opened)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         if len(state) == 7:                      # a checkpoint from before auth
             state = (*state, "", "")
+        if len(state) == 9:                      # ... from before the open time
+            state = (*state, 0.0)
         (self.id, self.ttl, self.results, self.acked, self.dropped, self.touched,
-         inflight, self.user, self.secret) = state
+         inflight, self.user, self.secret, self.opened) = state
         if inflight:
             raise ValueError("a checkpoint cannot hold requests in flight")
         self.inflight = {}
