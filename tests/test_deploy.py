@@ -104,3 +104,14 @@ def test_the_statefulset_derives_the_node_id_from_the_pod_ordinal(tmp_path, monk
     monkeypatch.setattr(socket, "gethostname", lambda: "gesmas")
     with pytest.raises(server_config.ConfigError, match="ordinal"):
         server_config.load(flags, env)
+
+
+def test_the_grafana_dashboard_uses_only_metrics_a_replica_serves():
+    import gesmas.server.metrics as metrics_mod
+    dash = json.loads(text("grafana-dashboard.json"))
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {re.sub(r"_(bucket|count|sum)$", "", m)
+            for e in exprs for m in re.findall(r"\bgesmas_[a-z_]+\b", e)}
+    served = set(re.findall(r"\"(gesmas_[a-z_]+)\"", Path(metrics_mod.__file__).read_text()))
+    served = {re.sub(r"_total$", "", s) for s in served} | served
+    assert used and used <= served, sorted(used - served)

@@ -32,13 +32,18 @@ def test_each_replica_serves_its_metrics():
             with pytest.raises(Timeout):
                 c.queue("m2").consume(timeout=0)
             leader = cl.find_leader()
-            cl.wait_caught_up(cl.members[0])
+            for m in cl.members:
+                cl.wait_caught_up(m)
             all_metrics = {m.node_id: scrape(m.metrics_addr) for m in cl.members}
         for node_id, f in all_metrics.items():
             for name in ("gesmas_raft_is_leader", "gesmas_raft_term", "gesmas_raft_commit_index",
                          "gesmas_raft_applied_index", "gesmas_sessions", "gesmas_objects",
                          "gesmas_waiters", "gesmas_pending_calls", "gesmas_checkpoint_bytes",
-                         "gesmas_rpc_duration_seconds", "gesmas_rpc_errors"):
+                         "gesmas_rpc_duration_seconds", "gesmas_rpc_errors",
+                         "gesmas_invocation_duration_seconds", "gesmas_proposal_apply_seconds",
+                         "gesmas_journal_fsync_seconds", "gesmas_journal_bytes",
+                         "gesmas_checkpoint_seconds", "gesmas_raft_role_changes",
+                         "gesmas_sessions_expired"):
                 assert name in f, (node_id, name)
             assert value(f, "gesmas_raft_is_leader") == (1.0 if node_id == leader.node_id
                                                          else 0.0)
@@ -47,3 +52,9 @@ def test_each_replica_serves_its_metrics():
         assert value(lf, "gesmas_rpc_duration_seconds_count", method="invoke") >= 2
         assert value(lf, "gesmas_rpc_errors_total", method="invoke", code="TIMEOUT") == 1
         assert value(lf, "gesmas_raft_peers_connected") == 2
+        assert value(lf, "gesmas_invocation_duration_seconds_count", class_name="Queue",
+                     method="produce") == 1
+        assert value(lf, "gesmas_proposal_apply_seconds_count") >= 2
+        assert value(lf, "gesmas_journal_fsync_seconds_count") >= 1
+        assert value(lf, "gesmas_journal_bytes") > 0
+        assert value(lf, "gesmas_raft_role_changes_total") >= 1

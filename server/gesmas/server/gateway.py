@@ -209,7 +209,13 @@ class Gateway(pb_grpc.GesmasServicer):
             timeout=timeout, secret=request.session_secret, user=self._user(context),
             create=request.create, ctor_args=values.from_values(request.ctor_args),
             ctor_kwargs=values.from_value_map(request.ctor_kwargs))
-        value = await self._answer(context, cmd)
+        started = time.perf_counter()
+        try:
+            value = await self._answer(context, cmd)
+        finally:
+            if self.node.metrics is not None:
+                self.node.metrics.invoked(request.class_name or "?", request.method,
+                                          time.perf_counter() - started)
         return pb.InvokeResponse(result=values.to_value(value, "result"))
 
     async def CreateObject(self, request: Any, context: Any) -> Any:

@@ -70,6 +70,10 @@ class NodeCollector:
                         float(len(k.checkpoint_blob or b"")))
         yield gauge("gesmas_pending_calls", "calls this replica accepted and waits on",
                     float(len(node.calls)))
+        journal = getattr(node.replica, "_journal", None)
+        if journal is not None:
+            yield gauge("gesmas_journal_bytes", "size of the Raft journal file",
+                        float(journal.size))
 
 
 class Metrics:
@@ -84,6 +88,36 @@ class Metrics:
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rpc_errors = Counter("gesmas_rpc_errors_total", "RPCs that failed, by code",
                                   ["method", "code"], registry=self.registry)
+        self.invocations = Histogram("gesmas_invocation_duration_seconds",
+                                     "Invoke calls served here, by class and method",
+                                     ["class_name", "method"], buckets=LATENCY_BUCKETS,
+                                     registry=self.registry)
+        self._labels: set[tuple[str, str]] = set()
+        self.proposal = Histogram("gesmas_proposal_apply_seconds",
+                                  "from proposing a call's command to applying it here",
+                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.fsync = Histogram("gesmas_journal_fsync_seconds",
+                               "one write + fsync of the Raft journal",
+                               buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.checkpoint = Histogram("gesmas_checkpoint_seconds",
+                                    "applying a Checkpoint command (interrupt, pickle, re-run)",
+                                    buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.leader_changes = Counter("gesmas_raft_role_changes_total",
+                                      "times this replica's view of the leader changed",
+                                      registry=self.registry)
+        self.sessions_expired = Counter("gesmas_sessions_expired_total",
+                                        "sessions ended by their TTL", registry=self.registry)
+
+    MAX_LABELS = 1000          # (class, method) pairs; beyond: ("other", "other")
+
+    def invoked(self, class_name: str, method: str, seconds: float) -> None:
+        key = (class_name, method)
+        if key not in self._labels:
+            if len(self._labels) >= self.MAX_LABELS:
+                key = ("other", "other")
+            else:
+                self._labels.add(key)
+        self.invocations.labels(*key).observe(seconds)
 
     def serve(self, addr: str) -> Any:
         """Serve /metrics, /status (the status page) and /status.json on `addr` from a

@@ -61,6 +61,16 @@ class StateMachine:
         except BaseException as e:       # DecodeError, RecursionError on deep nesting...
             log.error("log entry %d is not a command: %s", index, type(e).__name__)
             return []
+        metrics = self.node.metrics
+        if metrics is not None and isinstance(cmd, (codec.Checkpoint, codec.ExpireSession)):
+            started = time.perf_counter()
+            out = self.kernel.apply(index, cmd)
+            if isinstance(cmd, codec.Checkpoint):
+                metrics.checkpoint.observe(time.perf_counter() - started)
+            elif not out or out[0].error is None:
+                metrics.sessions_expired.inc()
+            self.node._applied(index, cmd, out, self.kernel, self.deliver)
+            return out
         out = self.kernel.apply(index, cmd)
         self.node._applied(index, cmd, out, self.kernel, self.deliver)
         return out
@@ -110,10 +120,14 @@ class Node:
 
     async def call(self, cmd: codec.Command) -> Completion:
         """Propose `cmd` and wait for its completion on this replica."""
-        fut = self.calls.open(cmd.tag, time.monotonic())
+        proposed = time.monotonic()
+        fut = self.calls.open(cmd.tag, proposed)
         try:
             self._propose(cmd)
-            return await fut
+            done = await fut
+            if self.metrics is not None and not isinstance(cmd, codec.Query):
+                self.metrics.proposal.observe(time.monotonic() - proposed)
+            return done
         except asyncio.CancelledError:
             if isinstance(cmd, codec.Invoke):     # the caller went away: withdraw its wait
                 try:
@@ -154,6 +168,8 @@ class Node:
 
     def _role_changed(self, is_leader: bool, leader: str | None) -> None:
         self._leader_ready = is_leader
+        if self.metrics is not None:
+            self.metrics.leader_changes.inc()
 
     # -- sessions and leadership -----------------------------------------------------------
 
@@ -413,6 +429,7 @@ class Node:
             from .metrics import Metrics
             self.metrics = Metrics(self)
             metrics_server = self.metrics.serve(c.metrics_addr)
+            self.replica._journal.on_sync = self.metrics.fsync.observe
         server = grpc.aio.server(options=grpclimits.server_options(MAX_MESSAGE),
                                  maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
                                  interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])

@@ -38,8 +38,9 @@ import fcntl
 import logging
 import os
 import struct
+import time
 import zlib
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from pysyncobj.journal import Journal
 
@@ -108,6 +109,7 @@ class DurableJournal(Journal):
         self._voted_for: Optional[str] = None
         self._meta_dirty = False
         self.syncs = 0  # statistics: number of sync() calls that wrote or fsynced
+        self.on_sync: Any = None  # called with the seconds each sync() took (metrics)
         self.synced_records = 0  # records made durable by those syncs
         self._pending_records = 0
         self._load_meta()
@@ -182,6 +184,7 @@ class DurableJournal(Journal):
         """Write buffered records and fsync once. Returns True if anything was done."""
         if not self._pending and not self._needs_fsync:
             return False
+        started = time.perf_counter()
         if self._pending:
             os.lseek(self._fd, self._written_end, os.SEEK_SET)
             _write_all(self._fd, bytes(self._pending))
@@ -192,7 +195,14 @@ class DurableJournal(Journal):
         self.syncs += 1
         self.synced_records += self._pending_records
         self._pending_records = 0
+        if self.on_sync is not None:
+            self.on_sync(time.perf_counter() - started)
         return True
+
+    @property
+    def size(self) -> int:
+        """Bytes of the journal file, buffered records included."""
+        return self._end
 
     def _store_meta(self) -> None:
         self.sync()  # the stored commit index never runs ahead of the durable log
