@@ -46,8 +46,12 @@ def run_server(args: Any) -> int:
             loop.add_signal_handler(sig, stop.set)
         await Node(config).serve(stop)
 
+    from .replication.journal import JournalError
     try:
         asyncio.run(main())
+    except JournalError as e:
+        print(f"gesmas: cannot open the journal: {e}", file=sys.stderr)
+        return 3
     except ReplicaFailed as e:
         print(f"gesmas: this replica can no longer apply the log ({e}); exiting",
               file=sys.stderr)

@@ -58,6 +58,10 @@ class StateMachine:
     def apply(self, index: int, data: bytes) -> list[Completion]:
         try:
             cmd = codec.decode(data)
+        except codec.UnknownFormat:
+            # written by a newer gesmas: skipping it would make this replica diverge. The
+            # Replica stops (fatal), the process exits 3 (README "Rolling upgrades").
+            raise
         except BaseException as e:       # DecodeError, RecursionError on deep nesting...
             log.error("log entry %d is not a command: %s", index, type(e).__name__)
             return []

@@ -31,6 +31,11 @@ class DecodeError(ValueError):
     """The bytes are not a command of a version this kernel understands."""
 
 
+class UnknownFormat(DecodeError):
+    """The command was written by a gesmas with a newer command format: a replica must stop
+    rather than skip or misread it (node.py)."""
+
+
 class NotPlainValue(TypeError):
     """A value (an argument or result) holds something other than a plain value."""
 
@@ -365,8 +370,8 @@ def decode(data: bytes) -> Command:
     if not data:
         raise DecodeError("empty command")
     if data[0] not in (1, FORMAT_VERSION):
-        raise DecodeError(f"command format version {data[0]} is not supported "
-                          f"(this kernel reads versions 1 and {FORMAT_VERSION})")
+        raise UnknownFormat(f"command format version {data[0]} is not supported (this gesmas "
+                            f"reads versions 1 and {FORMAT_VERSION}): upgrade this replica")
     items, pos = _decode_checked(data, 1, "command")
     if pos != len(data) or type(items) is not list or len(items) < 3:
         raise DecodeError("malformed command envelope")

@@ -112,8 +112,12 @@ class DurableJournal(Journal):
         self.on_sync: Any = None  # called with the seconds each sync() took (metrics)
         self.synced_records = 0  # records made durable by those syncs
         self._pending_records = 0
-        self._load_meta()
-        self._fd = self._open_log()
+        try:
+            self._load_meta()
+            self._fd = self._open_log()
+        except BaseException:              # refused (corrupt, newer format): unlock the dir
+            os.close(self._lock_fd)
+            raise
 
     # ----------------------------------------------------------------- loading
     def _open_log(self) -> int:
@@ -129,6 +133,11 @@ class DurableJournal(Journal):
             return fd
         if not data.startswith(MAGIC):
             os.close(fd)
+            if data.startswith(MAGIC[:-1]):
+                raise JournalError(
+                    f"{self._path}: journal format {data[len(MAGIC) - 1:len(MAGIC)]!r} is not "
+                    f"the one this gesmas reads ({MAGIC[-1:]!r}): run the gesmas version that "
+                    "wrote it, or a newer one")
             raise JournalError(f"{self._path}: not a gesmas journal")
         pos = len(MAGIC)
         while pos + _REC.size <= len(data):

@@ -290,7 +290,9 @@ class Replica:
             if self._journal.fsync_enabled:
                 fsync_dir(os.path.dirname(os.path.abspath(filename)))
             if payload.get("format") != _SNAPSHOT_FORMAT:
-                raise ValueError(f"unknown snapshot format {payload.get('format')!r}")
+                raise ValueError(f"snapshot format {payload.get('format')!r} is not the one "
+                                 f"this gesmas reads ({_SNAPSHOT_FORMAT}): run the gesmas "
+                                 "version that wrote it, or a newer one")
             blob = payload["checkpoint_blob"]
             sm = self._restore(blob) if blob is not None else self._fresh()
             commands = list(payload["commands"])

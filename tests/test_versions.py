@@ -1,0 +1,54 @@
+"""Rolling upgrades need formats a replica can tell apart: a log entry, journal or snapshot
+written by a newer gesmas is refused with a clear message (the replica stops, exit 3),
+never skipped or misread."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from gesmas.server.cluster import free_ports
+from gesmas.server.config import HASH_SEED
+from gesmas.server.kernel import OpenSession, codec
+from gesmas.server.node import Node
+from gesmas.server.config import NodeConfig
+from gesmas.server.replication.journal import LOG_NAME, DurableJournal, JournalError
+
+
+def test_a_newer_command_format_stops_the_state_machine_instead_of_being_skipped():
+    data = bytearray(codec.encode(OpenSession(ttl=5.0)))
+    data[0] = 9
+    with pytest.raises(codec.UnknownFormat, match="format version 9"):
+        codec.decode(bytes(data))
+    sm = Node(NodeConfig(1, "127.0.0.1:1", "127.0.0.1:2", (), "/tmp/x", "s")) \
+        .make_state_machine()
+    with pytest.raises(codec.UnknownFormat):
+        sm.apply(1, bytes(data))
+    assert sm.apply(2, b"\x02garbage") == []          # malformed (not newer): skipped
+
+
+def test_a_newer_journal_format_is_named(tmp_path):
+    (tmp_path / LOG_NAME).write_bytes(b"GESMASJ2" + b"\0" * 64)
+    with pytest.raises(JournalError, match="journal format b'2' is not the one"):
+        DurableJournal(str(tmp_path))
+    (tmp_path / LOG_NAME).write_bytes(b"something else entirely")
+    with pytest.raises(JournalError, match="not a gesmas journal"):
+        DurableJournal(str(tmp_path))
+
+
+def test_a_replica_refuses_a_snapshot_of_a_newer_format_and_exits_3(tmp_path):
+    data = tmp_path / "d"
+    data.mkdir()
+    with open(data / "snapshot.bin", "wb") as f:
+        pickle.dump({"format": 99}, f)
+    client, raft = free_ports(2)
+    out = subprocess.run(
+        [sys.executable, "-m", "gesmas.client.cli", "server", "--id", "1", "--client-addr",
+         f"127.0.0.1:{client}", "--raft-addr", f"127.0.0.1:{raft}", "--data-dir", str(data),
+         "--secret", "s"], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONHASHSEED=HASH_SEED), stdin=subprocess.DEVNULL)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "snapshot format 99 is not the one this gesmas reads" in out.stderr
