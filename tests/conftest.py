@@ -2,6 +2,8 @@
 ports, shared by a test module and stopped by pid even when a test fails."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from gesmas.server.cluster import LocalCluster
@@ -15,3 +17,12 @@ def cluster():
         yield c
     finally:
         c.stop()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A SIGTERM to pytest (a CI timeout, `kill`) runs the fixtures' teardown like Ctrl-C does,
+# so the clusters they started are stopped by pid instead of left running.
+signal.signal(signal.SIGTERM, _interrupt)
