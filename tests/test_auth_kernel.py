@@ -326,3 +326,12 @@ def test_invoke_with_create_is_get_or_create_in_one_command():
     bad = Invoke(session=sa, seq=3, name="a/bad", method="put", args=[1], class_name="Buf",
                  create=True, ctor_args=[1, 2], user="alice", secret="sec", tag=h.tag())
     assert code_of(h.apply(bad)[bad.tag]) == Code.INVALID_ARGUMENT   # constructor arguments
+
+
+def test_a_listing_shows_only_the_objects_a_user_may_use():
+    h = secured()
+    for name in ("a/mine", "b/theirs"):
+        assert h.run(CreateObject(class_name="Buf", name=name, user="root")).error is None
+    names = {u: sorted(o["name"] for o in h.run(Query(what="objects", user=u)).value)
+             for u in ("root", "alice", "bob")}
+    assert names == {"root": ["a/mine", "b/theirs"], "alice": ["a/mine"], "bob": []}

@@ -108,6 +108,17 @@ class AuthState:
         raise KernelError(Code.PERMISSION_DENIED, f"user {user!r} may not {what} (no role of "
                           f"it grants {action!r} on a prefix of that name)", "PermissionDenied")
 
+    def visible(self, user: Any, name: str) -> bool:
+        """Whether `user` may see the object `name` in a listing: it may invoke, create or
+        delete it (everyone when auth is off)."""
+        if not self.enabled or self.is_root(user):
+            return True
+        u = self.users.get(user) if type(user) is str else None
+        if u is None:
+            return False
+        return any(act in ("invoke", "create", "delete") and name.startswith(prefix)
+                   for role in u["roles"] for act, prefix in self.roles.get(role, ()))
+
     def quota(self, user: str, what: str, default: dict[str, int]) -> int | None:
         """The user's limit for `what`, None for none (root)."""
         u = self.users.get(user)

@@ -770,7 +770,8 @@ class Kernel:
             for r in self._blocked():
                 waiting[r.obj] = waiting.get(r.obj, 0) + 1
             value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
-                      "waiters": waiting.get(n, 0)} for n, r in self.objects.items()]
+                      "waiters": waiting.get(n, 0)} for n, r in self.objects.items()
+                     if self.auth.visible(cmd.user, n)]
         elif what == "digest":
             value = self.state_digest(volatile=False)
         elif what == "sessions":
