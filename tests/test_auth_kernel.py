@@ -335,3 +335,14 @@ def test_a_listing_shows_only_the_objects_a_user_may_use():
     names = {u: sorted(o["name"] for o in h.run(Query(what="objects", user=u)).value)
              for u in ("root", "alice", "bob")}
     assert names == {"root": ["a/mine", "b/theirs"], "alice": ["a/mine"], "bob": []}
+
+
+def test_a_user_without_any_register_permission_has_nothing_compiled():
+    h = secured()
+    loads = []
+    real = h.kernel.registry._load
+    h.kernel.registry._load = lambda *a: loads.append(a) or real(*a)
+    c = h.run(RegisterClass(source="class Zed:\n    pass\n", user="bob"))
+    assert code_of(c) == Code.PERMISSION_DENIED and loads == []
+    c = h.run(RegisterClass(source="class Zed:\n    pass\n", user="alice"))
+    assert code_of(c) == Code.PERMISSION_DENIED and len(loads) == 1   # names checked after

@@ -108,6 +108,19 @@ class AuthState:
         raise KernelError(Code.PERMISSION_DENIED, f"user {user!r} may not {what} (no role of "
                           f"it grants {action!r} on a prefix of that name)", "PermissionDenied")
 
+    def may_register(self, user: Any) -> None:
+        """Raise unless `user` may register some class name: checked before an upload is
+        compiled, so that a user without any register permission cannot make the replicas
+        run class bodies (the names are checked one by one after compiling)."""
+        if not self.enabled or self.is_root(user):
+            return
+        self.authenticated(user)
+        u = self.users[user]
+        if not any(act == "register" for role in u["roles"]
+                   for act, _ in self.roles.get(role, ())):
+            raise KernelError(Code.PERMISSION_DENIED, f"user {user!r} may not register "
+                              "classes (no role of it grants 'register')", "PermissionDenied")
+
     def visible(self, user: Any, name: str) -> bool:
         """Whether `user` may see the object `name` in a listing: it may invoke, create or
         delete it (everyone when auth is off)."""

@@ -241,7 +241,7 @@ class Kernel:
         if type(cmd.source) is not str or type(cmd.user) is not str:
             raise KernelError(Code.INVALID_ARGUMENT, "class source must be a string")
         user = cmd.user
-        self.auth.authenticated(user)
+        self.auth.may_register(user)
         self._within(user, "source_bytes", len(cmd.source))
 
         def allow(names: list[str]) -> None:
