@@ -58,3 +58,16 @@ def test_each_replica_serves_its_metrics():
         assert value(lf, "gesmas_journal_fsync_seconds_count") >= 1
         assert value(lf, "gesmas_journal_bytes") > 0
         assert value(lf, "gesmas_raft_role_changes_total") >= 1
+
+
+def test_a_silent_connection_to_the_metrics_port_is_dropped():
+    import socket
+    import time
+    with LocalCluster(nodes=1, metrics=True) as cl:
+        host, port = cl.members[0].metrics_addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            started = time.monotonic()
+            assert s.recv(1) == b""                  # closed by the server, not by us
+            assert time.monotonic() - started < 29
+        assert b"gesmas_raft_term" in urllib.request.urlopen(
+            f"http://{cl.members[0].metrics_addr}/metrics", timeout=10).read()

@@ -132,6 +132,8 @@ class Metrics:
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = 10           # seconds: a connection that sends nothing is dropped
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
