@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from gesmas.client import cli_auth
 from gesmas.client.client import DEFAULT_CLUSTER, Client
 from gesmas.client.errors import GesmasError
 from gesmas.client.security import TLS
@@ -213,90 +214,18 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- users, roles, auth ------------------------------------------------------------------
-
-QUOTA_FLAGS = ("sessions", "objects", "waiters", "state_bytes", "source_bytes")
-
-
-def _new_password(args: argparse.Namespace) -> str:
-    if args.password_stdin:
-        return sys.stdin.readline().rstrip("\r\n")
-    first = getpass.getpass(f"new password of {args.name}: ")
-    if getpass.getpass("again: ") != first:
-        raise UsageError("the passwords differ")
-    return first
+# --- users, roles, auth (cli_auth.py) -----------------------------------------------------
 
 
 def cmd_auth_op(args: argparse.Namespace) -> int:
     """user ..., role ..., auth ...: one Auth operation, its answer printed as JSON."""
-    op = args.op
-    params: dict[str, Any] = {}
-    for key in ("name", "role", "action", "prefix"):
-        value = getattr(args, key, None)
-        if value is not None:
-            params[key] = value
-    if op in ("user_add", "user_passwd"):
-        params["password"] = _new_password(args)
-    if op == "user_quota":
-        params["quota"] = {k: (None if v < 0 else v) for k in QUOTA_FLAGS
-                           if (v := getattr(args, k)) is not None}
-        if not params["quota"]:
-            raise UsageError("give at least one quota, e.g. --sessions 100 (-1 removes it)")
+    try:
+        op, params = cli_auth.auth_params(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     with _client(args) as c:
         print(_dump(c.auth(op, **params)))
     return 0
-
-
-def _add_auth_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    groups: dict[str, tuple[str, list[tuple[str, str, list[str]]]]] = {
-        "user": ("manage users", [
-            ("add", "add a user (password from a prompt or --password-stdin)", ["name"]),
-            ("passwd", "change a user's password (users may change their own)", ["name"]),
-            ("delete", "delete a user", ["name"]),
-            ("grant", "give a user a role", ["name", "role"]),
-            ("revoke", "take a role from a user", ["name", "role"]),
-            ("get", "a user's roles and quotas", ["name"]),
-            ("list", "every user", []),
-            ("quota", "set a user's quotas (-1 removes one: the default applies)", ["name"]),
-        ]),
-        "role": ("manage roles and their permissions", [
-            ("add", "add a role", ["name"]),
-            ("delete", "delete a role (users lose it)", ["name"]),
-            ("grant", "give a role a permission: ACTION on names starting with PREFIX",
-             ["name", "action", "prefix?"]),
-            ("revoke", "take a permission from a role", ["name", "action", "prefix?"]),
-            ("get", "a role's permissions", ["name"]),
-            ("list", "every role", []),
-        ]),
-        "auth": ("turn authentication on or off", [
-            ("enable", "enable auth (needs the user root with the role root)", []),
-            ("disable", "disable auth (root only)", []),
-            ("status", "whether auth is enabled", []),
-        ]),
-    }
-    for group, (text, ops) in groups.items():
-        p = sub.add_parser(group, help=text, description=text)
-        s2 = p.add_subparsers(dest=f"{group}_command", metavar="COMMAND", parser_class=_Parser)
-        s2.required = True
-        for name, help_text, params in ops:
-            a = s2.add_parser(name, parents=[common], help=help_text, description=help_text)
-            for param in params:
-                if param == "prefix?":
-                    a.add_argument("prefix", nargs="?", default="",
-                                   help="object or class name prefix (default: every name)")
-                elif param == "action":
-                    a.add_argument("action", choices=["invoke", "create", "delete",
-                                                      "register", "admin"])
-                else:
-                    a.add_argument(param, metavar=param.upper())
-            if group == "user" and name in ("add", "passwd"):
-                a.add_argument("--password-stdin", action="store_true",
-                               help="read the new password from the first line of stdin")
-            if group == "user" and name == "quota":
-                for q in QUOTA_FLAGS:
-                    a.add_argument(f"--{q.replace('_', '-')}", dest=q, type=int, metavar="N")
-            op = f"{group}_{name}" if group != "auth" else f"auth_{name}"
-            a.set_defaults(func=cmd_auth_op, op=op)
 
 
 # --- server commands ---------------------------------------------------------------------
@@ -419,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("raft_addr", metavar="RAFT_ADDR", help="its --raft-addr, host:port")
     a.set_defaults(func=cmd_remove_node)
 
-    _add_auth_commands(sub, common)
+    cli_auth.add_commands(sub, common, _Parser, cmd_auth_op)
 
     p = sub.add_parser("certs", help="make a throw-away CA and certificates",
                        description="Write a CA, a server certificate for HOSTS and client "

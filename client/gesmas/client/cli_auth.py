@@ -1,0 +1,95 @@
+"""The `gesmas user`, `gesmas role` and `gesmas auth` commands: their parsers and how a
+command line becomes one Auth operation (the proto's AuthRequest). cli.py runs them."""
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from collections.abc import Callable
+from typing import Any
+
+QUOTA_FLAGS = ("sessions", "objects", "waiters", "state_bytes", "source_bytes")
+
+
+def new_password(args: argparse.Namespace) -> str:
+    """The new password: the first line of stdin (--password-stdin) or typed twice."""
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass(f"new password of {args.name}: ")
+    if getpass.getpass("again: ") != first:
+        raise ValueError("the passwords differ")
+    return first
+
+
+def auth_params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """(operation, arguments) of a `gesmas user|role|auth ...` command line; ValueError for a
+    mistake in it."""
+    op = args.op
+    params: dict[str, Any] = {}
+    for key in ("name", "role", "action", "prefix"):
+        value = getattr(args, key, None)
+        if value is not None:
+            params[key] = value
+    if op in ("user_add", "user_passwd"):
+        params["password"] = new_password(args)
+    if op == "user_quota":
+        params["quota"] = {k: (None if v < 0 else v) for k in QUOTA_FLAGS
+                           if (v := getattr(args, k)) is not None}
+        if not params["quota"]:
+            raise ValueError("give at least one quota, e.g. --sessions 100 (-1 removes it)")
+    return op, params
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser, parser_class: type,
+                 func: Callable[[argparse.Namespace], int]) -> None:
+    """Add the user, role and auth command groups to the `gesmas` parser."""
+    groups: dict[str, tuple[str, list[tuple[str, str, list[str]]]]] = {
+        "user": ("manage users", [
+            ("add", "add a user (password from a prompt or --password-stdin)", ["name"]),
+            ("passwd", "change a user's password (users may change their own)", ["name"]),
+            ("delete", "delete a user", ["name"]),
+            ("grant", "give a user a role", ["name", "role"]),
+            ("revoke", "take a role from a user", ["name", "role"]),
+            ("get", "a user's roles and quotas", ["name"]),
+            ("list", "every user", []),
+            ("quota", "set a user's quotas (-1 removes one: the default applies)", ["name"]),
+        ]),
+        "role": ("manage roles and their permissions", [
+            ("add", "add a role", ["name"]),
+            ("delete", "delete a role (users lose it)", ["name"]),
+            ("grant", "give a role a permission: ACTION on names starting with PREFIX",
+             ["name", "action", "prefix?"]),
+            ("revoke", "take a permission from a role", ["name", "action", "prefix?"]),
+            ("get", "a role's permissions", ["name"]),
+            ("list", "every role", []),
+        ]),
+        "auth": ("turn authentication on or off", [
+            ("enable", "enable auth (needs the user root with the role root)", []),
+            ("disable", "disable auth (root only)", []),
+            ("status", "whether auth is enabled", []),
+        ]),
+    }
+    for group, (text, ops) in groups.items():
+        p = sub.add_parser(group, help=text, description=text)
+        s2 = p.add_subparsers(dest=f"{group}_command", metavar="COMMAND",
+                              parser_class=parser_class)
+        s2.required = True
+        for name, help_text, params in ops:
+            a = s2.add_parser(name, parents=[common], help=help_text, description=help_text)
+            for param in params:
+                if param == "prefix?":
+                    a.add_argument("prefix", nargs="?", default="",
+                                   help="object or class name prefix (default: every name)")
+                elif param == "action":
+                    a.add_argument("action", choices=["invoke", "create", "delete",
+                                                      "register", "admin"])
+                else:
+                    a.add_argument(param, metavar=param.upper())
+            if group == "user" and name in ("add", "passwd"):
+                a.add_argument("--password-stdin", action="store_true",
+                               help="read the new password from the first line of stdin")
+            if group == "user" and name == "quota":
+                for q in QUOTA_FLAGS:
+                    a.add_argument(f"--{q.replace('_', '-')}", dest=q, type=int, metavar="N")
+            op = f"{group}_{name}" if group != "auth" else f"auth_{name}"
+            a.set_defaults(func=func, op=op)
