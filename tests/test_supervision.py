@@ -8,7 +8,7 @@ import time
 
 
 from gesmas.client import Client
-from gesmas.server import cluster as cluster_mod
+from gesmas.server import up as cluster_mod
 from gesmas.server import main as server_main
 from gesmas.server.cluster import LocalCluster, free_ports
 

@@ -13,7 +13,8 @@ import time
 from gesmas.client import Client as _Client
 from gesmas.client import PermissionDenied
 
-from .cluster import LocalCluster, stop_on_signals
+from .cluster import LocalCluster
+from .up import stop_on_signals
 
 
 def say(text: str) -> None:

@@ -61,5 +61,5 @@ def run_server(args: Any) -> int:
 
 def run_up(args: Any) -> int:
     """`gesmas up`: a local cluster in the foreground until Ctrl-C."""
-    from .cluster import run_up as up
+    from .up import run_up as up
     return up(args)
