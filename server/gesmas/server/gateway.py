@@ -67,6 +67,8 @@ class Gateway(pb_grpc.GesmasServicer):
         self.node = node
         self.tokens = tokens.Tokens(node.config.secret or "")
         self._password_checks = asyncio.Semaphore(2)   # scrypt is costly: 2 at a time
+        # checked for an unknown user too, so that the answer's timing does not tell
+        self._no_user_hash = tokens.hash_password(os.urandom(16).hex())
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -111,10 +113,11 @@ class Gateway(pb_grpc.GesmasServicer):
             raise _unauthenticated("wrong user name or password")
         creds = await self._answer(context, self._cmd(
             codec.Auth, op="credentials", args={"name": name}, user=auth.SYSTEM))
+        stored = creds["hash"] if creds is not None else self._no_user_hash
         async with self._password_checks:
-            ok = creds is not None and await asyncio.get_running_loop().run_in_executor(
-                None, tokens.check_password, request.password, creds["hash"])
-        if not ok:
+            matches = await asyncio.get_running_loop().run_in_executor(
+                None, tokens.check_password, request.password, stored)
+        if creds is None or not matches:
             raise _unauthenticated("wrong user name or password")
         return pb.AuthenticateResponse(token=self.tokens.issue(name, creds["gen"]),
                                        ttl=self.tokens.ttl)
