@@ -116,7 +116,8 @@ def restore(cls: type[Kernel], blob: bytes, config: Config) -> Kernel:
     return k
 
 
-def state_digest(self: Kernel, volatile: bool = True) -> str:
+def state_digest(self: Kernel, volatile: bool = True, parts: dict[str, str] | None = None
+                 ) -> str:
     """A hash of the whole state, waiters included: equal on replicas that applied the
     same log (without `volatile`, the log index and kernel time are left out). Pickled
     without a memo where it can be, so that which objects happen to be shared (an
@@ -124,6 +125,9 @@ def state_digest(self: Kernel, volatile: bool = True) -> str:
     pickled with a memo instead."""
     h = hashlib.sha256()
     h.update(pickle.dumps(self.registry.dump(), protocol=5))
+    if parts is not None:
+        parts["registry"] = hashlib.sha256(pickle.dumps(self.registry.dump(), protocol=5)
+                                           ).hexdigest()[:12]
     waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
              for r in self._blocked()]
     state = self._state()
@@ -133,6 +137,10 @@ def state_digest(self: Kernel, volatile: bool = True) -> str:
         del state["index"], state["now"]
     objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]
     limit = 1 << 22        # unfolded bytes past which a part is hashed by content, not pickled
+    named = [(f"state.{k}", v) for k, v in state.items()] if parts is not None else []
+    for name, part in [("waits", waits)] + [(f"object {o[0]}", o) for o in objects] + named:
+        if parts is not None:
+            parts[name] = hashlib.sha256(_part_bytes(self, part, limit)).hexdigest()[:12]
     for part in (state, waits, *objects):
         if state_size(part, limit, unfold=True) > limit:
             h.update(_tree_digest(part, self.registry.persistent_id))
@@ -147,6 +155,20 @@ def state_digest(self: Kernel, volatile: bool = True) -> str:
             buf = io.BytesIO(pickle_state(self, part))
         h.update(buf.getvalue())
     return h.hexdigest()
+
+
+def _part_bytes(self: Kernel, part: Any, limit: int) -> bytes:
+    if state_size(part, limit, unfold=True) > limit:
+        return _tree_digest(part, self.registry.persistent_id)
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=5)
+    p.fast = True
+    p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+    try:
+        p.dump(part)
+    except ValueError:
+        return pickle_state(self, part)
+    return buf.getvalue()
 
 
 def _tree_digest(obj: Any, persistent_id: Any) -> bytes:

@@ -774,6 +774,10 @@ class Kernel:
                      if self.auth.visible(cmd.user, n)]
         elif what == "digest":
             value = self.state_digest(volatile=False)
+        elif what == "digest_parts":           # which part of the state two replicas differ in
+            parts: dict[str, str] = {}
+            checkpoint.state_digest(self, False, parts)
+            value = parts
         elif what == "sessions":
             value = [[s.id, s.ttl] for s in self.sessions.values()]
         elif what == "stats":
