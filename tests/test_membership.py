@@ -67,7 +67,9 @@ def test_replace_a_dead_node():
             q.produce("before")
 
             # Membership changes go through the leader: a follower answers UNAVAILABLE
-            # with a leader hint.
+            # with a leader hint (once it knows the leader: on a loaded host it may not yet).
+            wait_for(lambda: own_status(victim.client_addr).leader_address
+                     == leader.client_addr, 30, "the follower to know the leader")
             with rawgrpc.channel(victim.client_addr) as ch:
                 with pytest.raises(grpc.RpcError) as info:
                     pb_grpc.GesmasStub(ch).RemoveNode(
