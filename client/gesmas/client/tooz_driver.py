@@ -25,13 +25,14 @@ from the GESMAS_* environment, as for ``Client()``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import tooz
-from tooz import coordination, locking
+from tooz import coordination, locking, utils
 
 from gesmas.client import errors
 from gesmas.client.client import Client
@@ -50,6 +51,20 @@ def _name(value: bytes | str) -> str:
 
 def _bytes(value: str) -> bytes:
     return value.encode("utf-8", "surrogateescape")
+
+
+def _dump(capabilities: Any) -> bytes | None:
+    """Capabilities travel as msgpack bytes (tooz.utils.dumps, as the redis driver stores
+    them), so any value tooz accepts round-trips; b"" (join_group's default) is none."""
+    return None if capabilities == b"" else utils.dumps(capabilities)
+
+
+def _load(stored: bytes | None) -> Any:
+    return None if stored is None else utils.loads(stored)
+
+
+def _time(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
 
 
 def _option(options: dict[str, Any], key: str, default: Any) -> Any:
@@ -238,8 +253,7 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
             coordination.CoordAsyncResult[None]:
         def join() -> None:
             with _translated(group_id, self._member_id):
-                self._group("join", group_id, _name(self._member_id),
-                            None if capabilities == b"" else capabilities)
+                self._group("join", group_id, _name(self._member_id), _dump(capabilities))
             self._joined_groups.add(group_id)
         return _Result(join)
 
@@ -275,14 +289,14 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
             coordination.CoordAsyncResult[Any]:
         def caps() -> Any:
             with _translated(group_id, member_id):
-                return self._group("member", group_id, _name(member_id))["capabilities"]
+                return _load(self._group("member", group_id, _name(member_id))["capabilities"])
         return _Result(caps)
 
     def get_members_with_capabilities(self, group_id: bytes) -> \
             coordination.CoordAsyncResult[dict[bytes, Any]]:
         def caps() -> dict[bytes, Any]:
             with _translated(group_id):
-                return {_bytes(m): c for m, c in
+                return {_bytes(m): _load(c) for m, c in
                         self._group("members_caps", group_id).items()}
         return _Result(caps)
 
@@ -290,14 +304,17 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
             coordination.CoordAsyncResult[dict[str, Any]]:
         def info() -> dict[str, Any]:
             with _translated(group_id, member_id):
-                return dict(self._group("member", group_id, _name(member_id)))
+                info = self._group("member", group_id, _name(member_id))
+            return {"capabilities": _load(info["capabilities"]),
+                    "created_at": _time(info["created_at"]),
+                    "updated_at": _time(info["updated_at"])}
         return _Result(info)
 
     def update_capabilities(self, group_id: bytes, capabilities: Any) -> \
             coordination.CoordAsyncResult[None]:
         def update() -> None:
             with _translated(group_id, self._member_id):
-                self._group("update", group_id, _name(self._member_id), capabilities)
+                self._group("update", group_id, _name(self._member_id), _dump(capabilities))
         return _Result(update)
 
     # --- watchers and elections ------------------------------------------------------------
@@ -321,8 +338,8 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
             proxy = client.object("Election", ELECTION_PREFIX + _name(group_id))
             return getattr(proxy, method)(*args, timeout=timeout)
 
-    def get_leader(self, group_id: bytes) -> coordination.CoordAsyncResult[bytes | None]:
-        def leader() -> bytes | None:
+    def get_leader(self, group_id: bytes) -> coordination.CoordAsyncResult[bytes]:
+        def leader() -> Any:                   # None while nobody leads (as other drivers)
             value = self._election("leader", group_id)
             return None if value is None else _bytes(value)
         return _Result(leader)
