@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -193,7 +193,6 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
         self._client: _HeartbeatClient | None = None
         self._leading: set[bytes] = set()
         self._versions: dict[bytes, int] = {}
-        self._lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -355,17 +354,23 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
 
     def _run_group_watchers(self, timeout: float | None) -> list[Any]:
         watched = set(self._hooks_join_group) | set(self._hooks_leave_group)
-        if timeout and len(watched) == 1 and not self._hooks_elected_leader:
-            # Nothing else to watch: let the server hold the call until the group changes.
-            (group_id,) = watched
+        if not (timeout and len(watched) == 1 and not self._hooks_elected_leader):
+            return super().run_watchers()
+        # Nothing else to watch: the server holds the call until the group changes (a change
+        # that the cache already knows, say a join and its leave, makes no event: wait again).
+        (group_id,) = watched
+        deadline = time.monotonic() + timeout
+        while True:
             try:
                 with _translated(group_id):
                     seen = self._group("changes", group_id, self._versions.get(group_id, -1),
-                                       timeout=timeout)
+                                       timeout=max(deadline - time.monotonic(), 0.0))
                 self._versions[group_id] = seen["version"]
             except (coordination.OperationTimedOut, coordination.GroupNotCreated):
-                pass
-        return super().run_watchers()
+                return super().run_watchers()
+            result = super().run_watchers()
+            if result or time.monotonic() >= deadline:
+                return result
 
     def _run_elections(self, timeout: float | None) -> list[Any]:
         result: list[Any] = []
