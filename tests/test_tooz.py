@@ -1,5 +1,7 @@
 """The tooz driver (gesmas.client.tooz_driver) against a local 3-node cluster.
 
+The cluster is conftest's `cluster` fixture (3 replicas on 127.0.0.1, stopped by pid).
+
 - test_tooz_coordination_suite runs tooz's own functional suite (tooz.tests.test_coordination)
   in a subprocess with TOOZ_TEST_URL=gesmas://<the cluster>: it must pass, and it may skip
   only the tests in EXPECTED_SKIPS (see the README's tooz section).
@@ -44,12 +46,6 @@ def _uid() -> bytes:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster() as cl:
-        yield cl
-
-
-@pytest.fixture(scope="module")
 def url(cluster: LocalCluster) -> Iterator[str]:
     saved = {k: os.environ.get(k) for k in cluster.client_env()}
     os.environ.update(cluster.client_env())       # TLS / credentials when GESMAS_TEST_SECURE
@@ -77,8 +73,12 @@ def coords(url: str) -> Iterator[Any]:
             c.stop()
 
 
-@pytest.mark.slow
 def test_tooz_coordination_suite(cluster: LocalCluster, url: str, tmp_path: Any) -> None:
+    try:        # it imports every tooz driver, hence their client libraries
+        import tooz.tests.test_coordination  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"tooz's test suite cannot be imported ({e}): "
+                    "pip install -e '.[tooz-test]'")
     env = dict(os.environ, **cluster.client_env(), TOOZ_TEST_URL=url)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "tooz.tests.test_coordination",
