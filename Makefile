@@ -26,7 +26,7 @@ protos: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	$(VENV)/bin/pip install -q -e '.[dev,bench,tooz-test]'
 	touch $@
 
 clean:

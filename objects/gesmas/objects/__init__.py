@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-MODULES = ("queue", "lock", "semaphore", "barrier", "latch", "rwlock", "election", "counter")
+MODULES = ("queue", "lock", "semaphore", "barrier", "latch", "rwlock", "election", "counter",
+           "group")
 
 #: The class names the standard modules define. They are reserved: only the replicas register
 #: them (an upload that defines one is refused, so nobody can replace the standard Queue).
@@ -19,7 +20,8 @@ RESERVED_CLASSES = frozenset({
     "Queue", "Lock", "Semaphore", "Barrier", "DoubleBarrier", "CountDownLatch",
     "ReadWriteLock", "LeaderElection", "Counter",
     # names a future standard class may take (issue: Python-like objects, tooz groups)
-    "BoundedSemaphore", "Condition", "Event", "Group", "Election"})
+    "BoundedSemaphore", "Condition", "Event", "Group", "Election",
+    "SharedLock"})
 
 
 def standard_sources() -> list[tuple[str, str]]:
