@@ -5,7 +5,7 @@ from gesmas.server.duties import LeaderDuties
 from gesmas.server.kernel import Checkpoint, CloseSession, OpenSession, RegisterClass, codec
 from gesmas.server.kernel import Kernel
 
-SOURCE = "class Queue:\n    pass\n"
+SOURCE = "class Queue:\n    pass\n\n\nclass Group:\n    pass\n"
 
 
 class Replica:
@@ -101,7 +101,7 @@ def test_a_tick_when_the_earliest_deadline_is_due_at_most_every_50_ms():
     r = Replica()
     r.apply(RegisterClass(source="class W:\n    def __init__(self):\n        self.s = Semaphore(0)\n"
                                  "    def wait(self):\n        self.s.acquire(timeout=5)\n"
-                                 "class Queue:\n    pass\n"), 0.0)
+                                 "class Queue:\n    pass\nclass Group:\n    pass\n"), 0.0)
     r.apply(OpenSession(ttl=100.0, ts=1000.0), 0.0)
     sid = r.index
     r.apply(codec.CreateObject(class_name="W", name="w", ts=1000.0), 0.0)
@@ -122,4 +122,12 @@ def test_a_checkpoint_every_n_commands_at_most_every_5_s():
     assert r.kinds(8.0) == []
     assert r.kinds(12.5) == ["Checkpoint"]
     r.apply(Checkpoint(), 13.0)
+    assert r.kinds(20.0) == []
+
+
+def test_a_cluster_made_before_a_new_standard_module_gets_it_registered():
+    r = Replica()
+    r.apply(RegisterClass(source="class Queue:\n    pass\n"), 0.0)   # an older gesmas's set
+    assert r.kinds(10.0) == ["RegisterClass"]                      # Group is missing
+    r.apply(RegisterClass(source=SOURCE), 10.1)
     assert r.kinds(20.0) == []

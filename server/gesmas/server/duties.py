@@ -69,7 +69,7 @@ class LeaderDuties:
             self._sessions = {s.id: (s.ttl, s.secret) for s in kernel.sessions.values()}
             self._last_seen = {sid: now for sid in self._sessions}
             self._expiring.clear()
-        self._has_standard = kernel.registry.latest("Queue") is not None
+        self._has_standard = _has_standard(kernel)
         self._has_users = bool(kernel.auth.users)
         self._checkpoint_index = kernel.checkpoint_index or 0
         self._next_deadline = kernel.next_deadline()
@@ -88,7 +88,7 @@ class LeaderDuties:
                         self._sessions[sid] = (ttl, secret)
                         self._last_seen[sid] = now
         if not self._has_standard:
-            self._has_standard = kernel.registry.latest("Queue") is not None
+            self._has_standard = _has_standard(kernel)
         if not self._has_users:
             self._has_users = bool(kernel.auth.users)
         self._checkpoint_index = kernel.checkpoint_index or 0
@@ -152,3 +152,13 @@ class LeaderDuties:
             out.append(codec.Auth(ts=wall, op="bootstrap", args={"hash": self._root_hash},
                                   user=SYSTEM))
         return out
+
+
+#: one class of each standard module, oldest module first: when one is missing (a new cluster,
+#: or one made by a gesmas without the newer modules) the standard sources are registered;
+#: sources registered before are recognised by their hash and change nothing
+_SENTINELS = ("Queue", "Group")
+
+
+def _has_standard(kernel: Kernel) -> bool:
+    return all(kernel.registry.latest(name) is not None for name in _SENTINELS)
