@@ -321,15 +321,14 @@ class Client:
             )
 
     def _keepalive_loop(self) -> None:
-        interval = max(self._granted_ttl / 3.0, 0.05)
-        wait = interval
-        while not self._closed.wait(wait):
+        schedule = core.KeepAlives(self._granted_ttl)
+        while not self._closed.wait(schedule.wait):
             try:
                 resp = self._call(
                     "KeepAlive", pb.KeepAliveRequest(session=self._session,
                                                      session_secret=self._session_secret),
-                    rpc_timeout=max(interval, 1.0), retry_timeout=interval, keepalive=True,
-                )
+                    rpc_timeout=schedule.rpc_timeout, retry_timeout=schedule.interval,
+                    keepalive=True)
             except ClientClosed:
                 return
             except (NotFound, SessionExpired) as e:
@@ -337,11 +336,9 @@ class Client:
                 return
             except GesmasError as e:  # nobody reachable this round: try again sooner
                 log.debug("gesmas: keep-alive of session %d failed: %s", self._session, e)
-                wait = min(interval / 3.0, 1.0)
+                schedule.unreachable()
                 continue
-            if resp.ttl > 0:
-                interval = max(resp.ttl / 3.0, 0.05)
-            wait = interval
+            schedule.answered(resp.ttl)
 
     # --- transport and retries -----------------------------------------------------------
 

@@ -21,7 +21,7 @@ from gesmas.client.errors import (
 )
 from gesmas.client.security import Login
 
-__all__ = ["Attempts", "Failure", "Routing", "Sequencer", "classify"]
+__all__ = ["Attempts", "Failure", "KeepAlives", "Routing", "Sequencer", "classify"]
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 #: An attempt that lasted this long before failing had reached a replica: the failure
@@ -148,6 +148,27 @@ class Attempts:
                                                                       BACKOFF_MAX)
         self._followed_hint = hint
         return pause
+
+
+class KeepAlives:
+    """When a session's next keep-alive goes, and how long each may take: every ttl/3
+    seconds; after a round that reached nobody, sooner (ttl/9, at most 1 s)."""
+
+    def __init__(self, ttl: float) -> None:
+        self.interval = max(ttl / 3.0, 0.05)
+        self.wait = self.interval
+
+    @property
+    def rpc_timeout(self) -> float:
+        return max(self.interval, 1.0)
+
+    def answered(self, ttl: float) -> None:
+        if ttl > 0:
+            self.interval = max(ttl / 3.0, 0.05)
+        self.wait = self.interval
+
+    def unreachable(self) -> None:
+        self.wait = min(self.interval / 3.0, 1.0)
 
 
 class Sequencer:
