@@ -64,6 +64,7 @@ from gesmas.client.errors import (
     SessionExpired,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
+from gesmas.client.streams import CallStream, Unsupported
 from gesmas.client.proxies import (
     PROXIES,
     BarrierProxy,
@@ -196,7 +197,9 @@ class Client:
     None for the GESMAS_TLS_* environment); ``user``/``password`` (or GESMAS_USER /
     GESMAS_PASSWORD) log in to a cluster with auth enabled, ``token`` uses a ready token.
     With ``connect=False`` the session is opened on first use instead of now (the admin
-    calls — classes, objects, status — need none).
+    calls — classes, objects, status — need none). Invocations travel as messages on one
+    ``Calls`` stream per replica (``gesmas.client.streams``); ``call_stream=False`` sends
+    each as a unary ``Invoke`` RPC instead (same semantics, more cost per call).
     """
 
     def __init__(
@@ -211,6 +214,7 @@ class Client:
         user: str | None = None,
         password: str | None = None,
         token: str | None = None,
+        call_stream: bool = True,
     ) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
@@ -225,6 +229,9 @@ class Client:
         self._lock = threading.Lock()  # channels, proxies
         self._session_lock = threading.Lock()  # opening the session
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
+        self._call_stream = call_stream
+        self._streams: dict[str, CallStream] = {}
+        self._unary_only: set[str] = set()     # replicas without the Calls stream
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
         self._channels_closed = False
         self._session = 0
@@ -304,6 +311,9 @@ class Client:
                 log.warning("gesmas: could not close session %d: %s", self._session, e)
         with self._lock:
             stubs, self._stubs, self._channels_closed = self._stubs, {}, True
+            streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.finish()
         for channel, _ in stubs.values():
             channel.close()
 
@@ -357,6 +367,22 @@ class Client:
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
 
+    def _stream(self, address: str, metadata: tuple[tuple[str, str], ...]) -> CallStream:
+        """The Calls stream to ``address``: a new one when there is none, it broke, or the
+        token changed (a stream's metadata is fixed when it opens)."""
+        stub = self._stub(address)
+        with self._lock:
+            stream = self._streams.get(address)
+            if stream is not None and stream.usable and stream.metadata == metadata:
+                return stream
+            if stream is not None:
+                stream.finish()
+            if self._channels_closed:
+                raise ClientClosed()
+            stream = self._streams[address] = CallStream(stub, address, metadata,
+                                                         self._login, MAX_MESSAGE)
+            return stream
+
     def _authenticate(self, address: str) -> Callable[[str, str], tuple[str, float]]:
         def authenticate(user: str, password: str) -> tuple[str, float]:
             resp = self._attempt(address, "Authenticate",
@@ -369,6 +395,11 @@ class Client:
                  login: bool = True) -> Any:
         metadata = (self._login.metadata(self._authenticate(address))
                     if login and self._login.enabled else ())
+        if method == "Invoke" and self._call_stream and address not in self._unary_only:
+            try:
+                return self._stream(address, metadata).call(request, deadline)
+            except Unsupported:               # an older replica: unary Invoke there
+                self._unary_only.add(address)
         try:
             return getattr(self._stub(address), method)(request, timeout=deadline,
                                                          metadata=metadata)

@@ -21,7 +21,8 @@ from gesmas.client.errors import (
 )
 from gesmas.client.security import Login
 
-__all__ = ["Attempts", "Failure", "KeepAlives", "Routing", "Sequencer", "classify"]
+__all__ = ["Attempts", "Failure", "KeepAlives", "Routing", "Sequencer", "classify",
+           "classify_error"]
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 #: An attempt that lasted this long before failing had reached a replica: the failure
@@ -56,12 +57,19 @@ def classify(e: grpc.RpcError, address: str, login: Login,
     """What a failed attempt raises: ``Failure`` (retry elsewhere) or the GesmasError."""
     error = error_from_rpc(e)
     if has_detail(e):
-        if isinstance(error, Unavailable):
-            return Failure(error)
-        if isinstance(error, Unauthenticated) and metadata and login.refused(metadata):
-            # an expired or revoked token: log in again (the call did not run)
-            return Failure(Unavailable(f"{address}: {error.message}"))
-    elif e.code() in TRANSPORT:
+        return classify_error(error, address, login, metadata)
+    if e.code() in TRANSPORT:
+        return Failure(Unavailable(f"{address}: {error.message}"))
+    return error
+
+
+def classify_error(error: GesmasError, address: str, login: Login,
+                   metadata: tuple[tuple[str, str], ...]) -> BaseException:
+    """``classify`` for an error the server stated (an ErrorDetail)."""
+    if isinstance(error, Unavailable):
+        return Failure(error)
+    if isinstance(error, Unauthenticated) and metadata and login.refused(metadata):
+        # an expired or revoked token: log in again (the call did not run)
         return Failure(Unavailable(f"{address}: {error.message}"))
     return error
 

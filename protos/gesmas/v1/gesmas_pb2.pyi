@@ -184,6 +184,28 @@ class InvokeResponse(_message.Message):
     result: Value
     def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
+class Call(_message.Message):
+    __slots__ = ("id", "invoke", "cancel", "deadline")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INVOKE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    invoke: InvokeRequest
+    cancel: bool
+    deadline: float
+    def __init__(self, id: _Optional[int] = ..., invoke: _Optional[_Union[InvokeRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., deadline: _Optional[float] = ...) -> None: ...
+
+class CallAnswer(_message.Message):
+    __slots__ = ("id", "response", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: InvokeResponse
+    error: ErrorDetail
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[InvokeResponse, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ...) -> None: ...
+
 class CreateObjectRequest(_message.Message):
     __slots__ = ("session", "class_name", "object_name", "args", "kwargs", "session_secret")
     class KwargsEntry(_message.Message):

@@ -61,6 +61,11 @@ class GesmasStub:
                 request_serializer=gesmas_dot_v1_dot_gesmas__pb2.InvokeRequest.SerializeToString,
                 response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.InvokeResponse.FromString,
                 _registered_method=True)
+        self.Calls = channel.stream_stream(
+                '/gesmas.v1.Gesmas/Calls',
+                request_serializer=gesmas_dot_v1_dot_gesmas__pb2.Call.SerializeToString,
+                response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.CallAnswer.FromString,
+                _registered_method=True)
         self.CreateObject = channel.unary_unary(
                 '/gesmas.v1.Gesmas/CreateObject',
                 request_serializer=gesmas_dot_v1_dot_gesmas__pb2.CreateObjectRequest.SerializeToString,
@@ -153,6 +158,21 @@ class GesmasServicer:
     def Invoke(self, request, context):
         """Calls a method on a named object, optionally creating the object first. Blocks while
         the method waits, up to InvokeRequest.timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Calls(self, request_iterator, context):
+        """Invoke, as messages on one long-lived stream: the client sends a Call per invocation
+        (or a cancel of one) and the server answers each, in completion order, under the id the
+        client chose. Cheaper per call than a unary Invoke (no new RPC per call). Each call is
+        handled exactly as an Invoke: same checks, same exactly-once (session, seq), same errors
+        (in CallAnswer.error instead of a status). The token or certificate of the stream
+        authenticates every call on it; an expired token fails the calls UNAUTHENTICATED and
+        the client opens a new stream. When the stream ends abnormally the calls still in
+        flight on it are withdrawn (as a cancelled Invoke); the client retries them elsewhere
+        with the same (session, seq). Half-closing the stream lets the calls in flight finish.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -270,6 +290,11 @@ def add_GesmasServicer_to_server(servicer, server):
                     servicer.Invoke,
                     request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.InvokeRequest.FromString,
                     response_serializer=gesmas_dot_v1_dot_gesmas__pb2.InvokeResponse.SerializeToString,
+            ),
+            'Calls': grpc.stream_stream_rpc_method_handler(
+                    servicer.Calls,
+                    request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.Call.FromString,
+                    response_serializer=gesmas_dot_v1_dot_gesmas__pb2.CallAnswer.SerializeToString,
             ),
             'CreateObject': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateObject,
@@ -442,6 +467,33 @@ class Gesmas:
             '/gesmas.v1.Gesmas/Invoke',
             gesmas_dot_v1_dot_gesmas__pb2.InvokeRequest.SerializeToString,
             gesmas_dot_v1_dot_gesmas__pb2.InvokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calls(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gesmas.v1.Gesmas/Calls',
+            gesmas_dot_v1_dot_gesmas__pb2.Call.SerializeToString,
+            gesmas_dot_v1_dot_gesmas__pb2.CallAnswer.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,9 +25,9 @@ from gesmas.protocol import values
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-from . import wire
+from . import streams, tokens, wire
 from .calls import CallFailed
-from . import tokens
+from .config import MAX_MESSAGE
 from .kernel import auth, codec
 from .kernel.errors import Code, Error
 
@@ -69,6 +69,7 @@ class Gateway(pb_grpc.GesmasServicer):
         self._password_checks = asyncio.Semaphore(2)   # scrypt is costly: 2 at a time
         # checked for an unknown user too, so that the answer's timing does not tell
         self._no_user_hash = tokens.hash_password(os.urandom(16).hex())
+        self.stream_calls = 0       # calls in flight on all Calls streams (streams.py)
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -220,6 +221,10 @@ class Gateway(pb_grpc.GesmasServicer):
                 self.node.metrics.invoked(request.class_name or "?", request.method,
                                           time.perf_counter() - started)
         return pb.InvokeResponse(result=values.to_value(value, "result"))
+
+    async def Calls(self, request_iterator: Any, context: Any) -> None:
+        """Invocations as messages on one stream (streams.py)."""
+        await streams.CallStream(self, context, 2 * MAX_MESSAGE).serve()
 
     async def CreateObject(self, request: Any, context: Any) -> Any:
         return await self._guard(context, self._create_object, request)

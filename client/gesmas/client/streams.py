@@ -1,0 +1,144 @@
+"""Invocations over the ``Calls`` stream (synchronous client).
+
+A ``Client`` keeps one ``CallStream`` per replica it invokes on and sends each invocation
+as a message on it, which costs the client and the replica less than a unary ``Invoke``
+(see ``gesmas.server.streams``). The rules of a call do not change: ``CallStream.call``
+raises ``core.Failure`` when the call may be retried elsewhere with the same seq (the stream
+broke, the replica did not answer within the call's deadline, the answer is UNAVAILABLE) and
+the ``GesmasError`` the replica stated otherwise, exactly as a unary attempt does.
+
+Threads: callers put ``Call`` messages on a queue that grpc's request thread sends; one
+reader thread per stream takes the answers and resolves the callers' futures by id. When
+the stream ends, every call still waiting on it fails with ``Failure`` at once (fail-over),
+and the stream is replaced at the next call. A caller that gives up on a call (its deadline,
+an exception such as KeyboardInterrupt) sends a cancel for it, which withdraws its wait on
+the replica.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Iterator
+
+import grpc
+
+from gesmas.client import core
+from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_detail
+from gesmas.client.security import Login
+from gesmas.v1 import gesmas_pb2 as pb
+
+__all__ = ["CallStream", "Unsupported"]
+
+
+class Unsupported(Exception):
+    """The replica does not know the Calls stream (an older version): use unary Invoke."""
+
+
+class CallStream:
+    """One ``Calls`` RPC to the replica at ``address``, authenticated by ``metadata``."""
+
+    def __init__(self, stub: Any, address: str, metadata: tuple[tuple[str, str], ...],
+                 login: Login, max_message: int) -> None:
+        self.address = address
+        self.max_message = max_message
+        self.metadata = metadata
+        self._login = login
+        self._outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self.broken: BaseException | None = None
+        self._closing = False
+        self._rpc = stub.Calls(self._messages(), metadata=metadata)
+        self._reader = threading.Thread(target=self._read, name=f"gesmas-calls-{address}",
+                                        daemon=True)
+        self._reader.start()
+
+    def _messages(self) -> Iterator[Any]:
+        while True:
+            msg = self._outgoing.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _read(self) -> None:
+        failure: BaseException
+        try:
+            for answer in self._rpc:
+                with self._lock:
+                    fut = self._pending.pop(answer.id, None)
+                if fut is not None:
+                    fut.set_result(answer)
+            failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                failure = Unsupported(f"{self.address} does not serve the Calls stream")
+            else:
+                failure = core.classify(e, self.address, self._login, self.metadata)
+            if not isinstance(failure, (core.Failure, Unsupported)):   # the RPC was refused
+                failure = core.Failure(Unavailable(f"{self.address}: {failure}"))
+        except BaseException as e:                         # pragma: no cover - a bug
+            failure = core.Failure(Unavailable(f"{self.address}: call stream failed: {e!r}"))
+        with self._lock:
+            self.broken = failure
+            pending, self._pending = self._pending, {}
+        self._outgoing.put(None)        # ends grpc's request thread
+        for fut in pending.values():
+            fut.set_exception(failure)
+
+    def call(self, request: Any, deadline: float | None) -> Any:
+        """Send the InvokeRequest and return its InvokeResponse; ``deadline`` in seconds
+        (None: wait as long as the replica holds the call)."""
+        msg = pb.Call(invoke=request, deadline=deadline or 0.0)
+        size = msg.ByteSize() + 16                  # with the id
+        if size > self.max_message:                 # it would end the stream: refuse it here
+            raise ResourceExhausted(f"the call's message is {size} bytes, over the "
+                                    f"{self.max_message} byte limit")
+        fut: Future[Any] = Future()
+        with self._lock:       # with the put: no message goes after finish()'s end mark
+            if isinstance(self.broken, Unsupported):
+                raise Unsupported(str(self.broken))
+            if self.broken is not None or self._closing:
+                raise core.Failure(Unavailable(f"{self.address}: the call stream ended"))
+            call_id = msg.id = next(self._ids)
+            self._pending[call_id] = fut
+            self._outgoing.put(msg)
+        try:
+            answer = fut.result(timeout=deadline)
+        except FutureTimeout:
+            self._withdraw(call_id)
+            raise core.Failure(Unavailable(
+                f"{self.address}: no answer within {deadline:g} s")) from None
+        except (core.Failure, Unsupported):
+            raise
+        except BaseException:           # KeyboardInterrupt and the like: withdraw the wait
+            self._withdraw(call_id)
+            raise
+        if answer.HasField("error"):
+            raise core.classify_error(error_from_detail(answer.error), self.address,
+                                      self._login, self.metadata)
+        return answer.response
+
+    def _withdraw(self, call_id: int) -> None:
+        with self._lock:
+            if self._pending.pop(call_id, None) is not None and self.broken is None \
+                    and not self._closing:
+                self._outgoing.put(pb.Call(id=call_id, cancel=True))
+
+    @property
+    def usable(self) -> bool:
+        return self.broken is None and not self._closing
+
+    def finish(self) -> None:
+        """Half-close: the calls in flight are answered, then the RPC ends."""
+        with self._lock:
+            if not self._closing:
+                self._closing = True
+                self._outgoing.put(None)
+
+    def cancel(self) -> None:
+        """End the RPC now: its calls in flight fail (and are withdrawn on the replica)."""
+        self._rpc.cancel()

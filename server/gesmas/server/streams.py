@@ -1,0 +1,188 @@
+"""The Calls stream: invocations as messages on one long-lived gRPC stream.
+
+A unary Invoke costs the replica a new HTTP/2 stream, a call object, a task and their
+teardown in grpc's aio layer, about 150 µs of the event loop's CPU per call on this
+project's test machine (docs/performance.md, "Calls on one stream"). A client that keeps one
+`Calls` stream per replica sends each invocation as a `Call` message instead and gets a
+`CallAnswer` back under the id it chose.
+
+Theory of operation. One `CallStream` per RPC, all on the event loop:
+
+- the reader (`_read`) takes messages in arrival order. An invocation starts a task
+  (`_one`) that does exactly what the unary Invoke does (`Gateway._invoke`: the same
+  validation, authentication from the stream's metadata, command, exactly-once); a cancel
+  cancels the task of that id. While `MAX_IN_FLIGHT` calls of the stream are unanswered the
+  reader stops reading, so HTTP/2 flow control holds the peer back;
+- each finished call queues its answer; the writer (`serve`'s loop) writes them one at a
+  time, in completion order. `write` returns once the core has taken the message, so a peer
+  that does not read stalls the writer, not the replica's memory: the answers queued behind
+  it are bounded by `MAX_IN_FLIGHT` and, in bytes, by `answer_budget` (an answer that would
+  go over it is replaced by UNAVAILABLE "AnswerBudget", which the client retries with the
+  same seq and the kernel answers from the stored result, as for the unary AnswerBudget);
+- a call's own deadline (`Call.deadline`) withdraws it when it passes (UNAVAILABLE
+  "CallDeadline": retried like a gRPC deadline);
+- the peer half-closes: the calls in flight finish and are answered, then the RPC ends. The
+  RPC is cancelled or breaks: every call in flight is cancelled, which withdraws its wait in
+  the kernel (`Node.call` proposes a Cancel), as for a cancelled unary Invoke.
+
+Calls of all streams of the replica count against `MAXIMUM_CONCURRENT_RPCS` together
+(`Gateway.stream_calls`): over it a call is answered RESOURCE_EXHAUSTED at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from gesmas.v1 import gesmas_pb2 as pb
+
+from . import grpclimits, wire
+from .calls import CallFailed
+from .kernel.errors import Code, Error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+#: Calls of one stream that may be unanswered at once; the reader waits below it.
+MAX_IN_FLIGHT = grpclimits.MAX_CONCURRENT_STREAMS
+#: A deadline beyond this many seconds is refused (it would overflow timers).
+MAX_DEADLINE = 10.0 ** 8
+
+_END = object()
+
+
+class CallStream:
+    def __init__(self, gateway: Gateway, context: grpc.aio.ServicerContext,
+                 answer_budget: int) -> None:
+        self.gateway = gateway
+        self.context = context
+        self.answer_budget = answer_budget
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.withdrawn: set[int] = set()       # ids cancelled by the peer
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+        self.queued_bytes = 0
+        self.in_flight = 0                     # calls taken and not yet written
+        self.room = asyncio.Event()
+        self.room.set()
+        self.reading = True
+
+    async def serve(self) -> None:
+        reader = asyncio.create_task(self._read())
+        try:
+            while self.reading or self.in_flight:
+                answer = await self.answers.get()
+                if answer is _END:
+                    continue
+                self.queued_bytes -= answer.ByteSize()
+                await self.context.write(answer)
+                self._answered()
+        finally:
+            reader.cancel()
+            for task in list(self.tasks.values()):
+                task.cancel()             # each proposes a Cancel of its wait (Node.call)
+            self.gateway.stream_calls -= self.in_flight
+            self.in_flight = 0
+
+    def _answered(self) -> None:
+        self.in_flight -= 1
+        self.gateway.stream_calls -= 1
+        if self.in_flight < MAX_IN_FLIGHT:
+            self.room.set()
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                if self.in_flight >= MAX_IN_FLIGHT:
+                    self.room.clear()
+                    await self.room.wait()
+                msg = await self.context.read()
+                if msg is grpc.aio.EOF:
+                    return
+                self._take(msg)
+        finally:
+            self.reading = False
+            self.answers.put_nowait(_END)        # wake the writer to see it
+
+    def _take(self, msg: Any) -> None:
+        if msg.cancel:
+            task = self.tasks.get(msg.id)
+            if task is not None:
+                self.withdrawn.add(msg.id)
+                task.cancel()
+            return
+        self.in_flight += 1
+        self.gateway.stream_calls += 1
+        problem = None
+        if not msg.HasField("invoke"):
+            problem = Error(Code.INVALID_ARGUMENT, "a Call carries an invoke or a cancel")
+        elif msg.id in self.tasks:
+            problem = Error(Code.INVALID_ARGUMENT, f"call id {msg.id} is already in flight "
+                            "on this stream")
+        elif not 0 <= msg.deadline <= MAX_DEADLINE:
+            problem = Error(Code.INVALID_ARGUMENT, f"deadline must be 0 (none) to "
+                            f"{MAX_DEADLINE:g} seconds, not {msg.deadline}")
+        elif self.gateway.stream_calls > grpclimits.MAXIMUM_CONCURRENT_RPCS:
+            problem = Error(Code.RESOURCE_EXHAUSTED, "this replica serves "
+                            f"{grpclimits.MAXIMUM_CONCURRENT_RPCS} stream calls at once: "
+                            "retry later", "TooManyCalls")
+        if problem is not None:
+            self._queue(self._failure(msg, problem))
+            return
+        self.tasks[msg.id] = asyncio.create_task(self._one(msg))
+
+    async def _one(self, msg: Any) -> None:
+        metrics = self.gateway.node.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+        code: str | None = None
+        try:
+            try:
+                if msg.deadline:
+                    async with asyncio.timeout(msg.deadline):
+                        response = await self.gateway._invoke(msg.invoke, self.context)
+                else:
+                    response = await self.gateway._invoke(msg.invoke, self.context)
+                answer = pb.CallAnswer(id=msg.id, response=response)
+            except CallFailed as e:
+                answer = self._failure(msg, e.error, e.leader_hint)
+            except (ValueError, TypeError) as e:   # a value the wire conversion refused
+                answer = self._failure(msg, Error(Code.INVALID_ARGUMENT, str(e)))
+            except TimeoutError:
+                answer = self._failure(msg, Error(
+                    Code.UNAVAILABLE, f"no answer within the call's deadline of "
+                    f"{msg.deadline:g} s; retry", "CallDeadline"))
+            except asyncio.CancelledError:
+                if msg.id not in self.withdrawn:
+                    raise                       # the stream ends: nobody to answer
+                answer = self._failure(msg, Error(Code.ABORTED, "cancelled by the caller",
+                                                  "Cancelled"))
+        finally:
+            self.tasks.pop(msg.id, None)
+            self.withdrawn.discard(msg.id)
+        if answer.HasField("error"):
+            code = Code(answer.error.code).name
+        if metrics is not None:
+            metrics.observe("call", started, code)
+        self._queue(answer)
+
+    def _failure(self, msg: Any, error: Error, leader_hint: str = "") -> Any:
+        if log.isEnabledFor(logging.INFO):
+            inv = msg.invoke
+            log.info("call failed: Call id=%s session=%s seq=%s %s", msg.id, inv.session,
+                     inv.seq, error)
+        return pb.CallAnswer(id=msg.id, error=wire.error_detail(error, leader_hint))
+
+    def _queue(self, answer: Any) -> None:
+        size = answer.ByteSize()
+        if self.queued_bytes and self.queued_bytes + size > self.answer_budget:
+            answer = pb.CallAnswer(id=answer.id, error=wire.error_detail(Error(
+                Code.UNAVAILABLE, f"this stream has not read {self.queued_bytes} bytes of "
+                f"answers (limit {self.answer_budget}): read them before asking for more",
+                "AnswerBudget")))
+            size = answer.ByteSize()
+        self.queued_bytes += size
+        self.answers.put_nowait(answer)

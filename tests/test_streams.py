@@ -1,0 +1,300 @@
+"""The Calls stream (server/gesmas/server/streams.py) against a real cluster, driven raw:
+per-call cancellation and deadlines withdraw the wait on the replica, a stream that breaks
+withdraws every wait it carried, malformed and hostile messages get an answer naming what
+is wrong without ending the stream, answers a peer does not read are bounded and lose
+nothing, and a flood of blocked calls on one stream is held back instead of buffered.
+The client's use of the stream (fail-over, unary fallback) is covered by the fault suite
+(every Invoke goes over a stream by default) and tests/test_client_unit.py."""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+
+import grpc
+import pytest
+
+import rawgrpc
+from gesmas.client import Client, convert
+from gesmas.server import streams
+from gesmas.v1 import gesmas_pb2 as pb
+from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+
+
+def until(cond, timeout=30.0, what="condition"):
+    """Poll `cond` (a question to the cluster) until it holds; each poll is a full call."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Raw:
+    """One Calls stream on a raw channel, with a session of its own."""
+
+    def __init__(self, address: str) -> None:
+        self.ch = rawgrpc.channel(address, options=[("grpc.max_receive_message_length",
+                                                     64 * 1024 * 1024)])
+        self.md = rawgrpc.metadata(self.ch)
+        self.stub = pb_grpc.GesmasStub(self.ch)
+        s = self.stub.OpenSession(pb.OpenSessionRequest(ttl=120), metadata=self.md, timeout=10)
+        self.session, self.secret = s.session, s.session_secret
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.rpc = self.stub.Calls(self._gen(), metadata=self.md)
+        self.seq = 0
+
+    def _gen(self):
+        while (m := self.out.get()) is not None:
+            yield m
+
+    def invoke(self, call_id, obj, method, *args, deadline=0.0, **fields):
+        self.seq += 1
+        inv = pb.InvokeRequest(session=self.session, session_secret=self.secret,
+                               seq=fields.pop("seq", self.seq), class_name="Queue",
+                               object_name=obj, method=method, create=True, **fields)
+        convert.fill_values(inv.args, args)
+        self.out.put(pb.Call(id=call_id, invoke=inv, deadline=deadline))
+        return inv.seq
+
+    def send(self, msg):
+        self.out.put(msg)
+
+    def answer(self):
+        return next(self.rpc)
+
+    def close(self):
+        self.out.put(None)
+        self.rpc.cancel()
+        self.ch.close()
+
+
+def waiters(c: Client) -> int:
+    return c.status()["waiter_count"]
+
+
+def result(answer):
+    assert not answer.HasField("error"), answer.error
+    return convert.from_value(answer.response.result)
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with Client(cluster.addresses) as c:
+        yield c
+
+
+@pytest.fixture()
+def raw(cluster, client):
+    r = Raw(client.leader or cluster.addresses.split(",")[0])
+    yield r
+    r.close()
+
+
+def test_calls_are_answered_by_id_in_completion_order(raw, client):
+    raw.invoke(1, "st-order", "consume")                 # waits: the queue is empty
+    raw.invoke(2, "st-order", "produce", "a")
+    first = raw.answer()
+    assert first.id == 2 and result(first) is None
+    second = raw.answer()
+    assert second.id == 1 and result(second) == "a"
+
+
+def test_a_cancel_withdraws_the_wait_and_loses_no_item(raw, client):
+    before = waiters(client)
+    raw.invoke(7, "st-cancel", "consume")
+    until(lambda: waiters(client) == before + 1, what="the consume to wait")
+    raw.send(pb.Call(id=7, cancel=True))
+    a = raw.answer()
+    assert a.id == 7 and a.error.code == pb.ERROR_CODE_ABORTED and a.error.type == "Cancelled"
+    until(lambda: waiters(client) == before, what="the wait to be withdrawn")
+    client.queue("st-cancel").produce("kept")
+    assert client.queue("st-cancel").consume(timeout=5) == "kept"
+    # a cancel of an id not in flight is ignored; the stream goes on
+    raw.send(pb.Call(id=7, cancel=True))
+    raw.send(pb.Call(id=12345, cancel=True))
+    raw.invoke(8, "st-cancel", "size")
+    assert result(raw.answer()) == 0
+
+
+def test_a_deadline_withdraws_the_wait(raw, client):
+    before = waiters(client)
+    raw.invoke(1, "st-deadline", "consume", deadline=0.5)
+    a = raw.answer()
+    assert a.error.code == pb.ERROR_CODE_UNAVAILABLE and a.error.type == "CallDeadline"
+    until(lambda: waiters(client) == before, what="the wait to be withdrawn")
+    client.queue("st-deadline").produce("kept")
+    assert client.queue("st-deadline").consume(timeout=5) == "kept"
+
+
+def test_a_broken_stream_withdraws_every_wait_it_carried(cluster, client):
+    before = waiters(client)
+    r = Raw(client.leader)
+    for i in range(20):
+        r.invoke(i + 1, "st-broken", "consume")
+    until(lambda: waiters(client) == before + 20, what="20 waits")
+    r.rpc.cancel()                                         # the client vanishes
+    until(lambda: waiters(client) == before, what="the waits to be withdrawn")
+    r.ch.close()
+    q = client.queue("st-broken")
+    for i in range(20):
+        q.produce(i)
+    assert [q.consume(timeout=5) for _ in range(20)] == list(range(20))
+
+
+def test_half_close_lets_the_calls_in_flight_finish(raw, client):
+    raw.invoke(1, "st-half", "consume")
+    raw.out.put(None)                                      # no more calls
+    client.queue("st-half").produce("last")
+    assert result(raw.answer()) == "last"
+    with pytest.raises(StopIteration):                     # then the RPC ends
+        raw.answer()
+
+
+@pytest.mark.parametrize("msg, match", [
+    (pb.Call(id=1), "invoke or a cancel"),
+    (pb.Call(id=1, invoke=pb.InvokeRequest(seq=1, object_name="x", method="size"),
+             deadline=-1.0), "deadline"),
+    (pb.Call(id=1, invoke=pb.InvokeRequest(seq=1, object_name="x", method="size"),
+             deadline=math.nan), "deadline"),
+    (pb.Call(id=1, invoke=pb.InvokeRequest(seq=1, object_name="x", method="size"),
+             deadline=1e300), "deadline"),
+    (pb.Call(id=1, invoke=pb.InvokeRequest(seq=0, object_name="x", method="size")), "seq"),
+    (pb.Call(id=1, invoke=pb.InvokeRequest(seq=1, object_name="", method="size")),
+     "object_name"),
+])
+def test_malformed_calls_are_answered_and_the_stream_goes_on(raw, msg, match):
+    raw.send(msg)
+    a = raw.answer()
+    assert a.id == 1 and a.error.code == pb.ERROR_CODE_INVALID_ARGUMENT
+    assert match in a.error.message
+    raw.invoke(2, "st-bad", "size")
+    assert result(raw.answer()) == 0
+
+
+def test_hostile_session_fields_are_refused_per_call(raw, client):
+    inv = pb.InvokeRequest(session=raw.session, session_secret="0" * 32, seq=1,
+                           class_name="Queue", object_name="st-hostile", method="size",
+                           create=True)
+    raw.send(pb.Call(id=1, invoke=inv))
+    assert raw.answer().error.code == pb.ERROR_CODE_PERMISSION_DENIED
+    inv.session_secret, inv.session = raw.secret, client.session    # someone else's id
+    raw.send(pb.Call(id=2, invoke=inv))
+    assert raw.answer().error.code == pb.ERROR_CODE_PERMISSION_DENIED
+
+
+def test_a_duplicate_id_in_flight_is_refused_and_the_first_call_answered(raw, client):
+    raw.invoke(5, "st-dup", "consume")
+    raw.invoke(5, "st-dup", "size")
+    a = raw.answer()
+    assert a.id == 5 and a.error.code == pb.ERROR_CODE_INVALID_ARGUMENT
+    assert "already in flight" in a.error.message
+    client.queue("st-dup").produce("x")
+    a = raw.answer()
+    assert a.id == 5 and result(a) == "x"
+
+
+def test_a_retry_on_another_stream_gets_the_same_result(cluster, client):
+    """Exactly-once across streams: the same (session, seq) on a second stream joins or
+    repeats the first call's answer, it does not run again."""
+    r1 = Raw(client.leader)
+    try:
+        seq = r1.invoke(1, "st-retry", "produce", "once")
+        assert result(r1.answer()) is None
+        r2 = Raw(client.leader)
+        try:
+            r2.session, r2.secret = r1.session, r1.secret
+            r2.invoke(1, "st-retry", "produce", "once", seq=seq)
+            assert result(r2.answer()) is None
+        finally:
+            r2.close()
+    finally:
+        r1.close()
+    assert client.queue("st-retry").invoke("size") == 1
+
+
+def test_unread_answers_are_bounded_and_nothing_is_lost(cluster, client):
+    """A peer that asks for 48 items of 900 kB and reads nothing: the replica queues at most
+    its answer budget (2 x 16 MiB) of answers for the stream and replaces the others with
+    UNAVAILABLE "AnswerBudget"; retrying those seqs gets the very items consumed for them."""
+    n, item = 48, 900_000
+    q = client.queue("st-big")
+    for i in range(n):
+        q.produce(bytes([i]) * item)
+    r = Raw(client.leader)
+    try:
+        seqs = {i + 1: r.invoke(i + 1, "st-big", "consume") for i in range(n)}
+        until(lambda: q.invoke("size") == 0, what="every consume to run")
+        got, refused = {}, []
+        for _ in range(n):
+            a = r.answer()
+            if a.HasField("error"):
+                assert a.error.type == "AnswerBudget", a.error
+                refused.append(a.id)
+            else:
+                got[a.id] = result(a)
+        assert refused, "nothing was held back: the budget was not reached"
+        for call_id in refused:                            # the client's retry, same seq
+            r.invoke(call_id, "st-big", "consume", seq=seqs[call_id])
+            a = r.answer()
+            got[a.id] = result(a)
+        assert sorted(v[0] for v in got.values()) == list(range(n))
+    finally:
+        r.close()
+
+
+def test_a_flood_of_blocked_calls_on_one_stream_is_held_back(cluster, client):
+    """More blocked calls than MAX_IN_FLIGHT on one stream: the replica stops reading the
+    stream (flow control) instead of buffering, and serves every call once items come."""
+    n = streams.MAX_IN_FLIGHT + 200
+    before = waiters(client)
+    r = Raw(client.leader)
+    try:
+        for i in range(n):
+            r.invoke(i + 1, "st-flood", "consume")
+        until(lambda: waiters(client) == before + streams.MAX_IN_FLIGHT, 60,
+              "the stream's calls to wait")
+        q = client.queue("st-flood")
+        done = threading.Event()
+
+        def produce():
+            for i in range(n):
+                q.produce(i)
+            done.set()
+        t = threading.Thread(target=produce)
+        t.start()
+        got = sorted(result(r.answer()) for _ in range(n))
+        t.join(60)
+        assert done.is_set() and got == list(range(n))
+    finally:
+        r.close()
+
+
+def test_the_unary_invoke_still_works(cluster):
+    with Client(cluster.addresses, call_stream=False) as c:
+        c.queue("st-unary").produce(1)
+        assert c.queue("st-unary").consume(timeout=5) == 1
+        assert not c._streams
+
+
+def test_a_client_deadline_sends_a_cancel(cluster, client):
+    """The client's own deadline (a replica that does not answer): CallStream.call waits
+    `deadline`, sends a cancel and raises Failure, so the wait does not stay behind."""
+    from gesmas.client import core
+    from gesmas.client.streams import CallStream
+    c = Client(cluster.addresses)
+    try:
+        c.queue("st-client-deadline")
+        address = c.leader
+        stream = c._stream(address, ())
+        assert isinstance(stream, CallStream)
+        before = waiters(client)
+        request = pb.InvokeRequest(session=c.session, session_secret=c._session_secret,
+                                   seq=c._new_seq(), class_name="Queue",
+                                   object_name="st-client-deadline", method="consume")
+        with pytest.raises(core.Failure, match="no answer within"):
+            stream.call(request, 0.5)
+        until(lambda: waiters(client) == before, what="the wait to be withdrawn")
+    finally:
+        c.close()
