@@ -78,9 +78,9 @@ def test_two_thousand_tasks_wait_in_one_process_and_nothing_is_lost(cluster):
             await asyncio.gather(*(b.queue("aio-many").produce(i) for i in range(n)))
             got = await asyncio.gather(*consumers)
             assert sorted(got) == list(range(n))
-            # 2000 calls on one replica: more than one connection (the server allows 1000
-            # streams on one)
-            assert max(len(pool) for pool in a._connections.values()) >= 2
+            # 2000 calls on one replica: more than one Calls stream (a replica takes 1000 at
+            # a time from one)
+            assert max(len(pool) for pool in a._streams.values()) >= 2
     run(main())
 
 
@@ -124,3 +124,12 @@ def test_the_sync_and_async_clients_share_their_rules():
     from gesmas.client import core
     assert "Attempts" not in vars(aio) and "Attempts" not in vars(sync)
     assert aio.core is core and sync.core is core
+
+
+def test_unary_invoke_still_works(cluster):
+    async def main():
+        async with Client(cluster.addresses, call_stream=False) as c:
+            await c.queue("aio-unary").produce(1)
+            assert await c.queue("aio-unary").consume(timeout=5) == 1
+            assert not c._streams
+    run(main())

@@ -20,13 +20,14 @@ re-attaches elsewhere and nothing runs twice; the same TLS and login (``tls=``, 
 - Accessors (``c.queue(name, ...)``) return a proxy at once; every call through it is a
   get-or-create of the object in the same command (one commit per call), so an error such as
   AlreadyExists (the name is another class's) comes with the first call.
-- Cancelling the task that awaits a call cancels its RPC; the replica then withdraws the
-  call's server-side wait (the Cancel command), so a cancelled ``consume`` that was still
-  waiting takes no item. A call that had already completed when the cancellation arrived
+- Cancelling the task that awaits a call sends a cancel for it on its stream (calls travel
+  as messages on ``Calls`` streams, as in the sync client; ``call_stream=False`` makes them
+  unary RPCs); the replica then withdraws the call's server-side wait (the Cancel
+  command), so a cancelled ``consume`` that was still waiting takes no item. A call that had already completed when the cancellation arrived
   keeps its effect (its answer is lost with the task), as with any RPC cancelled in flight.
-- gRPC allows ~1000 concurrent calls on one connection (the server's
-  ``max_concurrent_streams``); the client opens another connection to a replica when the
-  ones it has are that busy.
+- A replica takes ~1000 calls at a time from one stream, and gRPC allows ~1000 concurrent
+  RPCs on one connection (the server's ``max_concurrent_streams``); the client opens
+  another stream, or connection, to a replica when the ones it has are that busy.
 """
 from __future__ import annotations
 
@@ -39,10 +40,13 @@ from typing import Any
 import grpc
 
 from gesmas.client import convert, core
-from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_RPC_DEADLINE,
-                                  RPC_TIMEOUT, ClientClosed, parse_cluster)
+from gesmas.aio.streams import CallStream
+from gesmas.client.client import (CALLS_PER_STREAM, CHANNEL_OPTIONS, DEADLINE_MARGIN,
+                                  MAX_MESSAGE, MAX_RPC_DEADLINE, RPC_TIMEOUT, ClientClosed,
+                                  parse_cluster)
 from gesmas.client.errors import (GesmasError, NotFound, SessionExpired)
 from gesmas.client.security import TLS, Login, resolve_tls
+from gesmas.client.streams import Unsupported
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
@@ -77,7 +81,7 @@ class Client:
                  retry_timeout: float = 30.0, route: str = "leader",
                  tls: TLS | bool | str | dict[str, Any] | None = None,
                  user: str | None = None, password: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, call_stream: bool = True) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
         if route not in ("leader", "replica"):
@@ -89,6 +93,9 @@ class Client:
         self._ttl = float(session_ttl)
         self._retry_timeout = float(retry_timeout)
         self._connections: dict[str, list[_Connection]] = {}
+        self._call_stream = call_stream
+        self._streams: dict[str, list[CallStream]] = {}
+        self._unary_only: set[str] = set()
         self._session = 0
         self._session_secret = ""
         self._granted_ttl = self._ttl
@@ -145,6 +152,10 @@ class Client:
                     retry_timeout=min(self._retry_timeout, 5.0), closing=True)
             except GesmasError as e:
                 log.warning("gesmas: could not close session %d: %s", self._session, e)
+        streams, self._streams = self._streams, {}
+        for spool in streams.values():
+            for stream in spool:
+                stream.cancel()
         connections, self._connections = self._connections, {}
         for pool in connections.values():
             for conn in pool:
@@ -213,9 +224,33 @@ class Client:
                     self._login.store(resp.token, resp.ttl)
         return self._login.header()
 
+    def _stream(self, address: str, metadata: tuple[tuple[str, str], ...]) -> CallStream:
+        """As the sync client's: the least busy stream opened with this metadata, or a new
+        one (on the least busy connection)."""
+        if self._closed:
+            raise ClientClosed()
+        pool = self._streams.setdefault(address, [])
+        best = None
+        for stream in list(pool):
+            if not stream.usable or stream.metadata != metadata:
+                stream.finish()
+                pool.remove(stream)
+            elif best is None or stream.in_flight < best.in_flight:
+                best = stream
+        if best is None or best.in_flight >= CALLS_PER_STREAM:
+            best = CallStream(self._connection(address).stub, address, metadata, self._login,
+                              MAX_MESSAGE)
+            pool.append(best)
+        return best
+
     async def _attempt(self, address: str, method: str, request: Any,
                        deadline: float | None, login: bool = True) -> Any:
         metadata = await self._metadata(address) if login else ()
+        if method == "Invoke" and self._call_stream and address not in self._unary_only:
+            try:
+                return await self._stream(address, metadata).call(request, deadline)
+            except Unsupported:               # an older replica: unary Invoke there
+                self._unary_only.add(address)
         conn = self._connection(address)
         conn.busy += 1
         try:

@@ -106,6 +106,9 @@ def rpc_deadline(timeout: float | None) -> float | None:
 #: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
 RPC_TIMEOUT = 10.0
 MAX_MESSAGE = 16 * 1024 * 1024
+#: Calls in flight on one Calls stream before the client opens another to the same replica
+#: (a replica takes 1000 at a time from one stream: gesmas.server.streams.MAX_IN_FLIGHT).
+CALLS_PER_STREAM = 900
 #: Proxies a client remembers, so that repeated accessor calls cost no round trip.
 PROXY_CACHE = 1024
 CHANNEL_OPTIONS = [
@@ -230,7 +233,7 @@ class Client:
         self._session_lock = threading.Lock()  # opening the session
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
         self._call_stream = call_stream
-        self._streams: dict[str, CallStream] = {}
+        self._streams: dict[str, list[CallStream]] = {}
         self._unary_only: set[str] = set()     # replicas without the Calls stream
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
         self._channels_closed = False
@@ -312,8 +315,9 @@ class Client:
         with self._lock:
             stubs, self._stubs, self._channels_closed = self._stubs, {}, True
             streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            stream.finish()
+        for pool in streams.values():
+            for stream in pool:
+                stream.finish()
         for channel, _ in stubs.values():
             channel.close()
 
@@ -368,20 +372,26 @@ class Client:
             return entry[1]
 
     def _stream(self, address: str, metadata: tuple[tuple[str, str], ...]) -> CallStream:
-        """The Calls stream to ``address``: a new one when there is none, it broke, or the
-        token changed (a stream's metadata is fixed when it opens)."""
+        """A Calls stream to ``address`` with room for one more call: the least busy one
+        opened with this metadata (a stream's metadata is fixed when it opens: after a new
+        login the older streams finish their calls and close), or a new one."""
         stub = self._stub(address)
         with self._lock:
-            stream = self._streams.get(address)
-            if stream is not None and stream.usable and stream.metadata == metadata:
-                return stream
-            if stream is not None:
-                stream.finish()
+            pool = self._streams.setdefault(address, [])
+            best = None
+            for stream in list(pool):
+                if not stream.usable or stream.metadata != metadata:
+                    stream.finish()
+                    pool.remove(stream)
+                elif best is None or stream.in_flight < best.in_flight:
+                    best = stream
+            if best is not None and best.in_flight < CALLS_PER_STREAM:
+                return best
             if self._channels_closed:
                 raise ClientClosed()
-            stream = self._streams[address] = CallStream(stub, address, metadata,
-                                                         self._login, MAX_MESSAGE)
-            return stream
+            best = CallStream(stub, address, metadata, self._login, MAX_MESSAGE)
+            pool.append(best)
+            return best
 
     def _authenticate(self, address: str) -> Callable[[str, str], tuple[str, float]]:
         def authenticate(user: str, password: str) -> tuple[str, float]:

@@ -129,6 +129,10 @@ class CallStream:
                 self._outgoing.put(pb.Call(id=call_id, cancel=True))
 
     @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
     def usable(self) -> bool:
         return self.broken is None and not self._closing
 

@@ -172,8 +172,8 @@ class CallStream:
     def _failure(self, msg: Any, error: Error, leader_hint: str = "") -> Any:
         if log.isEnabledFor(logging.INFO):
             inv = msg.invoke
-            log.info("call failed: Call id=%s session=%s seq=%s %s", msg.id, inv.session,
-                     inv.seq, error)
+            log.info("call failed: InvokeRequest session=%s seq=%s %s (Calls stream, id %s)",
+                     inv.session, inv.seq, error, msg.id)
         return pb.CallAnswer(id=msg.id, error=wire.error_detail(error, leader_hint))
 
     def _queue(self, answer: Any) -> None:

@@ -1,0 +1,138 @@
+"""Invocations over the ``Calls`` stream (asyncio client): the counterpart of
+``gesmas.client.streams`` with a reader task instead of a thread, and the same rules.
+
+Cancelling the task that awaits a call sends a cancel for it on the stream, which withdraws
+its wait on the replica (as cancelling a unary RPC does). Writes are serialized by a lock:
+grpc.aio allows one write at a time on a stream, and a replica that holds back a busy
+stream (flow control) makes the writers wait here.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import grpc
+
+from gesmas.client import core
+from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_detail
+from gesmas.client.security import Login
+from gesmas.client.streams import Unsupported
+from gesmas.v1 import gesmas_pb2 as pb
+
+__all__ = ["CallStream"]
+
+
+class CallStream:
+    def __init__(self, stub: Any, address: str, metadata: tuple[tuple[str, str], ...],
+                 login: Login, max_message: int) -> None:
+        self.address = address
+        self.metadata = metadata
+        self.max_message = max_message
+        self._login = login
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._write_lock = asyncio.Lock()
+        self._closing = False
+        self.broken: BaseException | None = None
+        self._rpc = stub.Calls(metadata=metadata)
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def usable(self) -> bool:
+        return self.broken is None and not self._closing
+
+    async def _read(self) -> None:
+        failure: BaseException
+        try:
+            while True:
+                answer = await self._rpc.read()
+                if answer is grpc.aio.EOF:
+                    break
+                fut = self._pending.pop(answer.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(answer)
+            failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                failure = Unsupported(f"{self.address} does not serve the Calls stream")
+            else:
+                failure = core.classify(e, self.address, self._login, self.metadata)
+                if not isinstance(failure, core.Failure):
+                    failure = core.Failure(Unavailable(f"{self.address}: {failure}"))
+        except asyncio.CancelledError:
+            failure = core.Failure(Unavailable(f"{self.address}: the call stream was closed"))
+        self.broken = failure
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(failure)
+
+    async def call(self, request: Any, deadline: float | None) -> Any:
+        msg = pb.Call(invoke=request, deadline=deadline or 0.0)
+        size = msg.ByteSize() + 16
+        if size > self.max_message:
+            raise ResourceExhausted(f"the call's message is {size} bytes, over the "
+                                    f"{self.max_message} byte limit")
+        if isinstance(self.broken, Unsupported):
+            raise Unsupported(str(self.broken))
+        if not self.usable:
+            raise core.Failure(Unavailable(f"{self.address}: the call stream ended"))
+        call_id = msg.id = next(self._ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = fut
+        try:
+            try:
+                async with self._write_lock:
+                    await self._rpc.write(msg)
+            except (grpc.RpcError, asyncio.InvalidStateError) as e:
+                # the stream broke under the write: the reader fails the pending calls
+                if not fut.done():
+                    self._pending.pop(call_id, None)
+                    raise core.Failure(Unavailable(f"{self.address}: {e}")) from None
+            answer = await asyncio.wait_for(asyncio.shield(fut), deadline)
+        except asyncio.TimeoutError:
+            self._withdraw(call_id)
+            raise core.Failure(Unavailable(
+                f"{self.address}: no answer within {deadline:g} s")) from None
+        except (core.Failure, Unsupported):
+            raise
+        except BaseException:          # the awaiting task was cancelled: withdraw the wait
+            self._withdraw(call_id)
+            raise
+        if answer.HasField("error"):
+            raise core.classify_error(error_from_detail(answer.error), self.address,
+                                      self._login, self.metadata)
+        return answer.response
+
+    def _withdraw(self, call_id: int) -> None:
+        if self._pending.pop(call_id, None) is not None and self.usable:
+            asyncio.get_running_loop().create_task(self._send_cancel(call_id))
+
+    async def _send_cancel(self, call_id: int) -> None:
+        try:
+            async with self._write_lock:
+                await self._rpc.write(pb.Call(id=call_id, cancel=True))
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass                        # the stream broke: its waits are withdrawn anyway
+
+    def finish(self) -> None:
+        """Half-close once the writes under way are done; the calls in flight finish."""
+        if not self._closing:
+            self._closing = True
+            asyncio.get_running_loop().create_task(self._done_writing())
+
+    async def _done_writing(self) -> None:
+        try:
+            async with self._write_lock:
+                await self._rpc.done_writing()
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass
+
+    def cancel(self) -> None:
+        self._rpc.cancel()
+        self._reader.cancel()
