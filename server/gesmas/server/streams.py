@@ -166,7 +166,7 @@ class CallStream:
         if answer.HasField("error"):
             code = Code(answer.error.code).name
         if metrics is not None:
-            metrics.observe("call", started, code)
+            metrics.observe("invoke", started, code)     # as a unary Invoke
         self._queue(answer)
 
     def _failure(self, msg: Any, error: Error, leader_hint: str = "") -> Any:

@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""How long a checkpoint stalls the calls of a replica: a produce loop runs while the leader
+checkpoints a kernel with W blocked waiters (default 10^4).
+
+    python bench/checkpoint_bench.py [--waiters 10000] [--seconds 12] [--runs 1]
+
+A 3-replica LocalCluster (fsync on, metrics on) is started with checkpoint_every set so that
+exactly one checkpoint falls inside the produce loop: W consume calls wait on one queue
+(an asyncio client in a thread, so that W waits cost no threads), then one synchronous client
+produces to another queue for --seconds, timing every call. A checkpoint interrupts and
+re-runs every blocked call and pickles the state (DESIGN §5) on the apply thread of every
+replica, and nothing else is applied meanwhile: the produce calls in flight then wait.
+
+Prints, per run: the checkpoint durations each replica recorded (gesmas_checkpoint_seconds),
+produce latency p50 / p99 / max over the loop, the p99 and max of the calls that started in
+the second around the slowest call (the calls "during the checkpoint"), and how many calls
+took over 50 ms. Bounded: the loop stops after --seconds, the cluster is stopped on exit.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
+
+from gesmas.aio import Client as AioClient  # noqa: E402
+from gesmas.client import Client  # noqa: E402
+from gesmas.server.cluster import LocalCluster  # noqa: E402
+
+from stats import pct  # noqa: E402
+
+
+def scrape(addr: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("gesmas_checkpoint_seconds_sum", "gesmas_checkpoint_seconds_count",
+                            "gesmas_checkpoint_index", "gesmas_raft_is_leader")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def hold_waiters(addresses: str, n: int, ready: threading.Event, stop: threading.Event,
+                 errors: list[str]) -> None:
+    async def main() -> None:
+        async with AioClient(addresses, session_ttl=60) as c:
+            q = c.queue("ckpt-waiters")
+            tasks = [asyncio.create_task(q.consume(timeout=600)) for _ in range(n)]
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    try:
+        asyncio.run(main())
+    except BaseException as e:          # reported by the main thread
+        errors.append(repr(e))
+        ready.set()
+
+
+def one_run(waiters: int, seconds: float) -> dict[str, object]:
+    # the waiters, the sessions and the standard classes come first; the checkpoint falls
+    # ~2000 produce calls into the loop
+    env = {"GESMAS_CHECKPOINT_EVERY": str(waiters + 2500)}
+    with LocalCluster(metrics=True, env=env) as cl:
+        cl.start()
+        ready, stop, errors = threading.Event(), threading.Event(), []
+        holder = threading.Thread(target=hold_waiters,
+                                  args=(cl.addresses, waiters, ready, stop, errors))
+        holder.start()
+        try:
+            with Client(cl.addresses) as c:
+                ready.wait(120)
+                deadline = time.monotonic() + 120
+                while c.status()["waiter_count"] < waiters:
+                    if errors or time.monotonic() > deadline:
+                        raise SystemExit(f"the waiters did not all wait: {errors}")
+                    time.sleep(0.2)
+                before = {m.node_id: scrape(m.metrics_addr) for m in cl.members}
+                q = c.queue("ckpt-produce")
+                calls: list[tuple[float, float]] = []
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    t0 = time.monotonic()
+                    q.produce(b"x" * 32)
+                    calls.append((t0, (time.monotonic() - t0) * 1e3))
+                after = {m.node_id: scrape(m.metrics_addr) for m in cl.members}
+        finally:
+            stop.set()
+            holder.join(60)
+    ckpts = {}
+    for node, a in after.items():
+        b = before[node]
+        n = a.get("gesmas_checkpoint_seconds_count", 0) - b.get("gesmas_checkpoint_seconds_count", 0)
+        s = a.get("gesmas_checkpoint_seconds_sum", 0) - b.get("gesmas_checkpoint_seconds_sum", 0)
+        ckpts[node] = {"count": int(n), "seconds": round(s, 3),
+                       "leader": bool(a.get("gesmas_raft_is_leader"))}
+    lat = [ms for _, ms in calls]
+    t_worst = max(calls, key=lambda c: c[1])[0]
+    during = [ms for t, ms in calls if abs(t - t_worst) <= 0.5]
+    return {
+        "waiters": waiters, "calls": len(calls), "checkpoints": ckpts,
+        "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2),
+        "max_ms": round(max(lat), 1),
+        "during_calls": len(during), "during_p99_ms": round(pct(during, 99), 1),
+        "over_50ms": sum(1 for ms in lat if ms > 50),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--waiters", type=int, default=10_000)
+    ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--runs", type=int, default=1)
+    args = ap.parse_args()
+    for i in range(args.runs):
+        r = one_run(args.waiters, args.seconds)
+        ck = ", ".join(f"node{n}{' (leader)' if v['leader'] else ''}: {v['count']} in "
+                       f"{v['seconds']} s" for n, v in sorted(r["checkpoints"].items()))
+        print(f"run {i + 1}: {r['waiters']} waiters; checkpoints {ck}")
+        print(f"  produce: {r['calls']} calls, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+              f"max {r['max_ms']} ms; {r['over_50ms']} calls over 50 ms; in the second "
+              f"around the slowest: {r['during_calls']} calls, p99 {r['during_p99_ms']} ms")
+        print("  " + json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
