@@ -171,6 +171,22 @@ class ZkConn:
             raise RuntimeError("LockingQueue.consume failed (lock lost)")
         return v
 
+    def consume_paper(self, q: str) -> Any:
+        """The GESMAS paper's ZooKeeper consume, cheaper than LockingQueue's (no lock node):
+        list the entries, sort them, get and delete the first; a delete that finds the node
+        gone lost a race with another consumer, so try the next. None when empty."""
+        from kazoo.exceptions import NoNodeError
+        lq = self._q(q)
+        path = lq._entries_path
+        for child in sorted(self.c.get_children(path)):
+            try:
+                data, _ = self.c.get(f"{path}/{child}")
+                self.c.delete(f"{path}/{child}")
+            except NoNodeError:
+                continue
+            return data
+        return None
+
     def size(self, q: str) -> int:
         return len(self._q(q))
 
@@ -489,10 +505,29 @@ def exp_consume(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, An
                     lat[length].append((time.perf_counter() - t1) * 1e3)
         bound = cfg["consume_budget"] * max(1, len(queues))
         ok, err = bounded(measure, bound)
+        paper: dict[int, list[float]] = {length: [] for length in queues}
+
+        def measure_paper() -> None:
+            for _ in range(cfg["consume_n"]):
+                for length, q in queues.items():
+                    t1 = time.perf_counter()
+                    if conn.consume_paper(q) is None:
+                        raise RuntimeError(f"the {length}-item queue is empty")
+                    paper[length].append((time.perf_counter() - t1) * 1e3)
+        if system == "zookeeper" and ok and not isinstance(err, BaseException):
+            ok_p, err_p = bounded(measure_paper, bound)
+            if not ok_p or isinstance(err_p, BaseException):
+                log(f"  [{system}] consume, paper recipe: {err_p or 'over its time bound'}")
         for length in queues:
             rec = out[str(length)]
             rec.update(stats(lat[length]))
             rec["ops_per_s"] = 1e3 / rec["mean_ms"] if lat[length] else float("nan")
+            # ZooKeeper's cheapest consume (the paper's recipe) next to LockingQueue's;
+            # gesmas has one consume, reported in both rows
+            src = paper[length] if system == "zookeeper" else lat[length]
+            if src:
+                rec["paper"] = stats(src)
+                rec["paper"]["ops_per_s"] = 1e3 / rec["paper"]["mean_ms"]
             if not ok:
                 rec["infeasible"] = (f"{len(lat[length])} of {cfg['consume_n']} consumes done "
                                      f"within {bound:.0f} s")
@@ -742,12 +777,18 @@ def metric_rows(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, 
             (str(L), "infeasible"))
         add("consume", f"consume p50 ms @ length {L:,}", False, (str(L), "p50_ms"), ".2f",
             (str(L), "infeasible"))
+    for L in cfg["consume_lengths"]:
+        add("consume", f"consume p50 ms @ length {L:,}, ZooKeeper: paper's recipe", False,
+            (str(L), "paper", "p50_ms"), ".2f")
     if len(cfg["consume_lengths"]) > 1:
         mid = cfg["consume_lengths"][1]
         add("consume", f"consume ops/s (1 client) @ length {mid:,}", True,
             (str(mid), "ops_per_s"), ",.0f", (str(mid), "infeasible"))
+        add("consume", f"consume ops/s (1 client) @ length {mid:,}, ZooKeeper: paper's "
+            "recipe", True, (str(mid), "paper", "ops_per_s"), ",.0f")
     add("mixed", "mixed 2P+2C produced/s", True, ("produced_per_s",), ",.0f")
     add("mixed", "mixed 2P+2C consumed/s", True, ("consumed_per_s",), ",.0f")
+    add("mixed", "mixed 2P+2C produced+consumed/s", True, ("total_per_s",), ",.0f")
     for n in cfg["herd_ns"]:
         add("herd", f"herd N={n}: s until all released", False, (str(n), "time_s"), ".3f",
             (str(n), "infeasible"))
@@ -826,29 +867,41 @@ def targets(results: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             g1 / g0 <= 1.2 and m1 / m0 <= 1.2,
             f"p50 {g0:.2f} → {g1:.2f} ms ({(g1 / g0 - 1) * 100:+.0f}%), mean {m0:.2f} → "
             f"{m1:.2f} ms ({(m1 / m0 - 1) * 100:+.0f}%)")
-    if len(Ls) > 1:
-        gr, zr = _num(_get(g, "consume", str(Ls[1]), "ops_per_s")), \
-            _num(_get(z, "consume", str(Ls[1]), "ops_per_s"))
+    # consume: against ZooKeeper's faster recipe at each length (LockingQueue or the paper's)
+    for L, want in zip(Ls[:2], (1.0, 5.0)):
+        gr = _num(_get(g, "consume", str(L), "ops_per_s"))
+        zr = max([x for x in (_num(_get(z, "consume", str(L), "ops_per_s")),
+                              _num(_get(z, "consume", str(L), "paper", "ops_per_s"))) if x]
+                 or [0.0])
         if gr and zr:
-            chk(f"consume rate at {Ls[1]:,} ≥5× ZooKeeper", gr / zr >= 5,
+            chk(f"consume rate at {L:,} ≥{want:g}× ZooKeeper's faster recipe", gr / zr >= want,
                 f"{gr / zr:.1f}× ({gr:.0f} vs {zr:.0f} consumes/s, one client)")
     c = cfg["barrier_parties"][-1]
     gb, zb = _num(_get(g, "barrier", str(c), "time_s")), _num(_get(z, "barrier", str(c), "time_s"))
     if gb and zb:
         chk(f"barrier {c} parties ≥5× faster", zb / gb >= 5,
             f"{zb / gb:.1f}× ({gb:.3f} vs {zb:.3f} s for {cfg['barrier_rounds']} rounds)")
-    n = cfg["lock_clients"][-1]
-    gl, zl = _num(_get(g, "lock", str(n), "handoffs_per_s")), \
-        _num(_get(z, "lock", str(n), "handoffs_per_s"))
-    if gl and zl:
-        chk(f"lock hand-offs at {n} clients ≥2× ZooKeeper", gl / zl >= 2,
-            f"{gl / zl:.2f}× ({gl:.0f} vs {zl:.0f} hand-offs/s)")
+    for n, want in ((cfg["lock_clients"][0], 1.0), (cfg["lock_clients"][-1], 2.0)):
+        gl, zl = _num(_get(g, "lock", str(n), "handoffs_per_s")), \
+            _num(_get(z, "lock", str(n), "handoffs_per_s"))
+        if gl and zl:
+            chk(f"lock hand-offs at {n} client{'s' if n > 1 else ''} ≥{want:g}× ZooKeeper",
+                gl / zl >= want, f"{gl / zl:.2f}× ({gl:.0f} vs {zl:.0f} hand-offs/s)")
     n = cfg["produce_clients"][-1]
     gp, zp = _num(_get(g, "produce", str(n), "ops_per_s")), \
         _num(_get(z, "produce", str(n), "ops_per_s"))
     if gp and zp:
-        chk(f"produce throughput at {n} clients ≥ ZooKeeper", gp >= zp,
+        chk(f"produce throughput at {n} clients ≥1.5× ZooKeeper", gp >= 1.5 * zp,
             f"{gp / zp:.2f}× ({gp:.0f} vs {zp:.0f} ops/s)")
+    gm, zm = _num(_get(g, "mixed", "total_per_s")), _num(_get(z, "mixed", "total_per_s"))
+    if gm and zm:
+        chk("mixed 2P+2C items produced and consumed per second ≥1.5× ZooKeeper",
+            gm >= 1.5 * zm, f"{gm / zm:.2f}× ({gm:.0f} vs {zm:.0f} items/s)")
+    for op in ("produce", "lock acquire+release"):
+        gq, zq = _num(_get(g, "latency", op, "p50_ms")), _num(_get(z, "latency", op, "p50_ms"))
+        if gq and zq:
+            chk(f"{op} p50 latency ≤ ZooKeeper's", gq <= zq,
+                f"{gq:.2f} vs {zq:.2f} ms ({zq / gq:.2f}×)")
     return out
 
 
