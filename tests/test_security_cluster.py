@@ -423,3 +423,29 @@ def test_the_cli_manages_users_roles_and_auth(cluster):
     assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr      # ... the rest does
     r = gesmas("status", as_env=dict(frank, GESMAS_PASSWORD="wrong"))
     assert r.returncode == 1 and "wrong user name or password" in r.stderr
+
+
+def test_a_new_token_opens_a_new_call_stream_and_the_old_one_finishes_its_calls(cluster):
+    """A stream's token is fixed when it opens: after the client logs in again, new calls
+    go over a new stream, and a call still waiting on the old one is answered there."""
+    import threading
+    import time
+    with login(cluster, "root") as root:
+        q = root.queue("a/stream-relogin")
+        q.invoke("size")
+        address = root.leader
+        old = root._streams[address][0]
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(q.consume(timeout=60)))
+        t.start()
+        deadline = time.monotonic() + 30
+        while old.in_flight < 1 or root.status()["waiter_count"] < 1:
+            assert time.monotonic() < deadline, "the consume did not wait"
+            time.sleep(0.05)
+        root._login._expiry = 0.0            # the token is due: the next call logs in again
+        q.produce("after-login")
+        t.join(60)
+        assert got == ["after-login"]
+        new = root._streams[address]
+        assert old not in new and len(new) == 1 and new[0].metadata != old.metadata
+        assert not old.usable
