@@ -57,9 +57,6 @@ MAX_STREAM_CALLS = 30_000
 #: A deadline beyond this many seconds is refused (it would overflow timers).
 MAX_DEADLINE = 10.0 ** 8
 
-_END = object()
-
-
 class CallStream:
     def __init__(self, gateway: Gateway, context: grpc.aio.ServicerContext,
                  answer_budget: int) -> None:
@@ -68,35 +65,37 @@ class CallStream:
         self.answer_budget = answer_budget
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.withdrawn: set[int] = set()       # ids cancelled by the peer
-        self.answers: asyncio.Queue[Any] = asyncio.Queue()
-        self.queued_bytes = 0
+        self.senders: set[asyncio.Task[None]] = set()   # answers of refused calls
+        self.write_lock = asyncio.Lock()       # grpc.aio: one write at a time
+        self.queued_bytes = 0                  # answers waiting for the write lock
         self.in_flight = 0                     # calls taken and not yet written
         self.room = asyncio.Event()
         self.room.set()
+        self.finished = asyncio.Event()        # nothing more to read, nothing in flight
         self.reading = True
+        self.closed = False
 
     async def serve(self) -> None:
         reader = asyncio.create_task(self._read())
         try:
-            while self.reading or self.in_flight:
-                answer = await self.answers.get()
-                if answer is _END:
-                    continue
-                self.queued_bytes -= answer.ByteSize()
-                await self.context.write(answer)
-                self._answered()
+            await self.finished.wait()
         finally:
+            self.closed = True
             reader.cancel()
-            for task in list(self.tasks.values()):
+            for task in [*self.tasks.values(), *self.senders]:
                 task.cancel()             # each proposes a Cancel of its wait (Node.call)
             self.gateway.stream_calls -= self.in_flight
             self.in_flight = 0
 
     def _answered(self) -> None:
+        if self.closed:
+            return
         self.in_flight -= 1
         self.gateway.stream_calls -= 1
         if self.in_flight < MAX_IN_FLIGHT:
             self.room.set()
+        if not self.in_flight and not self.reading:
+            self.finished.set()
 
     async def _read(self) -> None:
         try:
@@ -110,7 +109,8 @@ class CallStream:
                 self._take(msg)
         finally:
             self.reading = False
-            self.answers.put_nowait(_END)        # wake the writer to see it
+            if not self.in_flight:
+                self.finished.set()
 
     def _take(self, msg: Any) -> None:
         if msg.cancel:
@@ -134,7 +134,9 @@ class CallStream:
             problem = Error(Code.RESOURCE_EXHAUSTED, f"this replica serves {MAX_STREAM_CALLS} "
                             "stream calls at once: retry later", "TooManyCalls")
         if problem is not None:
-            self._queue(self._failure(msg, problem))
+            task = asyncio.create_task(self._send(self._failure(msg, problem)))
+            self.senders.add(task)
+            task.add_done_callback(self.senders.discard)
             return
         self.tasks[msg.id] = asyncio.create_task(self._one(msg))
 
@@ -160,17 +162,19 @@ class CallStream:
                     f"{msg.deadline:g} s; retry", "CallDeadline"))
             except asyncio.CancelledError:
                 if msg.id not in self.withdrawn:
-                    raise                       # the stream ends: nobody to answer
+                    self._answered()            # the stream ends: nobody to answer
+                    raise
+                self.withdrawn.discard(msg.id)
                 answer = self._failure(msg, Error(Code.ABORTED, "cancelled by the caller",
                                                   "Cancelled"))
+            if answer.HasField("error"):
+                code = Code(answer.error.code).name
+            if metrics is not None:
+                metrics.observe("invoke", started, code)     # as a unary Invoke
+            await self._send(answer)        # a cancel now (the peer gave up) skips it
         finally:
             self.tasks.pop(msg.id, None)
             self.withdrawn.discard(msg.id)
-        if answer.HasField("error"):
-            code = Code(answer.error.code).name
-        if metrics is not None:
-            metrics.observe("invoke", started, code)     # as a unary Invoke
-        self._queue(answer)
 
     def _failure(self, msg: Any, error: Error, leader_hint: str = "") -> Any:
         if log.isEnabledFor(logging.INFO):
@@ -179,7 +183,8 @@ class CallStream:
                      inv.session, inv.seq, error, msg.id)
         return pb.CallAnswer(id=msg.id, error=wire.error_detail(error, leader_hint))
 
-    def _queue(self, answer: Any) -> None:
+    async def _send(self, answer: Any) -> None:
+        """Write `answer` when the writes before it are done (most often at once)."""
         size = answer.ByteSize()
         if self.queued_bytes and self.queued_bytes + size > self.answer_budget:
             answer = pb.CallAnswer(id=answer.id, error=wire.error_detail(Error(
@@ -188,4 +193,11 @@ class CallStream:
                 "AnswerBudget")))
             size = answer.ByteSize()
         self.queued_bytes += size
-        self.answers.put_nowait(answer)
+        try:
+            async with self.write_lock:
+                self.queued_bytes -= size
+                size = 0
+                await self.context.write(answer)
+        finally:
+            self.queued_bytes -= size
+            self._answered()
