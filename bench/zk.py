@@ -42,6 +42,10 @@ def ensure_installed(timeout: float = 900.0) -> None:
         raise RuntimeError(f"{ZK_JAR} missing and not root: run `apt-get install -y zookeeper`")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     print("installing zookeeper (apt-get) ...", file=sys.stderr, flush=True)
+    # an install interrupted earlier (a benchmark stopped mid-way) leaves dpkg half-done, and
+    # apt-get then refuses everything until it is finished
+    subprocess.run(["dpkg", "--configure", "-a"], env=env, check=False, timeout=timeout,
+                   stdin=subprocess.DEVNULL)
     subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, timeout=timeout,
                    stdin=subprocess.DEVNULL)
     subprocess.run(["apt-get", "install", "-y", "-qq", "zookeeper"], env=env, check=True,
