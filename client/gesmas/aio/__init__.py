@@ -81,7 +81,7 @@ class Client:
                  retry_timeout: float = 30.0, route: str = "leader",
                  tls: TLS | bool | str | dict[str, Any] | None = None,
                  user: str | None = None, password: str | None = None,
-                 token: str | None = None, call_stream: bool = True) -> None:
+                 token: str | None = None, call_stream: bool | None = None) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
         if route not in ("leader", "replica"):
@@ -93,7 +93,7 @@ class Client:
         self._ttl = float(session_ttl)
         self._retry_timeout = float(retry_timeout)
         self._connections: dict[str, list[_Connection]] = {}
-        self._call_stream = call_stream
+        self._call_stream = core.call_stream_setting(call_stream)
         self._streams: dict[str, list[CallStream]] = {}
         self._unary_only: set[str] = set()
         self._session = 0

@@ -201,8 +201,9 @@ class Client:
     GESMAS_PASSWORD) log in to a cluster with auth enabled, ``token`` uses a ready token.
     With ``connect=False`` the session is opened on first use instead of now (the admin
     calls — classes, objects, status — need none). Invocations travel as messages on one
-    ``Calls`` stream per replica (``gesmas.client.streams``); ``call_stream=False`` sends
-    each as a unary ``Invoke`` RPC instead (same semantics, more cost per call).
+    ``Calls`` stream per replica (``gesmas.client.streams``); ``call_stream=False`` (or
+    GESMAS_CALL_STREAM=0) sends each as a unary ``Invoke`` RPC instead (same semantics, more
+    cost per call on the replica).
     """
 
     def __init__(
@@ -217,7 +218,7 @@ class Client:
         user: str | None = None,
         password: str | None = None,
         token: str | None = None,
-        call_stream: bool = True,
+        call_stream: bool | None = None,
     ) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
@@ -232,7 +233,7 @@ class Client:
         self._lock = threading.Lock()  # channels, proxies
         self._session_lock = threading.Lock()  # opening the session
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
-        self._call_stream = call_stream
+        self._call_stream = core.call_stream_setting(call_stream)
         self._streams: dict[str, list[CallStream]] = {}
         self._unary_only: set[str] = set()     # replicas without the Calls stream
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()

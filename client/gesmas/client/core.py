@@ -7,6 +7,7 @@ sequence numbers (``Sequencer``). Each client does its own waiting (``time.sleep
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -206,6 +207,15 @@ class Sequencer:
     def ack(self) -> int:
         with self._lock:
             return self._ack
+
+
+def call_stream_setting(value: bool | None) -> bool:
+    """Whether invocations go over Calls streams: the argument, else GESMAS_CALL_STREAM
+    ("0" / "false" / "no" / "off": unary Invoke), else yes."""
+    if value is not None:
+        return bool(value)
+    env = os.environ.get("GESMAS_CALL_STREAM", "").strip().lower()
+    return env not in ("0", "false", "no", "off")
 
 
 def rpc_deadline(timeout: float | None, margin: float, limit: float) -> float | None:
