@@ -1,5 +1,7 @@
 """Checkpoints: the kernel's state as bytes, and back (DESIGN §5).
 
+Taking one (`take`, bound as `Kernel._checkpoint`): detach every waiter, interrupt each so
+that it unwinds, pickle the quiescent state, re-run the interrupted calls (DESIGN §5).
 A checkpoint is two pickles: the registry's sources (classes are re-made from their source,
 never pickled), then (state, interrupted calls, objects) where each object's state is a pickle
 of its own, so that one object that cannot be saved is dropped without failing the others.
@@ -13,10 +15,15 @@ import io
 import pickle
 from typing import TYPE_CHECKING, Any
 
+import greenlet
+
+from . import codec
 from .auth import AuthState
 from .budget import Budget
+from .errors import Code, Error, KernelError
 from .measure import state_size
-from .records import Config, ObjectRecord, PendingCall
+from .records import Completion, Config, ObjectRecord, PendingCall, Request
+from .sched import Interrupted
 from .registry import safe_str, type_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -218,3 +225,62 @@ def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
         done[key] = hashlib.sha256(head + b"".join(parts)).digest()
         keep.append(v)
     return done[id(obj)]
+
+
+# -- taking a checkpoint (Kernel._checkpoint and its helpers) ---------------------------------
+
+def take(self: Kernel, cmd: codec.Checkpoint) -> None:
+    blocked = self._blocked()
+    for req in blocked:                  # detach first: no handler can wake another waiter
+        self._detach(req)
+    self._pending = []
+    for req in blocked:
+        self._interrupt(req)
+    self._deadlines = []
+    assert not self._ready and self._waiting == 0
+    pending, self._pending = self._pending, []
+    objects = self._save_objects()       # drops what cannot be saved: never fails
+    self.checkpoint_blob, self.checkpoint_index = self._dump(pending, objects), self.index
+    self._rerun(pending)
+    self._complete(cmd.tag, self.index)
+
+
+def interrupt(self: Kernel, req: Request) -> None:
+    """Unwind a detached waiter with Interrupted; it lands in self._pending."""
+    for _ in range(3):
+        self._run(req, Interrupted("checkpoint"))
+        if req.task is None:
+            return
+        self._detach(req)                # it caught Interrupted and waited again
+    task = req.task
+    assert task is not None
+    task.throw(greenlet.GreenletExit)    # now, deterministically, not whenever GC runs
+    self._detach(req)
+    req.task = None
+    s = self.sessions.get(req.session)
+    if s is not None:
+        s.inflight.pop(req.seq, None)
+    self._finish_error(req, Error(Code.APPLICATION,
+                                  f"{req.label} caught Interrupted and waited again, so a "
+                                  "checkpoint cannot re-run it", "Interrupted"))
+
+
+def rerun(self: Kernel, pending: list[PendingCall]) -> None:
+    for p in pending:
+        s = self.sessions[p.cmd.session]
+        try:
+            self._start(p.cmd, s, p.index, list(p.tags), p.deadline, p.deadlines,
+                        rerun=True)
+        except KernelError as e:         # its object was dropped by this checkpoint
+            s.results[p.cmd.seq] = (None, e.error)
+            for tag in p.tags:
+                self._out.append(Completion(tag, None, e.error))
+        self._drain()
+
+
+def state(self: Kernel) -> dict[str, Any]:
+    return {"format": FORMAT, "index": self.index, "now": self.now,
+            "order": self._order, "sessions": self.sessions, "dropped": self.dropped,
+            "over_limit": self.over_limit, "auth": self.auth.dump(),
+            "owners": {n: r.owner for n, r in self.objects.items() if r.owner},
+            "sizes": {n: r.size for n, r in self.objects.items() if r.size}}

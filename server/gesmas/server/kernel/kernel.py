@@ -37,9 +37,8 @@ import logging
 from collections import deque
 from typing import Any, Callable
 
-import hmac
 
-from . import checkpoint, codec
+from . import checkpoint, codec, queries, sessions
 from .auth import SYSTEM, AuthState, Usage
 from .budget import Budget, ResourceLimit
 from .codec import Command
@@ -159,81 +158,15 @@ class Kernel:
             heapq.heappop(self._deadlines)
         return self._deadlines[0][0] if self._deadlines else None
 
-    # -- sessions ------------------------------------------------------------------------------
+    # -- sessions (sessions.py) ----------------------------------------------------------------
 
-    def _open_session(self, cmd: codec.OpenSession) -> None:
-        ttl = cmd.ttl
-        if type(ttl) not in (int, float) or not 0 < ttl <= 3600:
-            raise KernelError(Code.INVALID_ARGUMENT,
-                              f"session ttl must be in (0, 3600] seconds, not {ttl!r}")
-        if type(cmd.user) is not str or type(cmd.secret) is not str:
-            raise KernelError(Code.INVALID_ARGUMENT, "user and secret must be strings")
-        self.auth.authenticated(cmd.user)
-        self._within(cmd.user, "sessions")
-        self.sessions[self.index] = Session(self.index, float(ttl), cmd.user, cmd.secret,
-                                            self.now)
-        self.usage.add(cmd.user, "sessions", 1)
-        self.session_changes.append((self.index, float(ttl), cmd.secret))
-        self._complete(cmd.tag, self.index)
-
-    def _session(self, sid: Any) -> Session:
-        s = self.sessions.get(sid) if type(sid) is int else None
-        if s is None:
-            raise KernelError(Code.ABORTED, f"session {sid} is not open (expired or closed)",
-                              "SessionExpired")
-        return s
-
-    def _owns(self, s: Session, cmd: Any) -> bool:
-        """Whether `cmd` may use session `s`: it carries the session's secret and, with auth
-        enabled, comes from the session's user."""
-        secret = cmd.secret
-        return (type(secret) is str and hmac.compare_digest(s.secret, secret)
-                and (not self.auth.enabled or s.user == cmd.user))
-
-    def _own(self, sid: Any, cmd: Any) -> Session:
-        """The open session `sid`, which `cmd` must be allowed to use."""
-        s = self._session(sid)
-        if not self._owns(s, cmd):
-            raise KernelError(Code.PERMISSION_DENIED,
-                              f"session {sid} is not this caller's: wrong session secret or "
-                              "user (a session id alone is not a credential)",
-                              "PermissionDenied")
-        return s
-
-    def _within(self, user: str, what: str, extra: int = 1) -> None:
-        """Raise RESOURCE_EXHAUSTED if `user` would go over its `what` quota."""
-        limit = self.auth.quota(user, what, self._default_quota)
-        if limit is None:
-            return
-        used = (self.auth.source_used.get(user, 0) if what == "source_bytes"
-                else self.usage.get(user, what))
-        if used + extra > limit:
-            who = f"user {user!r}" if user else "anonymous callers"
-            raise KernelError(Code.RESOURCE_EXHAUSTED,
-                              f"quota {what} of {who} exceeded: {used} in use, limit {limit}",
-                              "QuotaExceeded")
-
-    def _end_session(self, cmd: codec.CloseSession | codec.ExpireSession, how: str) -> None:
-        s = (self._own(cmd.session, cmd) if isinstance(cmd, codec.CloseSession)
-             else self._session(cmd.session))
-        del self.sessions[s.id]              # first: a call of s can no longer wait (_block)
-        self.usage.add(s.user, "sessions", -1)
-        self.session_changes.append((s.id, None, ""))
-        for req in sorted(s.inflight.values(), key=lambda r: r.waiter.order if r.waiter else 0):
-            self._abort(req, SessionEnded(f"session {s.id} {how} while waiting"))
-        self._drain()
-        for name in s.touched:
-            rec = self.objects.get(name)
-            if rec is not None and hasattr(rec.cls.cls, "_on_session_end"):
-                self._run_hook(rec, s.id)
-                self._drain()
-        self._complete(cmd.tag, True)
-
-    def _run_hook(self, rec: ObjectRecord, sid: int) -> None:
-        req = Request(self, Kind.HOOK, self.index, sid,
-                      f"{rec.cls.name} {rec.name!r} session hook", rec.name)
-        instance = rec.instance
-        self._spawn(req, lambda s: instance._on_session_end(s), (sid,), {})
+    _open_session = sessions.open_session
+    _session = sessions.session
+    _owns = sessions.owns
+    _own = sessions.own
+    _within = sessions.within
+    _end_session = sessions.end_session
+    _run_hook = sessions.run_hook
 
     # -- classes and objects -------------------------------------------------------------------
 
@@ -645,31 +578,15 @@ class Kernel:
         if tag:
             self._out.append(Completion(tag, value, error))
 
-    # -- checkpoints -------------------------------------------------------------------------
+    # -- checkpoints (checkpoint.py) ---------------------------------------------------------
 
     _pending: list[PendingCall]
-
-    def _checkpoint(self, cmd: codec.Checkpoint) -> None:
-        blocked = self._blocked()
-        for req in blocked:                  # detach first: no handler can wake another waiter
-            self._detach(req)
-        self._pending = []
-        for req in blocked:
-            self._interrupt(req)
-        self._deadlines = []
-        assert not self._ready and self._waiting == 0
-        pending, self._pending = self._pending, []
-        objects = self._save_objects()       # drops what cannot be saved: never fails
-        self.checkpoint_blob, self.checkpoint_index = self._dump(pending, objects), self.index
-        self._rerun(pending)
-        self._complete(cmd.tag, self.index)
-
-    def _save_objects(self) -> list[tuple[str, str, int, bytes]]:
-        return checkpoint.save_objects(self)
-
-    def _dump(self, pending: list[PendingCall],
-              objects: list[tuple[str, str, int, bytes]]) -> bytes:
-        return checkpoint.dump(self, pending, objects)
+    _checkpoint = checkpoint.take
+    _interrupt = checkpoint.interrupt
+    _rerun = checkpoint.rerun
+    _state = checkpoint.state
+    _save_objects = checkpoint.save_objects
+    _dump = checkpoint.dump
 
     @classmethod
     def restore(cls, blob: bytes, config: Config = Config()) -> Kernel:
@@ -695,25 +612,6 @@ class Kernel:
             self.usage.add(rec.owner, "objects", -1)
             self.usage.add(rec.owner, "state_bytes", -rec.size)
 
-    def _interrupt(self, req: Request) -> None:
-        """Unwind a detached waiter with Interrupted; it lands in self._pending."""
-        for _ in range(3):
-            self._run(req, Interrupted("checkpoint"))
-            if req.task is None:
-                return
-            self._detach(req)                # it caught Interrupted and waited again
-        task = req.task
-        assert task is not None
-        task.throw(greenlet.GreenletExit)    # now, deterministically, not whenever GC runs
-        self._detach(req)
-        req.task = None
-        s = self.sessions.get(req.session)
-        if s is not None:
-            s.inflight.pop(req.seq, None)
-        self._finish_error(req, Error(Code.APPLICATION,
-                                      f"{req.label} caught Interrupted and waited again, so a "
-                                      "checkpoint cannot re-run it", "Interrupted"))
-
     def _detach(self, req: Request) -> None:
         w = req.waiter
         if w is not None and w.live:
@@ -729,65 +627,9 @@ class Kernel:
         for tag in req.tags:
             self._out.append(Completion(tag, None, error))
 
-    def _rerun(self, pending: list[PendingCall]) -> None:
-        for p in pending:
-            s = self.sessions[p.cmd.session]
-            try:
-                self._start(p.cmd, s, p.index, list(p.tags), p.deadline, p.deadlines,
-                            rerun=True)
-            except KernelError as e:         # its object was dropped by this checkpoint
-                s.results[p.cmd.seq] = (None, e.error)
-                for tag in p.tags:
-                    self._out.append(Completion(tag, None, e.error))
-            self._drain()
+    # -- reads through the log (queries.py) ---------------------------------------------------
 
-    def _state(self) -> dict[str, Any]:
-        return {"format": checkpoint.FORMAT, "index": self.index, "now": self.now,
-                "order": self._order, "sessions": self.sessions, "dropped": self.dropped,
-                "over_limit": self.over_limit, "auth": self.auth.dump(),
-                "owners": {n: r.owner for n, r in self.objects.items() if r.owner},
-                "sizes": {n: r.size for n, r in self.objects.items() if r.size}}
-
-    # -- reads through the log ---------------------------------------------------------------
-
-    def _query(self, cmd: codec.Query) -> None:
-        what = cmd.what
-        if what not in ("stats", "digest"):            # counts only: anyone may ask
-            self.auth.authenticated(cmd.user)
-        if what == "classes":
-            value: Any = [{"name": n, "version": vs[-1].version, "methods": vs[-1].methods()}
-                          for n, vs in self.registry.versions.items()]
-        elif what == "class":
-            name, version = (cmd.arg + [None])[:2] if isinstance(cmd.arg, list) else (cmd.arg,
-                                                                                     None)
-            cv = (self.registry.get(name, version) if version else self.registry.latest(name))
-            if cv is None:
-                raise KernelError(Code.NOT_FOUND, f"no class {name!r} version {version}")
-            value = {"name": cv.name, "version": cv.version,
-                     "source": self.registry.sources[cv.module]}
-        elif what == "objects":
-            waiting: dict[str, int] = {}
-            for r in self._blocked():
-                waiting[r.obj] = waiting.get(r.obj, 0) + 1
-            value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
-                      "waiters": waiting.get(n, 0)} for n, r in self.objects.items()
-                     if self.auth.visible(cmd.user, n)]
-        elif what == "digest":
-            value = self.state_digest(volatile=False)
-        elif what == "digest_parts":           # which part of the state two replicas differ in
-            parts: dict[str, str] = {}
-            checkpoint.state_digest(self, False, parts)
-            value = parts
-        elif what == "sessions":
-            value = [[s.id, s.ttl] for s in self.sessions.values()]
-        elif what == "stats":
-            value = {"index": self.index, "now": self.now, "sessions": len(self.sessions),
-                     "objects": len(self.objects), "waiters": self._waiting,
-                     "classes": len(self.registry.versions),
-                     "checkpoint_index": self.checkpoint_index}
-        else:
-            raise KernelError(Code.INVALID_ARGUMENT, f"unknown query {what!r}")
-        self._complete(cmd.tag, value)
+    _query = queries.query
 
 
 def _args(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
