@@ -298,3 +298,20 @@ def test_a_client_deadline_sends_a_cancel(cluster, client):
         until(lambda: waiters(client) == before, what="the wait to be withdrawn")
     finally:
         c.close()
+
+
+def test_calls_cancelled_as_soon_as_sent_are_answered_and_accounted(raw, client):
+    """A cancel right behind its call (it may arrive before the call's task has run): each
+    call is answered Cancelled, no wait stays behind, and the stream can still end (the
+    replica counted every call as answered)."""
+    before = waiters(client)
+    for i in range(1, 51):
+        raw.invoke(i, "st-instant", "consume")
+        raw.send(pb.Call(id=i, cancel=True))
+    answers = [raw.answer() for _ in range(50)]
+    assert sorted(a.id for a in answers) == list(range(1, 51))
+    assert all(a.error.type == "Cancelled" for a in answers), answers
+    until(lambda: waiters(client) == before, what="no wait to stay behind")
+    raw.out.put(None)                                      # half-close: the RPC must end
+    with pytest.raises(StopIteration):
+        raw.answer()

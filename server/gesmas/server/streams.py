@@ -32,6 +32,7 @@ a stream costs the replica less than a unary call (no core call object): ~5 KB a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,7 @@ MAX_IN_FLIGHT = grpclimits.MAX_CONCURRENT_STREAMS
 #: Calls in flight on all the streams of one replica (unary calls have their own bound,
 #: grpclimits.MAXIMUM_CONCURRENT_RPCS).
 MAX_STREAM_CALLS = 30_000
+CANCELLED = Error(Code.ABORTED, "cancelled by the caller", "Cancelled")
 #: A deadline beyond this many seconds is refused (it would overflow timers).
 MAX_DEADLINE = 10.0 ** 8
 
@@ -66,6 +68,7 @@ class CallStream:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.withdrawn: set[int] = set()       # ids cancelled by the peer
         self.senders: set[asyncio.Task[None]] = set()   # answers of refused calls
+        self.sending: set[int] = set()         # calls whose answer went to _send
         self.write_lock = asyncio.Lock()       # grpc.aio: one write at a time
         self.queued_bytes = 0                  # answers waiting for the write lock
         self.in_flight = 0                     # calls taken and not yet written
@@ -138,43 +141,56 @@ class CallStream:
             self.senders.add(task)
             task.add_done_callback(self.senders.discard)
             return
-        self.tasks[msg.id] = asyncio.create_task(self._one(msg))
+        task = asyncio.create_task(self._one(msg))
+        self.tasks[msg.id] = task
+        task.add_done_callback(functools.partial(self._call_done, msg))
+
+    def _call_done(self, msg: Any, task: asyncio.Task[None]) -> None:
+        """A call's task ended. Its answer was sent (`_send` counted it), or it ended
+        without one: cancelled by the peer before it ran (answered now), or the stream
+        ends (nobody to answer)."""
+        if self.tasks.get(msg.id) is task:
+            del self.tasks[msg.id]
+        withdrawn = msg.id in self.withdrawn
+        self.withdrawn.discard(msg.id)
+        if msg.id in self.sending:
+            self.sending.discard(msg.id)
+        elif withdrawn and not self.closed:
+            sender = asyncio.create_task(self._send(self._failure(msg, CANCELLED)))
+            self.senders.add(sender)
+            sender.add_done_callback(self.senders.discard)
+        else:
+            self._answered()
 
     async def _one(self, msg: Any) -> None:
         metrics = self.gateway.node.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         code: str | None = None
         try:
-            try:
-                if msg.deadline:
-                    async with asyncio.timeout(msg.deadline):
-                        response = await self.gateway._invoke(msg.invoke, self.context)
-                else:
+            if msg.deadline:
+                async with asyncio.timeout(msg.deadline):
                     response = await self.gateway._invoke(msg.invoke, self.context)
-                answer = pb.CallAnswer(id=msg.id, response=response)
-            except CallFailed as e:
-                answer = self._failure(msg, e.error, e.leader_hint)
-            except (ValueError, TypeError) as e:   # a value the wire conversion refused
-                answer = self._failure(msg, Error(Code.INVALID_ARGUMENT, str(e)))
-            except TimeoutError:
-                answer = self._failure(msg, Error(
-                    Code.UNAVAILABLE, f"no answer within the call's deadline of "
-                    f"{msg.deadline:g} s; retry", "CallDeadline"))
-            except asyncio.CancelledError:
-                if msg.id not in self.withdrawn:
-                    self._answered()            # the stream ends: nobody to answer
-                    raise
-                self.withdrawn.discard(msg.id)
-                answer = self._failure(msg, Error(Code.ABORTED, "cancelled by the caller",
-                                                  "Cancelled"))
-            if answer.HasField("error"):
-                code = Code(answer.error.code).name
-            if metrics is not None:
-                metrics.observe("invoke", started, code)     # as a unary Invoke
-            await self._send(answer)        # a cancel now (the peer gave up) skips it
-        finally:
-            self.tasks.pop(msg.id, None)
+            else:
+                response = await self.gateway._invoke(msg.invoke, self.context)
+            answer = pb.CallAnswer(id=msg.id, response=response)
+        except CallFailed as e:
+            answer = self._failure(msg, e.error, e.leader_hint)
+        except (ValueError, TypeError) as e:   # a value the wire conversion refused
+            answer = self._failure(msg, Error(Code.INVALID_ARGUMENT, str(e)))
+        except TimeoutError:
+            answer = self._failure(msg, Error(
+                Code.UNAVAILABLE, f"no answer within the call's deadline of "
+                f"{msg.deadline:g} s; retry", "CallDeadline"))
+        except asyncio.CancelledError:
+            if msg.id not in self.withdrawn:
+                raise                       # the stream ends: nobody to answer
             self.withdrawn.discard(msg.id)
+            answer = self._failure(msg, CANCELLED)
+        if answer.HasField("error"):
+            code = Code(answer.error.code).name
+        if metrics is not None:
+            metrics.observe("invoke", started, code)     # as a unary Invoke
+        await self._send(answer, msg.id)     # a cancel now (the peer gave up) skips it
 
     def _failure(self, msg: Any, error: Error, leader_hint: str = "") -> Any:
         if log.isEnabledFor(logging.INFO):
@@ -183,8 +199,11 @@ class CallStream:
                      inv.session, inv.seq, error, msg.id)
         return pb.CallAnswer(id=msg.id, error=wire.error_detail(error, leader_hint))
 
-    async def _send(self, answer: Any) -> None:
-        """Write `answer` when the writes before it are done (most often at once)."""
+    async def _send(self, answer: Any, call_id: int | None = None) -> None:
+        """Write `answer` when the writes before it are done (most often at once); it counts
+        as the answer of the call (`_answered`) whether or not the write succeeds."""
+        if call_id is not None:
+            self.sending.add(call_id)
         size = answer.ByteSize()
         if self.queued_bytes and self.queued_bytes + size > self.answer_budget:
             answer = pb.CallAnswer(id=answer.id, error=wire.error_detail(Error(
