@@ -576,3 +576,16 @@ def test_cli_server_commands_hand_over_their_arguments(monkeypatch, tmp_path, ca
     s = got["server"]          # handed over as given: gesmas.server.config merges the sources
     assert (s.config, s.client_addr, s.peers, s.skip_entries, s.id) == (
         str(config), "0.0.0.0:9", ["a:1", "b:2"], [4], None)
+
+
+def test_call_stream_setting_from_argument_and_environment(monkeypatch):
+    from gesmas.client import core
+    monkeypatch.delenv("GESMAS_CALL_STREAM", raising=False)
+    assert core.call_stream_setting(None) is True
+    for off in ("0", "false", "No", " off "):
+        monkeypatch.setenv("GESMAS_CALL_STREAM", off)
+        assert core.call_stream_setting(None) is False
+        assert core.call_stream_setting(True) is True       # the argument wins
+    monkeypatch.setenv("GESMAS_CALL_STREAM", "1")
+    assert core.call_stream_setting(None) is True
+    assert core.call_stream_setting(False) is False
