@@ -40,13 +40,13 @@ from typing import Any
 import grpc
 
 from gesmas.client import convert, core
+from gesmas.aio.proxies import PROXIES, BarrierProxy, LockProxy, ObjectProxy, SemaphoreProxy
 from gesmas.aio.streams import CallStream
-from gesmas.client.client import (CALLS_PER_STREAM, CHANNEL_OPTIONS, DEADLINE_MARGIN,
-                                  MAX_MESSAGE, MAX_RPC_DEADLINE, RPC_TIMEOUT, ClientClosed,
-                                  parse_cluster)
+from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
+                                  MAX_RPC_DEADLINE, RPC_TIMEOUT, ClientClosed, parse_cluster)
 from gesmas.client.errors import (GesmasError, NotFound, SessionExpired)
 from gesmas.client.security import TLS, Login, resolve_tls
-from gesmas.client.streams import Unsupported
+from gesmas.client.streams import Unsupported, pick_stream
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
@@ -230,18 +230,12 @@ class Client:
         if self._closed:
             raise ClientClosed()
         pool = self._streams.setdefault(address, [])
-        best = None
-        for stream in list(pool):
-            if not stream.usable or stream.metadata != metadata:
-                stream.finish()
-                pool.remove(stream)
-            elif best is None or stream.in_flight < best.in_flight:
-                best = stream
-        if best is None or best.in_flight >= CALLS_PER_STREAM:
-            best = CallStream(self._connection(address).stub, address, metadata, self._login,
-                              MAX_MESSAGE)
-            pool.append(best)
-        return best
+        stream = pick_stream(pool, metadata)
+        if stream is None:
+            stream = CallStream(self._connection(address).stub, address, metadata,
+                                self._login, MAX_MESSAGE)
+            pool.append(stream)
+        return stream
 
     async def _attempt(self, address: str, method: str, request: Any,
                        deadline: float | None, login: bool = True) -> Any:
@@ -327,7 +321,7 @@ class Client:
         key = (class_name, name)
         proxy = self._proxies.get(key)
         if proxy is None:
-            proxy = _PROXIES.get(class_name, ObjectProxy)(self, class_name, name,
+            proxy = PROXIES.get(class_name, ObjectProxy)(self, class_name, name,
                                                           (args, kwargs))
             self._proxies[key] = proxy
             while len(self._proxies) > PROXY_CACHE:
@@ -385,73 +379,3 @@ class Client:
                 "commit_index": resp.commit_index, "last_applied": resp.last_applied,
                 "object_count": resp.object_count, "waiter_count": resp.waiter_count,
                 "session_count": resp.session_count}
-
-
-class ObjectProxy:
-    """A named object; ``await proxy.method(*args, timeout=None, **kwargs)``."""
-
-    def __init__(self, client: Client, class_name: str, object_name: str,
-                 create: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> None:
-        self.client = client
-        self.class_name = class_name
-        self.object_name = object_name
-        self._create = create
-
-    def __repr__(self) -> str:
-        return f"<aio {type(self).__name__} {self.class_name} {self.object_name!r}>"
-
-    async def invoke(self, method: str, *args: Any, timeout: float | None = None,
-                     **kwargs: Any) -> Any:
-        return await self.client._invoke(self.class_name, self.object_name, method, args,
-                                         kwargs, timeout, self._create)
-
-    def __getattr__(self, method: str) -> Any:
-        if method.startswith("_"):
-            raise AttributeError(method)
-
-        async def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
-            return await self.invoke(method, *args, timeout=timeout, **kwargs)
-
-        call.__name__ = call.__qualname__ = method
-        return call
-
-
-class LockProxy(ObjectProxy):
-    """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases."""
-
-    async def acquire(self, timeout: float | None = None) -> int:
-        fence: int = await self.invoke("acquire", timeout=timeout)
-        return fence
-
-    async def release(self) -> None:
-        await self.invoke("release")
-
-    async def __aenter__(self) -> int:
-        return await self.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.release()
-
-
-class SemaphoreProxy(ObjectProxy):
-    async def acquire(self, timeout: float | None = None) -> Any:
-        return await self.invoke("acquire", timeout=timeout)
-
-    async def release(self, n: int = 1) -> None:
-        await self.invoke("release", n)
-
-    async def __aenter__(self) -> Any:
-        return await self.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.release()
-
-
-class BarrierProxy(ObjectProxy):
-    async def wait(self, timeout: float | None = None) -> int:
-        index: int = await self.invoke("wait", timeout=timeout)
-        return index
-
-
-_PROXIES: dict[str, type[ObjectProxy]] = {"Lock": LockProxy, "Semaphore": SemaphoreProxy,
-                                          "Barrier": BarrierProxy}

@@ -15,9 +15,10 @@ from typing import Any
 import grpc
 
 from gesmas.client import core
-from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_detail
+from gesmas.client.errors import Unavailable
 from gesmas.client.security import Login
-from gesmas.client.streams import Unsupported
+from gesmas.client.streams import (Unsupported, call_message, ended, no_answer, response,
+                                   stream_failure)
 from gesmas.v1 import gesmas_pb2 as pb
 
 __all__ = ["CallStream"]
@@ -58,12 +59,7 @@ class CallStream:
                     fut.set_result(answer)
             failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                failure = Unsupported(f"{self.address} does not serve the Calls stream")
-            else:
-                failure = core.classify(e, self.address, self._login, self.metadata)
-                if not isinstance(failure, core.Failure):
-                    failure = core.Failure(Unavailable(f"{self.address}: {failure}"))
+            failure = stream_failure(e, self.address, self._login, self.metadata)
         except asyncio.CancelledError:
             failure = core.Failure(Unavailable(f"{self.address}: the call stream was closed"))
         self.broken = failure
@@ -73,15 +69,9 @@ class CallStream:
                 fut.set_exception(failure)
 
     async def call(self, request: Any, deadline: float | None) -> Any:
-        msg = pb.Call(invoke=request, deadline=deadline or 0.0)
-        size = msg.ByteSize() + 16
-        if size > self.max_message:
-            raise ResourceExhausted(f"the call's message is {size} bytes, over the "
-                                    f"{self.max_message} byte limit")
-        if isinstance(self.broken, Unsupported):
-            raise Unsupported(str(self.broken))
+        msg = call_message(request, deadline, self.max_message)
         if not self.usable:
-            raise core.Failure(Unavailable(f"{self.address}: the call stream ended"))
+            raise ended(self.address, self.broken)
         call_id = msg.id = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = fut
@@ -97,17 +87,13 @@ class CallStream:
             answer = await asyncio.wait_for(asyncio.shield(fut), deadline)
         except asyncio.TimeoutError:
             self._withdraw(call_id)
-            raise core.Failure(Unavailable(
-                f"{self.address}: no answer within {deadline:g} s")) from None
+            raise no_answer(self.address, deadline) from None
         except (core.Failure, Unsupported):
             raise
         except BaseException:          # the awaiting task was cancelled: withdraw the wait
             self._withdraw(call_id)
             raise
-        if answer.HasField("error"):
-            raise core.classify_error(error_from_detail(answer.error), self.address,
-                                      self._login, self.metadata)
-        return answer.response
+        return response(answer, self.address, self._login, self.metadata)
 
     def _withdraw(self, call_id: int) -> None:
         if self._pending.pop(call_id, None) is not None and self.usable:

@@ -53,18 +53,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from gesmas.client import convert, core
+from gesmas.client.admin import AdminCalls, ClassSource, NodeHealth, ObjectInfo, Status
 from gesmas.client.errors import (
     GesmasError,
     NotFound,
     SessionExpired,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
-from gesmas.client.streams import CallStream, Unsupported
+from gesmas.client.streams import CallStream, Unsupported, pick_stream
 from gesmas.client.proxies import (
     PROXIES,
     BarrierProxy,
@@ -103,12 +104,10 @@ MAX_RPC_DEADLINE = 365 * 24 * 3600.0
 def rpc_deadline(timeout: float | None) -> float | None:
     """The gRPC deadline (seconds from now) of a call that may wait `timeout` seconds."""
     return core.rpc_deadline(timeout, DEADLINE_MARGIN, MAX_RPC_DEADLINE)
-#: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
-RPC_TIMEOUT = 10.0
+
+
+RPC_TIMEOUT = core.RPC_TIMEOUT
 MAX_MESSAGE = 16 * 1024 * 1024
-#: Calls in flight on one Calls stream before the client opens another to the same replica
-#: (a replica takes 1000 at a time from one stream: gesmas.server.streams.MAX_IN_FLIGHT).
-CALLS_PER_STREAM = 900
 #: Proxies a client remembers, so that repeated accessor calls cost no round trip.
 PROXY_CACHE = 1024
 CHANNEL_OPTIONS = [
@@ -140,43 +139,6 @@ def parse_cluster(cluster: str | list[str] | tuple[str, ...] | None) -> list[str
     return list(dict.fromkeys(addresses))  # drop duplicates, keep order
 
 
-# --- results of the admin calls (plain dicts, JSON-ready) ---------------------------------
-
-
-class ObjectInfo(TypedDict):
-    name: str
-    class_name: str
-    class_version: int
-    waiters: int  # calls blocked on it
-
-
-class ClassSource(TypedDict):
-    name: str
-    version: int
-    source: str
-
-
-class NodeHealth(TypedDict):
-    node_id: str  # Raft address
-    address: str  # client address
-    connected: bool  # as the answering replica sees it
-    match_index: int  # leader's view, else 0
-
-
-class Status(TypedDict):
-    address: str  # the client address of the replica that answered
-    node_id: str
-    leader_address: str
-    is_leader: bool
-    term: int
-    commit_index: int
-    last_applied: int
-    object_count: int
-    waiter_count: int
-    session_count: int
-    nodes: list[NodeHealth]
-
-
 # --- the client ---------------------------------------------------------------------------
 
 
@@ -188,7 +150,7 @@ class ClientClosed(SessionExpired):
         super().__init__(message, type, leader_hint)
 
 
-class Client:
+class Client(AdminCalls):
     """A connection to a gesmas cluster with one session; safe to share between threads.
 
     ``cluster`` is "host:port,host:port,..." or a list (default: env GESMAS_CLUSTER, else
@@ -379,20 +341,13 @@ class Client:
         stub = self._stub(address)
         with self._lock:
             pool = self._streams.setdefault(address, [])
-            best = None
-            for stream in list(pool):
-                if not stream.usable or stream.metadata != metadata:
-                    stream.finish()
-                    pool.remove(stream)
-                elif best is None or stream.in_flight < best.in_flight:
-                    best = stream
-            if best is not None and best.in_flight < CALLS_PER_STREAM:
-                return best
-            if self._channels_closed:
-                raise ClientClosed()
-            best = CallStream(stub, address, metadata, self._login, MAX_MESSAGE)
-            pool.append(best)
-            return best
+            stream = pick_stream(pool, metadata)
+            if stream is None:
+                if self._channels_closed:
+                    raise ClientClosed()
+                stream = CallStream(stub, address, metadata, self._login, MAX_MESSAGE)
+                pool.append(stream)
+            return stream
 
     def _authenticate(self, address: str) -> Callable[[str, str], tuple[str, float]]:
         def authenticate(user: str, password: str) -> tuple[str, float]:
@@ -617,102 +572,3 @@ class Client:
         except NotFound:
             if not retried:  # on a retry, an earlier attempt may have deleted it
                 raise
-
-    def list_objects(self) -> list[ObjectInfo]:
-        """Every live object: [{"name", "class_name", "class_version", "waiters"}, ...]."""
-        resp = self._call("ListObjects", pb.ListObjectsRequest())
-        return [ObjectInfo(name=o.name, class_name=o.class_name, class_version=o.class_version,
-                           waiters=o.waiters) for o in resp.objects]
-
-    # --- classes -------------------------------------------------------------------------------
-
-    def register_class(self, source: str) -> dict[str, int]:
-        """Upload Python source defining classes; returns {class name: version}."""
-        resp = self._call("RegisterClass", pb.RegisterClassRequest(source=source))
-        return {c.name: c.version for c in resp.classes}
-
-    def list_classes(self) -> dict[str, int]:
-        """{class name: newest version}."""
-        resp = self._call("ListClasses", pb.ListClassesRequest())
-        return {c.name: c.version for c in resp.classes}
-
-    def get_class(self, name: str, version: int | None = None) -> ClassSource:
-        """{"name", "version", "source"} of a class (default: its newest version)."""
-        request = pb.GetClassRequest(name=name)
-        if version is not None:
-            request.version = version
-        resp = self._call("GetClass", request)
-        return ClassSource(name=resp.name, version=resp.version, source=resp.source)
-
-    # --- cluster ---------------------------------------------------------------------------
-
-    def status(self) -> Status:
-        """The cluster as the leader sees it (or, without a known leader, any replica): a
-        dict with the StatusResponse fields, ``address`` (who answered) and ``nodes``."""
-        address, resp = self._send("Status", pb.StatusRequest())
-        leader = resp.leader_address
-        if not resp.is_leader and leader and leader != address:
-            try:
-                resp = self._attempt(leader, "Status", pb.StatusRequest(), RPC_TIMEOUT)
-                address = leader
-            except (core.Failure, GesmasError) as e:
-                log.debug("gesmas: status from leader %s failed: %s", leader, e)
-        nodes = [NodeHealth(node_id=n.node_id, address=n.address, connected=n.connected,
-                            match_index=n.match_index) for n in resp.nodes]
-        return Status(
-            address=address, node_id=resp.node_id, leader_address=resp.leader_address,
-            is_leader=resp.is_leader, term=resp.term, commit_index=resp.commit_index,
-            last_applied=resp.last_applied, object_count=resp.object_count,
-            waiter_count=resp.waiter_count, session_count=resp.session_count, nodes=nodes,
-        )
-
-    def state_digest(self) -> str:
-        """A hash of the replicated state as computed by the replica this client's calls go
-        to (with ``route="replica"``: the replica it was given), at the point in the log
-        where the request was applied. Replicas that agree give equal digests when nothing
-        else changes the state in between. O(state) on every replica: for checks, not for
-        polling."""
-        _, resp = self._send("Status", pb.StatusRequest(with_digest=True))
-        return resp.state_digest
-
-    # --- membership (administration) ---------------------------------------------------------
-
-    def add_node(self, raft_addr: str, client_addr: str = "") -> bool:
-        """Add the replica with Raft address ``raft_addr`` ("host:port") to the cluster's Raft
-        configuration; ``client_addr`` is its client address, for leader hints. Goes to the
-        leader (followed through leader hints) and returns once the change is committed:
-        True if it was added, False if it already was a member. Start the new replica
-        afterwards (README "Replacing a node"). Raises ``ApplicationError`` (type
-        "MembershipChangeDenied") if the Raft layer refuses the change, ``Unavailable`` if
-        no leader could confirm it in time."""
-        resp = self._call("AddNode", pb.AddNodeRequest(raft_addr=raft_addr,
-                                                       client_addr=client_addr),
-                          rpc_timeout=RPC_TIMEOUT + 5.0)
-        return bool(resp.changed)
-
-    # --- users, roles, auth (administration) ------------------------------------------------
-
-    def auth(self, op: str, **args: Any) -> Any:
-        """One operation on users, roles, quotas or the auth flag (AuthRequest in the proto:
-        ``user_add``, ``user_grant``, ``role_grant``, ``auth_enable``, ...); returns its
-        answer. Passwords go as ``password=`` and are hashed by the replica."""
-        request = pb.AuthRequest(op=op)
-        convert.fill_map(request.args, args)
-        return convert.from_value(self._call("Auth", request).result)
-
-    def authenticate(self) -> str:
-        """Log in now (normally done on the first call) and return the token, e.g. to hand
-        to another process as ``Client(token=...)``."""
-        if not self._login.can_renew():
-            raise ValueError("authenticate() needs user= and password=")
-        address = self._routing.first(False)
-        meta = self._login.metadata(self._authenticate(address))
-        return meta[0][1].partition(" ")[2]
-
-    def remove_node(self, raft_addr: str) -> bool:
-        """Remove the replica with Raft address ``raft_addr`` from the Raft configuration
-        (e.g. a dead one). True if it was removed, False if it was not a member. The leader
-        cannot remove itself (``ApplicationError``, type "IsLeader")."""
-        resp = self._call("RemoveNode", pb.RemoveNodeRequest(raft_addr=raft_addr),
-                          rpc_timeout=RPC_TIMEOUT + 5.0)
-        return bool(resp.changed)

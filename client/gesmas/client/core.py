@@ -26,6 +26,8 @@ __all__ = ["Attempts", "Failure", "KeepAlives", "Routing", "Sequencer", "classif
            "classify_error"]
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
+#: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
+RPC_TIMEOUT = 10.0
 #: An attempt that lasted this long before failing had reached a replica: the failure
 #: starts a new retry period instead of counting against the current one.
 ATTACHED = 3.0

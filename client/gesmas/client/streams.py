@@ -30,11 +30,75 @@ from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_deta
 from gesmas.client.security import Login
 from gesmas.v1 import gesmas_pb2 as pb
 
-__all__ = ["CallStream", "Unsupported"]
+__all__ = ["CallStream", "Unsupported", "call_message", "ended", "stream_failure", "response",
+           "no_answer", "pick_stream", "CALLS_PER_STREAM"]
+
+#: Calls in flight on one Calls stream before the client opens another to the same replica
+#: (a replica takes 1000 at a time from one stream: gesmas.server.streams.MAX_IN_FLIGHT).
+CALLS_PER_STREAM = 900
 
 
 class Unsupported(Exception):
     """The replica does not know the Calls stream (an older version): use unary Invoke."""
+
+
+# -- the rules of a stream call, shared with gesmas.aio.streams (no I/O) -----------------------
+
+def call_message(request: Any, deadline: float | None, max_message: int) -> Any:
+    """The Call carrying ``request``; one over the size limit is refused here, since sent it
+    would end the stream with every call on it."""
+    msg = pb.Call(invoke=request, deadline=deadline or 0.0)
+    size = msg.ByteSize() + 16                  # with the id
+    if size > max_message:
+        raise ResourceExhausted(f"the call's message is {size} bytes, over the "
+                                f"{max_message} byte limit")
+    return msg
+
+
+def ended(address: str, broken: BaseException | None) -> BaseException:
+    """What a call on a stream that cannot take it raises."""
+    if isinstance(broken, Unsupported):
+        return Unsupported(str(broken))
+    return core.Failure(Unavailable(f"{address}: the call stream ended"))
+
+
+def stream_failure(e: grpc.RpcError, address: str, login: Login,
+                   metadata: tuple[tuple[str, str], ...]) -> BaseException:
+    """What the calls of a stream that ended with ``e`` fail with: Unsupported (an older
+    replica), else a Failure (retried elsewhere with the same seq)."""
+    if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return Unsupported(f"{address} does not serve the Calls stream")
+    failure = core.classify(e, address, login, metadata)
+    if not isinstance(failure, core.Failure):   # the RPC itself was refused
+        failure = core.Failure(Unavailable(f"{address}: {failure}"))
+    return failure
+
+
+def response(answer: Any, address: str, login: Login,
+             metadata: tuple[tuple[str, str], ...]) -> Any:
+    """The InvokeResponse of ``answer``, or the error it carries, classified as for unary."""
+    if answer.HasField("error"):
+        raise core.classify_error(error_from_detail(answer.error), address, login, metadata)
+    return answer.response
+
+
+def no_answer(address: str, deadline: float | None) -> core.Failure:
+    return core.Failure(Unavailable(f"{address}: no answer within {deadline:g} s"))
+
+
+def pick_stream(pool: list[Any], metadata: tuple[tuple[str, str], ...]) -> Any | None:
+    """The least busy stream of ``pool`` opened with ``metadata`` and with room for a call;
+    streams that ended or carry older credentials are finished and dropped (a stream's
+    metadata is fixed when it opens: after a new login the older ones finish their calls).
+    None: open a new one."""
+    best = None
+    for stream in list(pool):
+        if not stream.usable or stream.metadata != metadata:
+            stream.finish()
+            pool.remove(stream)
+        elif best is None or stream.in_flight < best.in_flight:
+            best = stream
+    return best if best is not None and best.in_flight < CALLS_PER_STREAM else None
 
 
 class CallStream:
@@ -74,12 +138,7 @@ class CallStream:
                     fut.set_result(answer)
             failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                failure = Unsupported(f"{self.address} does not serve the Calls stream")
-            else:
-                failure = core.classify(e, self.address, self._login, self.metadata)
-            if not isinstance(failure, (core.Failure, Unsupported)):   # the RPC was refused
-                failure = core.Failure(Unavailable(f"{self.address}: {failure}"))
+            failure = stream_failure(e, self.address, self._login, self.metadata)
         except BaseException as e:                         # pragma: no cover - a bug
             failure = core.Failure(Unavailable(f"{self.address}: call stream failed: {e!r}"))
         with self._lock:
@@ -92,17 +151,11 @@ class CallStream:
     def call(self, request: Any, deadline: float | None) -> Any:
         """Send the InvokeRequest and return its InvokeResponse; ``deadline`` in seconds
         (None: wait as long as the replica holds the call)."""
-        msg = pb.Call(invoke=request, deadline=deadline or 0.0)
-        size = msg.ByteSize() + 16                  # with the id
-        if size > self.max_message:                 # it would end the stream: refuse it here
-            raise ResourceExhausted(f"the call's message is {size} bytes, over the "
-                                    f"{self.max_message} byte limit")
+        msg = call_message(request, deadline, self.max_message)
         fut: Future[Any] = Future()
         with self._lock:       # with the put: no message goes after finish()'s end mark
-            if isinstance(self.broken, Unsupported):
-                raise Unsupported(str(self.broken))
             if self.broken is not None or self._closing:
-                raise core.Failure(Unavailable(f"{self.address}: the call stream ended"))
+                raise ended(self.address, self.broken)
             call_id = msg.id = next(self._ids)
             self._pending[call_id] = fut
             self._outgoing.put(msg)
@@ -110,17 +163,13 @@ class CallStream:
             answer = fut.result(timeout=deadline)
         except FutureTimeout:
             self._withdraw(call_id)
-            raise core.Failure(Unavailable(
-                f"{self.address}: no answer within {deadline:g} s")) from None
+            raise no_answer(self.address, deadline) from None
         except (core.Failure, Unsupported):
             raise
         except BaseException:           # KeyboardInterrupt and the like: withdraw the wait
             self._withdraw(call_id)
             raise
-        if answer.HasField("error"):
-            raise core.classify_error(error_from_detail(answer.error), self.address,
-                                      self._login, self.metadata)
-        return answer.response
+        return response(answer, self.address, self._login, self.metadata)
 
     def _withdraw(self, call_id: int) -> None:
         with self._lock:

@@ -131,10 +131,10 @@ def state_digest(self: Kernel, volatile: bool = True, parts: dict[str, str] | No
     interned string, say) does not change the bytes; an object with reference cycles is
     pickled with a memo instead."""
     h = hashlib.sha256()
-    h.update(pickle.dumps(self.registry.dump(), protocol=5))
+    registry = pickle.dumps(self.registry.dump(), protocol=5)
+    h.update(registry)
     if parts is not None:
-        parts["registry"] = hashlib.sha256(pickle.dumps(self.registry.dump(), protocol=5)
-                                           ).hexdigest()[:12]
+        parts["registry"] = hashlib.sha256(registry).hexdigest()[:12]
     waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
              for r in self._blocked()]
     state = self._state()
@@ -149,22 +149,13 @@ def state_digest(self: Kernel, volatile: bool = True, parts: dict[str, str] | No
         if parts is not None:
             parts[name] = hashlib.sha256(_part_bytes(self, part, limit)).hexdigest()[:12]
     for part in (state, waits, *objects):
-        if state_size(part, limit, unfold=True) > limit:
-            h.update(_tree_digest(part, self.registry.persistent_id))
-            continue
-        buf = io.BytesIO()
-        p = pickle.Pickler(buf, protocol=5)
-        p.fast = True
-        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
-        try:
-            p.dump(part)
-        except ValueError:                       # a cycle
-            buf = io.BytesIO(pickle_state(self, part))
-        h.update(buf.getvalue())
+        h.update(_part_bytes(self, part, limit))
     return h.hexdigest()
 
 
 def _part_bytes(self: Kernel, part: Any, limit: int) -> bytes:
+    """What the digest hashes of one part: its memo-less pickle, a pickle with a memo if it
+    has a cycle, or a digest of its tree when it unfolds past `limit` bytes."""
     if state_size(part, limit, unfold=True) > limit:
         return _tree_digest(part, self.registry.persistent_id)
     buf = io.BytesIO()
@@ -173,7 +164,7 @@ def _part_bytes(self: Kernel, part: Any, limit: int) -> bytes:
     p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
     try:
         p.dump(part)
-    except ValueError:
+    except ValueError:                       # a cycle
         return pickle_state(self, part)
     return buf.getvalue()
 

@@ -1,0 +1,80 @@
+"""The asyncio client's object proxies: ``await proxy.method(...)`` invokes the method; the
+lock and semaphore proxies are async context managers (``gesmas.aio.Client`` makes them)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gesmas.aio import Client
+
+__all__ = ["BarrierProxy", "LockProxy", "ObjectProxy", "SemaphoreProxy", "PROXIES"]
+
+
+class ObjectProxy:
+    """A named object; ``await proxy.method(*args, timeout=None, **kwargs)``."""
+
+    def __init__(self, client: Client, class_name: str, object_name: str,
+                 create: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> None:
+        self.client = client
+        self.class_name = class_name
+        self.object_name = object_name
+        self._create = create
+
+    def __repr__(self) -> str:
+        return f"<aio {type(self).__name__} {self.class_name} {self.object_name!r}>"
+
+    async def invoke(self, method: str, *args: Any, timeout: float | None = None,
+                     **kwargs: Any) -> Any:
+        return await self.client._invoke(self.class_name, self.object_name, method, args,
+                                         kwargs, timeout, self._create)
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        async def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+            return await self.invoke(method, *args, timeout=timeout, **kwargs)
+
+        call.__name__ = call.__qualname__ = method
+        return call
+
+
+class LockProxy(ObjectProxy):
+    """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases."""
+
+    async def acquire(self, timeout: float | None = None) -> int:
+        fence: int = await self.invoke("acquire", timeout=timeout)
+        return fence
+
+    async def release(self) -> None:
+        await self.invoke("release")
+
+    async def __aenter__(self) -> int:
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class SemaphoreProxy(ObjectProxy):
+    async def acquire(self, timeout: float | None = None) -> Any:
+        return await self.invoke("acquire", timeout=timeout)
+
+    async def release(self, n: int = 1) -> None:
+        await self.invoke("release", n)
+
+    async def __aenter__(self) -> Any:
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class BarrierProxy(ObjectProxy):
+    async def wait(self, timeout: float | None = None) -> int:
+        index: int = await self.invoke("wait", timeout=timeout)
+        return index
+
+
+PROXIES: dict[str, type[ObjectProxy]] = {"Lock": LockProxy, "Semaphore": SemaphoreProxy,
+                                         "Barrier": BarrierProxy}
