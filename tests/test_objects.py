@@ -1256,6 +1256,34 @@ def _herd_after(h, ctx):
     return h.order(tags), [h.value(t) for t in tags]
 
 
+def _tooz_setup(h):
+    h.make("Election", "e")
+    h.make("SharedLock", "s")
+    h.make("Group", "g")
+    a, b, c, d = h.sessions(4)
+    h.ok(a, "e", "try_campaign", "A")
+    tb = h.call(b, "e", "campaign", "B")
+    tc = h.call(c, "e", "campaign", "C", timeout=3)
+    h.ok(a, "s", "acquire", "x", True)
+    sx = h.call(b, "s", "acquire", "y")                # exclusive: waits for the reader
+    sr = h.call(c, "s", "acquire", "z", True)          # FIFO: waits behind the writer
+    v = h.ok(d, "g", "changes")["version"]
+    tg = h.call(d, "g", "changes", v)
+    return a, b, c, d, tb, tc, sx, sr, tg
+
+
+def _tooz_after(h, ctx):
+    a, b, c, d, tb, tc, sx, sr, tg = ctx
+    h.ok(a, "g", "join", "m", None)
+    h.ok(a, "e", "resign", "A")                        # B is elected
+    h.tick(3)                                          # C gives up
+    h.ok(a, "s", "release", "x")                       # the writer, then the reader
+    holders = (h.ok(b, "s", "is_owner", "y"), h.ok(c, "s", "is_owner", "z"))
+    h.ok(b, "s", "release", "y")
+    return [h.value(tb), h.error(tc).code, h.ok(d, "e", "leader"), h.value(sx), holders,
+            h.value(sr), h.ok(c, "s", "is_owner", "z"), h.value(tg)["members"]]
+
+
 SCENARIOS = {
     "queue": (_q_setup, _q_after),
     "lock": (_lock_setup, _lock_after),
@@ -1265,6 +1293,7 @@ SCENARIOS = {
     "rwlock": (_rw_setup, _rw_after),
     "election": (_election_setup, _election_after),
     "queue-herd": (_herd_setup, _herd_after),
+    "tooz": (_tooz_setup, _tooz_after),
 }
 
 

@@ -20,7 +20,8 @@ SharedLock: tooz's lock: exclusive or shared (readers), owned by a (session, tok
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gesmas.server.kernel.dialect import Semaphore, SessionEnded, Timeout, context
+    from gesmas.server.kernel.dialect import (Interrupted, Semaphore, SessionEnded, Timeout,
+                                              context)
 
 
 class MemberAlreadyExist(RuntimeError):
@@ -134,6 +135,9 @@ class Election:
             if entry in self._waiting:
                 self._waiting.remove(entry)
             raise
+        except Interrupted:               # a checkpoint re-runs this call: it queues again
+            self._waiting.remove(entry)
+            raise
         return True
 
     def resign(self, member):
@@ -181,6 +185,9 @@ class SharedLock:
             if entry in self._queue:
                 self._queue.remove(entry)
                 self._pump()
+            raise
+        except Interrupted:               # a checkpoint re-runs every waiter in this order:
+            self._queue.remove(entry)     # no grant here, or the re-run would take it twice
             raise
         return True
 
