@@ -13,9 +13,14 @@ renumbering anything (session ids are log indices).
   B. A Checkpoint at any position changes no other completion, and leaves the same digest.
   C. Restoring from that checkpoint's blob and applying the rest of the log gives the same
      completions after the checkpoint and the same final digest.
+
+Each runs twice: on an uploaded class (a checkpoint interrupts and re-runs its waiters) and
+on the standard bounded Queue registered as the replicas do (a checkpoint leaves its waiters
+in place; only a restored kernel re-runs them).
 """
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +28,18 @@ from gesmas.server.kernel import (Cancel, Checkpoint, CloseSession, Config, Crea
                                   DeleteObject, ExpireSession, Invoke, Kernel, OpenSession,
                                   Query, RegisterClass, Tick)
 
+from gesmas.objects import RESERVED_CLASSES, standard_sources
+from gesmas.server.kernel.auth import SYSTEM
+
 from kernel_harness import replay
+
+CONFIG = Config(step_budget=50_000, reserved_classes=RESERVED_CLASSES)
+QUEUE = dict(standard_sources())["queue"]
+# subject -> (class source, registering user, class, method for put / get / peek, put's args)
+SUBJECTS = {
+    "uploaded": ("", "Buffer", {"put": "put", "get": "get", "peek": "peek"}),
+    "standard": (SYSTEM, "Queue", {"put": "produce", "get": "consume", "peek": "size"}),
+}
 
 BUFFER = '''
 class Buffer:
@@ -66,8 +82,10 @@ ops = st.lists(st.tuples(op, st.sampled_from([0.0, 0.0, 0.25, 1.0]), st.booleans
                min_size=8, max_size=40)
 
 
-def build(script) -> list[tuple[int, object]]:
+def build(script, subject: str = "uploaded") -> list[tuple[int, object]]:
     """Turn abstract ops into a log: [(index, command)], indices 2, 4, 6 ..."""
+    user, cls, methods = SUBJECTS[subject]
+    source = BUFFER if subject == "uploaded" else QUEUE
     log: list[tuple[int, object]] = []
     clock = 0.0
     sessions: list[int] = []          # open, in opening order
@@ -78,8 +96,8 @@ def build(script) -> list[tuple[int, object]]:
     def add(cmd):
         log.append((2 * (len(log) + 1), cmd))
 
-    add(RegisterClass(ts=clock, tag="reg", source=BUFFER))
-    add(CreateObject(ts=clock, tag="mk", class_name="Buffer", name="buf", args=[1]))
+    add(RegisterClass(ts=clock, tag="reg", source=source, user=user))
+    add(CreateObject(ts=clock, tag="mk", class_name=cls, name="buf", args=[1]))
     for n in range(3):
         add(OpenSession(ts=clock, tag=f"open{n}", ttl=30.0))
         sessions.append(log[-1][0])
@@ -99,10 +117,14 @@ def build(script) -> list[tuple[int, object]]:
                 sessions.remove(sid)
         elif what in ("put", "get", "peek"):
             seqs[sid] = seqs.get(sid, 0) + 1
-            args = {"put": [x, t1], "get": [t1], "peek": []}[what]
+            if subject == "uploaded":
+                args = {"put": [x, t1], "get": [t1], "peek": []}[what]
+            else:                                  # the Queue has no acquire timeouts
+                args = {"put": [x], "get": [], "peek": []}[what]
             cmd = Invoke(ts=ts, tag=tag, session=sid, seq=seqs[sid], ack=acks.get(sid, 0),
-                         class_name="Buffer" if n % 3 == 0 else "", name="buf", method=what,
-                         args=args, timeout=None if what == "peek" else t2)
+                         class_name=cls if n % 3 == 0 else "", name="buf",
+                         method=methods[what], args=args,
+                         timeout=None if what == "peek" else t2)
             if what != "peek":
                 invokes.append(cmd)
             add(cmd)
@@ -123,7 +145,7 @@ def build(script) -> list[tuple[int, object]]:
         elif what == "delete":
             add(DeleteObject(ts=ts, tag=tag, name="buf"))
         elif what == "create":
-            add(CreateObject(ts=ts, tag=tag, class_name="Buffer", name="buf", args=[1 + x % 2]))
+            add(CreateObject(ts=ts, tag=tag, class_name=cls, name="buf", args=[1 + x % 2]))
         else:
             add(Query(ts=ts, tag=tag, what="stats"))
     clock += 100.0
@@ -139,7 +161,7 @@ def with_checkpoint(log, pos: int):
 
 
 def run(log, encoded=False):
-    return replay(log, Kernel(Config(step_budget=50_000)), encoded=encoded)
+    return replay(log, Kernel(CONFIG), encoded=encoded)
 
 
 def drop(trace, index):
@@ -162,10 +184,11 @@ SETTINGS = settings(max_examples=100, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.parametrize("subject", list(SUBJECTS))
 @SETTINGS
 @given(ops)
-def test_a_same_log_same_completions_and_digest(script):
-    log = build(script)
+def test_a_same_log_same_completions_and_digest(subject, script):
+    log = build(script, subject)
     k1, t1 = run(log, encoded=True)
     k2, t2 = run(log, encoded=False)
     assert t1 == t2
@@ -174,10 +197,11 @@ def test_a_same_log_same_completions_and_digest(script):
     assert len(tags) == len(set(tags)), "a tag completed twice"
 
 
+@pytest.mark.parametrize("subject", list(SUBJECTS))
 @SETTINGS
 @given(ops, st.data())
-def test_b_checkpoint_changes_no_completion(script, data):
-    log = build(script)
+def test_b_checkpoint_changes_no_completion(subject, script, data):
+    log = build(script, subject)
     _, base = run(log)
     pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
     ck_log, ck_index = with_checkpoint(log, pos)
@@ -188,10 +212,11 @@ def test_b_checkpoint_changes_no_completion(script, data):
     assert k.checkpoint_index == ck_index
 
 
+@pytest.mark.parametrize("subject", list(SUBJECTS))
 @SETTINGS
 @given(ops, st.data())
-def test_b_checkpoint_leaves_the_same_final_digest(script, data):
-    log = build(script)
+def test_b_checkpoint_leaves_the_same_final_digest(subject, script, data):
+    log = build(script, subject)
     base_k, _ = run(log)
     pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
     ck_log, ck_index = with_checkpoint(log, pos)
@@ -199,15 +224,16 @@ def test_b_checkpoint_leaves_the_same_final_digest(script, data):
     assert k.state_digest() == base_k.state_digest()
 
 
+@pytest.mark.parametrize("subject", list(SUBJECTS))
 @SETTINGS
 @given(ops, st.data())
-def test_c_restore_and_reapply_gives_same_completions_and_digest(script, data):
-    log = build(script)
+def test_c_restore_and_reapply_gives_same_completions_and_digest(subject, script, data):
+    log = build(script, subject)
     pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
     ck_log, ck_index = with_checkpoint(log, pos)
     k, trace = run(ck_log)
     assert k.checkpoint_index == ck_index
-    restored = Kernel.restore(k.checkpoint_blob, Config(step_budget=50_000))
+    restored = Kernel.restore(k.checkpoint_blob, CONFIG)
     assert restored.index == ck_index
     rest = [(i, c) for i, c in ck_log if i > ck_index]
     r, rtrace = replay(rest, restored)

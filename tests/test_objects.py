@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from gesmas.objects import standard_sources
-from gesmas.server.kernel import (CloseSession, Code, Completion, ExpireSession, Kernel,
-                                  Tick)
+from gesmas.objects import RESERVED_CLASSES, standard_sources
+from gesmas.server.kernel import (CloseSession, Code, Completion, Config, ExpireSession, Kernel,
+                                  RegisterClass, Tick)
+from gesmas.server.kernel.auth import SYSTEM
 
 try:
     from tests.kernel_harness import H
@@ -34,11 +35,15 @@ INVALID, NOT_FOUND = Code.INVALID_ARGUMENT, Code.NOT_FOUND
 class OH(H):
     """The shared kernel harness, with the standard classes registered and a few shortcuts."""
 
-    def __init__(self, *, kernel: Kernel | None = None, standard: bool = True) -> None:
-        super().__init__(kernel=kernel)
+    def __init__(self, *, kernel: Kernel | None = None, standard: bool = True,
+                 reserved: bool = True) -> None:
+        """`reserved`: the standard class names are reserved, as on a replica, so that a
+        checkpoint trusts their `_restartable` waits; without it every waiter is unwound."""
+        super().__init__(Config(reserved_classes=RESERVED_CLASSES if reserved else
+                                frozenset()), kernel=kernel)
         if standard and kernel is None:
             for module, src in standard_sources():
-                c = self.register(src)
+                c = self.run(RegisterClass(ts=self.ts, source=src, user=SYSTEM))
                 assert c.error is None, f"{module}: {c.error}"
 
     def make(self, cls: str, name: str, *args: Any, **kw: Any) -> None:
@@ -82,7 +87,7 @@ class OH(H):
         """A harness over `Kernel.restore` of the last checkpoint, at the same point."""
         blob = self.kernel.checkpoint_blob
         assert blob is not None
-        other = OH(kernel=Kernel.restore(blob))
+        other = OH(kernel=Kernel.restore(blob, self.kernel.config))
         assert other.kernel.index == self.index
         other.ts, other.seqs, other._tags = self.ts, dict(self.seqs), self._tags
         other.results = dict(self.results)
@@ -1301,11 +1306,15 @@ def _tail(h: OH, mark: int) -> list[tuple[int, list[Completion]]]:
     return h.trace[mark:]
 
 
+@pytest.mark.parametrize("reserved", [True, False], ids=["kept", "unwound"])
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_checkpoint_while_waiting_then_restore_gives_the_same_completions(name):
+def test_checkpoint_while_waiting_then_restore_gives_the_same_completions(name, reserved):
+    """`kept`: as on a replica, the waits the classes list as `_restartable` stay in place
+    at the checkpoint and only the restored kernel re-runs them; `unwound`: every waiter is
+    interrupted and re-run on both."""
     setup, after = SCENARIOS[name]
 
-    ref = OH()                                         # no checkpoint
+    ref = OH(reserved=reserved)                        # no checkpoint
     ctx = setup(ref)
     ref.apply(Tick(ts=ref.ts, tag=ref.tag("c")))      # same index, same tag numbering
     mark = len(ref.trace)
@@ -1313,11 +1322,14 @@ def test_checkpoint_while_waiting_then_restore_gives_the_same_completions(name):
     ref_tail = _tail(ref, mark)
     assert ref_tail, "the scenario must complete calls after the checkpoint"
 
-    h = OH()
+    h = OH(reserved=reserved)
     assert setup(h) == ctx
     waiters = h.kernel._waiting
     assert waiters > 0
+    before = {id(r): r for r in h.kernel._blocked()}
     c = h.checkpoint()
+    kept = [r for r in h.kernel._blocked() if before.get(id(r)) is r]
+    assert bool(kept) == reserved                      # the same requests, still waiting
     assert c.value == h.index
     assert h.trace[-1][1] == [c]                       # the re-run answered nobody
     assert h.kernel._waiting == waiters
@@ -1331,6 +1343,77 @@ def test_checkpoint_while_waiting_then_restore_gives_the_same_completions(name):
     assert after(r, ctx) == want
     assert r.trace == ref_tail
     assert r.kernel.state_digest() == h.kernel.state_digest()
+
+
+def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restore(
+        monkeypatch):
+    from gesmas.server.kernel import checkpoint
+    h = OH()
+    h.make("Queue", "bad")
+    h.make("Queue", "good")
+    a, b = h.sessions(2)
+    lost, kept = h.call(a, "bad", "consume"), h.call(b, "good", "consume")
+    doomed = h.kernel.objects["bad"].instance
+    real = checkpoint.pickle_state
+
+    def pickle_state(kernel, obj):
+        if obj is doomed:
+            raise TypeError("cannot pickle this one")
+        return real(kernel, obj)
+
+    monkeypatch.setattr(checkpoint, "pickle_state", pickle_state)
+    h.checkpoint()
+    e = h.error(lost, NOT_FOUND)
+    assert "dropped" in e.message and "cannot pickle this one" in e.message
+    assert h.kernel._waiting == 1 and h.waiting(kept)
+    r = h.restored()
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+    for k in (h, r):
+        k.ok(a, "good", "produce", "x")
+        assert k.value(kept) == "x"
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+
+
+UNTRUSTED = """
+class Tally:
+    _restartable = ("take",)          # claimed, but only the standard classes are trusted
+
+    def __init__(self):
+        self.gate = Semaphore(0)
+        self.asked = 0
+
+    def take(self):
+        self.asked += 1               # a change before the wait: a re-run must not repeat it
+        try:
+            self.gate.acquire()
+        except Interrupted:
+            self.asked -= 1
+            raise
+        return self.asked
+
+    def give(self):
+        self.gate.release()
+"""
+
+
+def test_only_the_standard_classes_may_keep_their_waits_through_a_checkpoint():
+    h = OH()
+    assert h.register(UNTRUSTED).error is None
+    h.make("Tally", "t")
+    h.make("Queue", "q")
+    a, b = h.sessions(2)
+    waits = [h.call(a, "t", "take"), h.call(b, "t", "take"), h.call(a, "q", "consume")]
+    before = {r.obj: r for r in h.kernel._blocked()}
+    h.checkpoint()
+    after = {r.obj: r for r in h.kernel._blocked()}
+    assert after["q"] is before["q"] and after["t"] is not before["t"]
+    assert h.kernel.objects["t"].instance.asked == 2
+    r = h.restored()
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+    for k in (h, r):
+        k.ok(b, "t", "give")
+        k.ok(b, "t", "give")
+        assert [k.value(t) for t in waits[:2]] == [2, 2] and k.waiting(waits[2])
 
 
 def test_checkpoint_of_a_restored_kernel_restores_again():

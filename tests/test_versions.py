@@ -52,3 +52,34 @@ def test_a_replica_refuses_a_snapshot_of_a_newer_format_and_exits_3(tmp_path):
         env=dict(os.environ, PYTHONHASHSEED=HASH_SEED), stdin=subprocess.DEVNULL)
     assert out.returncode == 3, out.stderr[-2000:]
     assert "snapshot format 99 is not the one this gesmas reads" in out.stderr
+
+
+def test_a_checkpoint_of_format_2_with_waiting_calls_still_restores():
+    """Format 2 (gesmas <= cd0176a) pickled each waiting call as a PendingCall; format 3
+    writes tuples holding the command's log bytes. A replica must still restore the old."""
+    import io
+
+    from gesmas.server.kernel.records import PendingCall
+    from test_objects import OH
+
+    h = OH()
+    h.make("Queue", "q")
+    a, b = h.sessions(2)
+    waits = [h.call(a, "q", "consume"), h.call(b, "q", "consume", timeout=5)]
+    h.checkpoint()
+    buf = io.BytesIO(h.kernel.checkpoint_blob)
+    registry = pickle.load(buf)
+    state, pending, objects = pickle.load(buf)
+    assert state["format"] == 3 and all(type(p[1]) is bytes for p in pending)
+    state["format"] = 2
+    old = io.BytesIO()
+    pickle.dump(registry, old, protocol=5)
+    pickle.dump((state, [PendingCall(p.index, p.cmd, p.tags, p.deadline, p.deadlines)
+                         for p in map(PendingCall.load, pending)], objects), old, protocol=5)
+    h.kernel.checkpoint_blob = old.getvalue()
+    r = h.restored()
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+    for k in (h, r):
+        k.ok(a, "q", "produce", 1)
+        k.ok(a, "q", "produce", 2)
+        assert [k.value(t) for t in waits] == [1, 2]

@@ -24,6 +24,7 @@ class BrokenBarrierError(RuntimeError):
 
 
 class Barrier:
+    _restartable = ("wait",)  # waits a checkpoint leaves in place
     _broken = False                       # class defaults: barriers saved before they existed
     _gen = 0                              # rounds begun: completed, broken or reset
     _failed = -1                          # the last round that was broken or reset
@@ -105,6 +106,7 @@ class Barrier:
 
 
 class DoubleBarrier:
+    _restartable = ("enter", "leave")  # waits a checkpoint leaves in place
     def __init__(self, parties):
         if type(parties) is not int or parties < 1:
             raise ValueError("parties must be a positive int")

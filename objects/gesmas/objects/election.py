@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 
 class LeaderElection:
+    _restartable = ("campaign", "observe")  # waits a checkpoint leaves in place
     def __init__(self):
         self._seat = Semaphore(1)
         self._changed = Semaphore(0)

@@ -37,6 +37,7 @@ class GroupNotEmpty(RuntimeError):
 
 
 class Group:
+    _restartable = ("changes",)  # waits a checkpoint leaves in place
     def __init__(self):
         self._claimed = False
         self._members = {}                # member -> {"caps", "session", "created", "updated"}

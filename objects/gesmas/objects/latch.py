@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 
 class CountDownLatch:
+    _restartable = ("wait",)  # waits a checkpoint leaves in place
     def __init__(self, count):
         if type(count) is not int or count < 0:
             raise ValueError("count must be an int >= 0")

@@ -22,6 +22,7 @@ class LockNotOwned(RuntimeError):
 
 
 class Lock:
+    _restartable = ("acquire",)  # waits a checkpoint leaves in place
     def __init__(self, reentrant=False):
         self.reentrant = bool(reentrant)
         self._gate = Semaphore(1)

@@ -18,6 +18,7 @@ class LockNotOwned(RuntimeError):
     """A release by a session that does not hold that side of the lock."""
 
 class ReadWriteLock:
+    _restartable = ("acquire_read", "acquire_write")  # waits a checkpoint leaves in place
     def __init__(self):
         self._readq = Semaphore(0)
         self._writeq = Semaphore(0)

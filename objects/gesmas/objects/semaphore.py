@@ -23,6 +23,7 @@ else:
 
 
 class Semaphore:
+    _restartable = ("acquire",)  # waits a checkpoint leaves in place
     owned = True                          # class defaults: objects saved before these existed
     bounded = False
 

@@ -77,6 +77,7 @@ class Kernel:
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
         self._measure_every = (config.max_object_bytes >> 2) // 64   # steps between measures
         self._order = 0                  # block sequence number
+        self._raw: bytes | None = None   # the command being applied, as the log holds it
         self._waiting = 0                # live waiters
         self._deadlines: list[tuple[float, int, Waiter]] = []
         self._ready: deque[tuple[Request, BaseException | None]] = deque()
@@ -113,6 +114,7 @@ class Kernel:
         if self.session_changes:
             self.session_changes = []
         Budget.current = self._budget
+        self._raw = command if type(command) is bytes else None
         if isinstance(command, Command):
             cmd = command
         else:
@@ -312,11 +314,12 @@ class Kernel:
             elif rec.cls.name != cmd.class_name:
                 raise KernelError(Code.ALREADY_EXISTS, f"object {cmd.name!r} exists with class "
                                   f"{rec.cls.name}, not {cmd.class_name}")
-        self._start(cmd, s, self.index, [cmd.tag] if cmd.tag else [], None, ())
+        self._start(cmd, s, self.index, [cmd.tag] if cmd.tag else [], None, (),
+                    raw=self._raw)
 
     def _start(self, cmd: codec.Invoke, s: Session, index: int, tags: list[str],
                deadline: float | None, replay: tuple[float | None, ...],
-               rerun: bool = False) -> None:
+               rerun: bool = False, raw: bytes | None = None) -> None:
         rec = self.objects.get(cmd.name)
         if rec is None:
             why = self.dropped.get(cmd.name) if type(cmd.name) is str else None
@@ -350,6 +353,7 @@ class Kernel:
         req.seq = cmd.seq
         req.tags = tags
         req.cmd = cmd
+        req.raw = raw
         req.replay = list(replay)
         if rerun:
             req.deadline = deadline
@@ -447,7 +451,8 @@ class Kernel:
             assert call and req.cmd is not None   # only waiters are interrupted; calls alone wait
             # the re-run waits again where it was waiting, until the same deadline
             self._pending.append(PendingCall(req.index, req.cmd, tuple(req.tags),
-                                             req.deadline, tuple(req.deadlines[-1:])))
+                                             req.deadline, tuple(req.deadlines[-1:]),
+                                             req.raw))
             return
         req.outcome = outcome
         value, error = outcome

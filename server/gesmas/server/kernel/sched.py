@@ -16,6 +16,7 @@ state and several kernels can live in one process.
 """
 from __future__ import annotations
 
+import contextvars
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .kernel import Kernel, Request
 
 _M64 = (1 << 64) - 1
+
+#: True while a checkpoint pickles the kernel. The waiters it leaves in place are written as
+#: its pending calls (re-run on restore), so semaphores and sessions then pickle as if nobody
+#: waited. A context variable, not a global: kernels in other threads are not affected.
+SAVING: contextvars.ContextVar[bool] = contextvars.ContextVar("gesmas_saving", default=False)
 
 
 # -- exceptions delivered at the blocking point --------------------------------------------------
@@ -161,8 +167,10 @@ class Semaphore:
         return [w for w in self._queue if w.live]
 
     def __getstate__(self) -> dict[str, Any]:
-        # A checkpoint pickles only a quiescent kernel (no waiters). The state digest pickles
-        # live kernels too, so waiters are described by who they are, in queue order.
+        # A checkpoint writes its waiters as pending calls (SAVING). The state digest pickles
+        # live kernels too, so there waiters are described by who they are, in queue order.
+        if SAVING.get():
+            return {"value": self._value, "waiting": []}
         return {"value": self._value,
                 "waiting": [w.request.index for w in self._queue if w.live]}
 
