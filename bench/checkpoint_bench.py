@@ -41,7 +41,9 @@ def scrape(addr: str) -> dict[str, float]:
     out = {}
     for line in text.splitlines():
         if line.startswith(("gesmas_checkpoint_seconds_sum", "gesmas_checkpoint_seconds_count",
-                            "gesmas_checkpoint_index", "gesmas_raft_is_leader")):
+                            "gesmas_checkpoint_index", "gesmas_raft_is_leader",
+                            'gesmas_gc_pause_seconds_sum{generation="2"}',
+                            'gesmas_gc_pause_seconds_count{generation="2"}')):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
@@ -100,14 +102,20 @@ def one_run(waiters: int, seconds: float) -> dict[str, object]:
         b = before[node]
         n = a.get("gesmas_checkpoint_seconds_count", 0) - b.get("gesmas_checkpoint_seconds_count", 0)
         s = a.get("gesmas_checkpoint_seconds_sum", 0) - b.get("gesmas_checkpoint_seconds_sum", 0)
+        gc_n, gc_s = (a.get(f'gesmas_gc_pause_seconds_{x}{{generation="2"}}', 0) -
+                      b.get(f'gesmas_gc_pause_seconds_{x}{{generation="2"}}', 0)
+                      for x in ("count", "sum"))
         ckpts[node] = {"count": int(n), "seconds": round(s, 3),
-                       "leader": bool(a.get("gesmas_raft_is_leader"))}
+                       "leader": bool(a.get("gesmas_raft_is_leader")),
+                       "full_gc": int(gc_n), "full_gc_seconds": round(gc_s, 3)}
     lat = [ms for _, ms in calls]
     return {
         "waiters": waiters, "calls": len(calls), "checkpoints": ckpts,
         "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2),
         "max_ms": round(max(lat), 1),
         "over_50ms": sum(1 for ms in lat if ms > 50),
+        # when the slow calls started (seconds into the loop) and how long each took
+        "slow": [(round(t - calls[0][0], 2), round(ms)) for t, ms in calls if ms > 50],
     }
 
 
@@ -122,8 +130,14 @@ def main() -> int:
         ck = ", ".join(f"node{n}{' (leader)' if v['leader'] else ''}: {v['count']} in "
                        f"{v['seconds']} s" for n, v in sorted(r["checkpoints"].items()))
         print(f"run {i + 1}: {r['waiters']} waiters; checkpoints {ck}")
+        print("  full garbage collections during the loop: " + ", ".join(
+            f"node{n}: {v['full_gc']} taking {v['full_gc_seconds']} s"
+            for n, v in sorted(r["checkpoints"].items())))
         print(f"  produce: {r['calls']} calls, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
               f"max (the stall) {r['max_ms']} ms; {r['over_50ms']} calls over 50 ms")
+        if r["slow"]:
+            print("  calls over 50 ms (s into the loop: ms): " +
+                  ", ".join(f"{t}: {ms}" for t, ms in r["slow"]))
         print("  " + json.dumps(r))
     return 0
 

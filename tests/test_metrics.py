@@ -43,7 +43,7 @@ def test_each_replica_serves_its_metrics():
                          "gesmas_invocation_duration_seconds", "gesmas_proposal_apply_seconds",
                          "gesmas_journal_fsync_seconds", "gesmas_journal_bytes",
                          "gesmas_checkpoint_seconds", "gesmas_raft_role_changes",
-                         "gesmas_sessions_expired"):
+                         "gesmas_sessions_expired", "gesmas_gc_pause_seconds"):
                 assert name in f, (node_id, name)
             assert value(f, "gesmas_raft_is_leader") == (1.0 if node_id == leader.node_id
                                                          else 0.0)
@@ -71,3 +71,21 @@ def test_a_silent_connection_to_the_metrics_port_is_dropped():
             assert time.monotonic() - started < 29
         assert b"gesmas_raft_term" in urllib.request.urlopen(
             f"http://{cl.members[0].metrics_addr}/metrics", timeout=10).read()
+
+
+def test_the_garbage_collectors_pauses_are_observed_until_closed():
+    import gc
+
+    from gesmas.server.metrics import Metrics
+
+    m = Metrics(node=None)  # type: ignore[arg-type]
+
+    def full() -> float:
+        return sum(x.value for f in m.gc_pause.collect() for x in f.samples
+                   if x.name.endswith("_count") and x.labels.get("generation") == "2")
+    before = full()
+    gc.collect()
+    assert full() == before + 1
+    m.close()
+    gc.collect()
+    assert full() == before + 1 and m._on_gc not in gc.callbacks

@@ -11,9 +11,11 @@ increment when it fails.
     gesmas_checkpoint_index, gesmas_checkpoint_bytes
     gesmas_rpc_duration_seconds{method}   (histogram: every RPC served by this replica)
     gesmas_rpc_errors_total{method,code}
+    gesmas_gc_pause_seconds{generation}   (histogram: the garbage collector's pauses)
 """
 from __future__ import annotations
 
+import gc
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -107,6 +109,26 @@ class Metrics:
                                       registry=self.registry)
         self.sessions_expired = Counter("gesmas_sessions_expired_total",
                                         "sessions ended by their TTL", registry=self.registry)
+        # A full collection walks every live object (10^4 waiters hold ~10^6): every thread
+        # of the replica stops meanwhile, so its pauses are worth seeing.
+        self.gc_pause = Histogram("gesmas_gc_pause_seconds",
+                                  "pauses of Python's garbage collector, by generation",
+                                  ["generation"], buckets=LATENCY_BUCKETS,
+                                  registry=self.registry)
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_pause.labels(str(info.get("generation", -1))).observe(
+                time.perf_counter() - self._gc_started)
+
+    def close(self) -> None:
+        """Stop observing the collector (the registry stays readable)."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
     MAX_LABELS = 1000          # (class, method) pairs; beyond: ("other", "other")
 

@@ -340,6 +340,7 @@ class Node(Membership):
             watch_health.cancel()
             if self.metrics is not None:
                 metrics_server.shutdown()
+                self.metrics.close()
             await server.stop(grace=1.0)
             self.replica.destroy()
 
