@@ -69,14 +69,14 @@ class StateMachine:
         metrics = self.node.metrics
         if metrics is not None and isinstance(cmd, (codec.Checkpoint, codec.ExpireSession)):
             started = time.perf_counter()
-            out = self.kernel.apply(index, cmd)
+            out = self.kernel.apply(index, cmd, data)
             if isinstance(cmd, codec.Checkpoint):
                 metrics.checkpoint.observe(time.perf_counter() - started)
             elif not out or out[0].error is None:
                 metrics.sessions_expired.inc()
             self.node._applied(index, cmd, out, self.kernel, self.deliver)
             return out
-        out = self.kernel.apply(index, cmd)
+        out = self.kernel.apply(index, cmd, data)
         self.node._applied(index, cmd, out, self.kernel, self.deliver)
         return out
 

@@ -101,8 +101,11 @@ class Kernel:
 
     # -- the entry point ---------------------------------------------------------------------
 
-    def apply(self, index: int, command: bytes | Command) -> list[Completion]:
+    def apply(self, index: int, command: bytes | Command,
+              raw: bytes | None = None) -> list[Completion]:
         """Apply one committed command at log `index`; returns the completions it caused.
+        `raw`: the command's encoded bytes when `command` was decoded already (a checkpoint
+        writes waiting calls with them).
 
         Never raises (but for an `index` that is not after the last one): whatever uploaded
         code does becomes its caller's error, and a failure of the kernel itself becomes an
@@ -114,7 +117,7 @@ class Kernel:
         if self.session_changes:
             self.session_changes = []
         Budget.current = self._budget
-        self._raw = command if type(command) is bytes else None
+        self._raw = command if type(command) is bytes else raw if type(raw) is bytes else None
         if isinstance(command, Command):
             cmd = command
         else:
