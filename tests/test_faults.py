@@ -739,3 +739,50 @@ def _wait_waiters(c: Client, name: str, k: int, timeout: float = 30.0) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"{name}: fewer than {k} waiters after {timeout}s")
+
+
+# --- 6. a replica whose disk was lost comes back under its old identity -----------------------
+
+def test_an_emptied_replica_does_not_vote_away_acknowledged_writes(tmp_path):
+    """30 adds are acknowledged by the leader and one follower while the other follower is
+    stopped (so it lacks them). Every replica is killed, the follower that acknowledged them
+    loses its data dir, and it comes back next to the lagging one. If the emptied replica
+    voted at once, the two would elect the lagging one and the 30 adds would be gone from every
+    replica. It withholds its vote instead: the two elect nobody until the third returns."""
+    import shutil
+    cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"))
+    try:
+        cluster.start(timeout=90)
+        leader = cluster.find_leader()
+        lagging, emptied = [m for m in cluster.members if m is not leader]
+        with Client([leader.client_addr, emptied.client_addr], retry_timeout=RETRY) as c:
+            n = c.counter("acked")
+            n.add(1)
+            for m in cluster.members:
+                cluster.wait_caught_up(m)
+            os.kill(lagging.proc.pid, signal.SIGSTOP)
+            for _ in range(30):
+                n.add(1)
+            assert n.get() == 31
+        for m in cluster.members:
+            cluster.kill(m)
+        shutil.rmtree(emptied.data_dir)
+        cluster.start_member(lagging)
+        cluster.start_member(emptied)
+        # No leader may emerge from these two: watch for several election timeouts.
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            for m in (lagging, emptied):
+                st = cluster.member_status(m, timeout=0.5)
+                assert st is None or not st["is_leader"], \
+                    f"node {m.node_id} was elected without the acknowledged writes"
+            time.sleep(0.2)
+        cluster.start_member(leader)
+        cluster.find_leader(timeout=60)
+        with Client(cluster.addresses, retry_timeout=RETRY) as c:
+            assert c.counter("acked").get() == 31
+        cluster.wait_caught_up(emptied, timeout=60)
+        assert cluster.member_status(emptied, digest=True)["state_digest"] == \
+            cluster.member_status(leader, digest=True)["state_digest"]
+    finally:
+        cluster.stop()
