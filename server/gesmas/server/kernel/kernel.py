@@ -15,13 +15,14 @@ yet acknowledged (`ack`, the client's low-water mark) and the requests it has in
 gets the stored result, or joins the wait of the request in flight (its tag is added, so the
 completion is sent to both callers). Nothing runs twice.
 
-Checkpoints (DESIGN §5): greenlets cannot be pickled, so `Checkpoint` detaches every waiter,
-throws `Interrupted` into each (oldest block first) so that it unwinds, pickles the now
-quiescent state together with the list of interrupted calls, then re-runs those calls at once
-with the same request ids and the same deadlines. Every replica does the same at the same log
-index; `Kernel.restore(blob)` does the same from the pickled state (the format, per-object
-pickles and the state digest are in checkpoint.py; the records the kernel keeps, in
-records.py).
+Checkpoints (DESIGN §5): greenlets cannot be pickled, so `Checkpoint` writes every waiting
+call as a pending call (request id, command, deadlines) next to the pickled state. Waiters of
+the standard classes stay where they are (their methods block before changing anything);
+the others are detached, unwound with `Interrupted` (oldest block first) and re-run at once
+with the same request ids and deadlines. Every replica does the same at the same log index;
+`Kernel.restore(blob)` re-runs every pending call, which leaves it in the same state
+(checkpoint.py; the records the kernel keeps are in records.py, classes and objects in
+lifecycle.py).
 
 Determinism: no clock, randomness, threads or I/O here; time and random numbers come from the
 log (`sched.Context`); dicts are the only containers iterated for decisions, and they iterate
@@ -30,20 +31,18 @@ in insertion order.
 from __future__ import annotations
 
 import heapq
+import logging
 
 import greenlet
-import inspect
-import logging
 from collections import deque
 from typing import Any, Callable
 
 
-from . import checkpoint, codec, queries, sessions
-from .auth import SYSTEM, AuthState, Usage
+from . import checkpoint, codec, lifecycle, queries, sessions
+from .auth import AuthState, Usage
 from .budget import Budget, ResourceLimit
 from .codec import Command
 from .errors import Code, Error, KernelError
-from .measure import state_size
 from .records import (Completion, Config, Kind, ObjectRecord, PendingCall, Request,
                       Session)
 from .registry import Registry, safe_str, type_name
@@ -51,8 +50,6 @@ from .sched import (Aborted, BudgetExceeded, Interrupted, Semaphore, SessionEnde
                     Timeout, Waiter)
 
 log = logging.getLogger(__name__)
-
-
 
 _INTERRUPTED = object()          # a request's outcome: interrupted by a checkpoint
 
@@ -68,7 +65,6 @@ class Kernel:
         self.registry = Registry(self._budget, config.max_source)
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
         # output besides completions, for the host (the leader's duties): sessions opened
-        # (id, ttl) and ended (id, None) by the last apply
         # (id, ttl, secret) and ended (id, None, "") by the last apply
         self.session_changes: list[tuple[int, float | None, str]] = []
         self.auth = AuthState()
@@ -173,91 +169,16 @@ class Kernel:
     _end_session = sessions.end_session
     _run_hook = sessions.run_hook
 
-    # -- classes and objects -------------------------------------------------------------------
+    # -- classes and objects (lifecycle.py) ------------------------------------------------------
 
-    def _register_class(self, cmd: codec.RegisterClass) -> None:
-        if type(cmd.source) is not str or type(cmd.user) is not str:
-            raise KernelError(Code.INVALID_ARGUMENT, "class source must be a string")
-        user = cmd.user
-        self.auth.may_register(user)
-        self._within(user, "source_bytes", len(cmd.source))
-
-        def allow(names: list[str]) -> None:
-            for name in names:
-                if name in self.config.reserved_classes and user != SYSTEM:
-                    raise KernelError(Code.PERMISSION_DENIED, f"class name {name!r} is "
-                                      "reserved for a standard class; choose another name",
-                                      "PermissionDenied")
-                self.auth.check(user, "register", name)
-
-        value, new = self.registry.register(cmd.source, allow)
-        if new:
-            self.auth.source_used[user] = self.auth.source_used.get(user, 0) + len(cmd.source)
-        self._complete(cmd.tag, value)
-
-    def _create_object(self, cmd: codec.CreateObject) -> None:
-        name = cmd.name
-        if type(name) is not str or not name or len(name) > 256:
-            raise KernelError(Code.INVALID_ARGUMENT,
-                              f"object name must be a non-empty string of at most 256 "
-                              f"characters, not {name!r}")
-        user = cmd.user
-        rec = self.objects.get(name)
-        self.auth.check(user, "create" if rec is None else "invoke", name)
-        if cmd.session:
-            self._own(cmd.session, cmd)
-        if rec is not None:
-            if rec.cls.name != cmd.class_name:
-                raise KernelError(Code.ALREADY_EXISTS,
-                                  f"object {name!r} exists with class {rec.cls.name}, "
-                                  f"not {cmd.class_name}")
-            self._complete(cmd.tag, {"created": False, "version": rec.cls.version})
-            return
-        rec = self._make(name, cmd.class_name, cmd.args, cmd.kwargs,
-                         cmd.session if type(cmd.session) is int else 0, user)
-        self._complete(cmd.tag, {"created": True, "version": rec.cls.version})
-
-    def _make(self, name: str, class_name: Any, args: Any, kwargs: Any, session: int,
-              user: str) -> ObjectRecord:
-        """Construct the new object `name` (its creator's permission already checked)."""
-        cls = self.registry.latest(class_name) if type(class_name) is str else None
-        if cls is None:
-            raise KernelError(Code.NOT_FOUND, f"no class named {class_name!r}")
-        self._within(user, "objects")
-        args, kwargs = _args(args, kwargs)
-        try:
-            sig = inspect.signature(cls.cls)
-        except (TypeError, ValueError):
-            sig = None
-        if sig is not None:
-            _bind_sig(sig, cls.name, tuple(args), kwargs)
-        req = Request(self, Kind.CONSTRUCTOR, self.index, session, f"{cls.name}()", name)
-        made: list[Any] = []
-
-        def construct() -> None:
-            made.append(cls.cls(*args, **kwargs))
-
-        self._spawn(req, construct, (), {})
-        error = req.outcome[1]
-        if error is not None:
-            raise KernelError(error.code, error.message, error.type)
-        rec = self.objects[name] = ObjectRecord(name, cls, made[0], user)
-        self.usage.add(user, "objects", 1)
-        self.dropped.pop(name, None)
-        return rec
-
-    def _delete_object(self, cmd: codec.DeleteObject) -> None:
-        if type(cmd.name) is not str:
-            raise KernelError(Code.INVALID_ARGUMENT, "object name must be a string")
-        self.auth.check(cmd.user, "delete", cmd.name)
-        rec = self.objects.get(cmd.name)
-        if rec is None:
-            raise KernelError(Code.NOT_FOUND, f"no object named {cmd.name!r}")
-        for req in self._blocked(lambda r: r.obj == cmd.name):
-            self._abort(req, Aborted(f"object {cmd.name!r} was deleted"))
-        self._drain()
-        self._forget(cmd.name)
-        self._complete(cmd.tag, True)
+    _register_class = lifecycle.register_class
+    _create_object = lifecycle.create_object
+    _make = lifecycle.make
+    _delete_object = lifecycle.delete_object
+    _account = lifecycle.account
+    _measure = lifecycle.measure
+    _drop = lifecycle.drop
+    _forget = lifecycle.forget
 
     def _cancel(self, cmd: codec.Cancel) -> None:
         s = self.sessions.get(cmd.session) if type(cmd.session) is int else None
@@ -343,9 +264,9 @@ class Kernel:
                               f"{rec.cls.name} has no method {cmd.method!r} "
                               f"(methods: {', '.join(rec.cls.methods())})")
         fn, sig = found
-        args, kwargs = _args(cmd.args, cmd.kwargs)
+        args, kwargs = lifecycle.args_of(cmd.args, cmd.kwargs)
         if not rerun:                        # a re-run was checked when it first ran
-            _bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
+            lifecycle.bind_sig(sig, f"{rec.cls.name}.{cmd.method}", (rec.instance, *args), kwargs)
         timeout = cmd.timeout
         call_deadline = None if timeout is None else self._deadline(timeout, KernelError)
         req = Request(self, Kind.CALL, index, s.id, f"{rec.cls.name} {cmd.name!r}.{cmd.method}",
@@ -520,28 +441,6 @@ class Kernel:
         deadline = self.now + timeout
         return deadline if deadline < 1e15 else None    # inf or astronomically far: no limit
 
-    def _account(self, rec: ObjectRecord) -> None:
-        """The runs on `rec` spent steps enough to have grown it by a quarter of
-        max_object_bytes (growth costs one step per 64 bytes made; `_run` and `_drain` add the
-        steps up): measure it again. An object over the limit takes no new calls (`_start`)."""
-        rec.steps = 0
-        self._measure(rec)
-
-    def _measure(self, rec: ObjectRecord) -> None:
-        limit = self.config.max_object_bytes
-        self._budget.steps = 0
-        try:
-            size = state_size(rec.instance, limit)
-        except BaseException:            # cannot happen by design (no uploaded code runs)
-            log.exception("measuring object %r failed", rec.name)
-            size = limit + 1
-        self.usage.add(rec.owner, "state_bytes", size - rec.size)
-        rec.size = size
-        if size > limit:
-            self.over_limit[rec.name] = size
-        else:
-            self.over_limit.pop(rec.name, None)
-
     def _wake(self, w: Waiter) -> None:
         """Semaphore.release handed a permit to `w`: run it after the current request."""
         req = w.request
@@ -606,20 +505,6 @@ class Kernel:
         same log (without `volatile`, the log index and kernel time are left out)."""
         return checkpoint.state_digest(self, volatile)
 
-    def _drop(self, name: str, why: str) -> None:
-        log.warning("object %r dropped at log index %d: %s", name, self.index, why)
-        self._forget(name)
-        self.dropped[name] = f"object {name!r} was dropped at log index {self.index}: {why}"
-        while len(self.dropped) > 1000:
-            del self.dropped[next(iter(self.dropped))]
-
-    def _forget(self, name: str) -> None:
-        rec = self.objects.pop(name, None)    # a restore drops objects it never added
-        self.over_limit.pop(name, None)
-        if rec is not None:
-            self.usage.add(rec.owner, "objects", -1)
-            self.usage.add(rec.owner, "state_bytes", -rec.size)
-
     def _detach(self, req: Request) -> None:
         w = req.waiter
         if w is not None and w.live:
@@ -638,16 +523,3 @@ class Kernel:
     # -- reads through the log (queries.py) ---------------------------------------------------
 
     _query = queries.query
-
-
-def _args(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-    if type(args) is not list or type(kwargs) is not dict:
-        raise KernelError(Code.INVALID_ARGUMENT, "args must be a list and kwargs a map")
-    return args, kwargs
-
-
-def _bind_sig(sig: Any, label: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise KernelError(Code.INVALID_ARGUMENT, f"{label}(): {e}") from None
