@@ -99,9 +99,9 @@ def test_made_up_keep_alives_cost_no_memory():
 
 def test_a_tick_when_the_earliest_deadline_is_due_at_most_every_50_ms():
     r = Replica()
+    r.apply(RegisterClass(source=SOURCE), 0.0)
     r.apply(RegisterClass(source="class W:\n    def __init__(self):\n        self.s = Semaphore(0)\n"
-                                 "    def wait(self):\n        self.s.acquire(timeout=5)\n"
-                                 "class Queue:\n    pass\nclass Group:\n    pass\n"), 0.0)
+                                 "    def wait(self):\n        self.s.acquire(timeout=5)\n"), 0.0)
     r.apply(OpenSession(ttl=100.0, ts=1000.0), 0.0)
     sid = r.index
     r.apply(codec.CreateObject(class_name="W", name="w", ts=1000.0), 0.0)
@@ -130,4 +130,14 @@ def test_a_cluster_made_before_a_new_standard_module_gets_it_registered():
     r.apply(RegisterClass(source="class Queue:\n    pass\n"), 0.0)   # an older gesmas's set
     assert r.kinds(10.0) == ["RegisterClass"]                      # Group is missing
     r.apply(RegisterClass(source=SOURCE), 10.1)
+    assert r.kinds(20.0) == []
+
+
+def test_a_changed_standard_source_is_registered_again():
+    r = Replica()
+    r.apply(RegisterClass(source=SOURCE.replace("pass", "x = 1", 1)), 0.0)   # an older one
+    assert r.kernel.registry.latest("Queue").version == 1
+    assert r.kinds(10.0) == ["RegisterClass"]
+    r.apply(RegisterClass(source=SOURCE), 10.1)
+    assert r.kernel.registry.latest("Queue").version == 2
     assert r.kinds(20.0) == []

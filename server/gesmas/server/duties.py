@@ -11,7 +11,8 @@ so tests drive it with a fake clock (tests/test_duties.py).
   every session a fresh TTL, as etcd does. An expiry is proposed again after 2 s if it did not
   take effect;
 - Checkpoint every `checkpoint_every` applied commands (at most one proposal per 5 s);
-- RegisterClass of the standard classes while the cluster has none (at most every 5 s);
+- RegisterClass of the standard classes while the cluster lacks one of this gesmas's
+  standard sources (a new cluster, or an upgrade that changed them; at most every 5 s);
 - with --root-password-file, the bootstrap of auth (user root, auth enabled) while the
   cluster has no user (at most every 5 s).
 
@@ -46,6 +47,7 @@ class LeaderDuties:
         self._bootstrap_proposed = 0.0
         self.default_ttl = default_ttl
         self._standard_sources = standard_sources
+        self._sources: list[str] | None = None
         self._lock = threading.Lock()
         # what the replica applied (apply thread)
         self._sessions: dict[int, tuple[float, str]] = {}     # session id -> (ttl, secret)
@@ -69,7 +71,7 @@ class LeaderDuties:
             self._sessions = {s.id: (s.ttl, s.secret) for s in kernel.sessions.values()}
             self._last_seen = {sid: now for sid in self._sessions}
             self._expiring.clear()
-        self._has_standard = _has_standard(kernel)
+        self._has_standard = self._standard_registered(kernel)
         self._has_users = bool(kernel.auth.users)
         self._checkpoint_index = kernel.checkpoint_index or 0
         self._next_deadline = kernel.next_deadline()
@@ -88,12 +90,21 @@ class LeaderDuties:
                         self._sessions[sid] = (ttl, secret)
                         self._last_seen[sid] = now
         if not self._has_standard:
-            self._has_standard = _has_standard(kernel)
+            self._has_standard = self._standard_registered(kernel)
         if not self._has_users:
             self._has_users = bool(kernel.auth.users)
         self._checkpoint_index = kernel.checkpoint_index or 0
         self.applied_index = index
         self._next_deadline = kernel.next_deadline()
+
+    def _standard_registered(self, kernel: Kernel) -> bool:
+        """Every standard source of this gesmas is registered. When one is not (a new
+        cluster, one made by a gesmas without a newer module, or an upgrade that changed a
+        source) all are proposed: those registered before change nothing, a changed one
+        becomes its classes' new version (existing objects keep theirs)."""
+        if self._sources is None:
+            self._sources = [source for _, source in self._standard_sources()]
+        return all(kernel.registry.has(source) for source in self._sources)
 
     # -- event loop -----------------------------------------------------------------------------
 
@@ -154,11 +165,3 @@ class LeaderDuties:
         return out
 
 
-#: one class of each standard module, oldest module first: when one is missing (a new cluster,
-#: or one made by a gesmas without the newer modules) the standard sources are registered;
-#: sources registered before are recognised by their hash and change nothing
-_SENTINELS = ("Queue", "Group")
-
-
-def _has_standard(kernel: Kernel) -> bool:
-    return all(kernel.registry.latest(name) is not None for name in _SENTINELS)

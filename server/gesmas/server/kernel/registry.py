@@ -65,12 +65,16 @@ class Registry:
         self._namespaces: list[dict[str, Any]] = []
         self.versions: dict[str, list[ClassVersion]] = {}
 
+    def has(self, source: str) -> bool:
+        """Whether exactly this source is registered."""
+        return _digest(source) in self._by_hash
+
     def register(self, source: str, allow: Callable[[list[str]], None] | None = None
                  ) -> tuple[dict[str, int], bool]:
         """Compile and register `source`; returns ({class name: version} for its classes,
         whether the source was new). `allow(names)` may refuse the class names by raising,
         before anything is registered."""
-        digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+        digest = _digest(source)
         module = self._by_hash.get(digest)
         if module is not None:
             if allow is not None:
@@ -216,3 +220,7 @@ def type_name(e: BaseException) -> str:
     """The name of an exception's type (uploaded classes cannot rename theirs, but be sure)."""
     name = type(e).__name__
     return name if type(name) is str else "Exception"
+
+
+def _digest(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
