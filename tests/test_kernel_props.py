@@ -239,3 +239,17 @@ def test_c_restore_and_reapply_gives_same_completions_and_digest(subject, script
     r, rtrace = replay(rest, restored)
     assert rtrace == [(i, out) for i, out in trace if i > ck_index]
     assert r.state_digest() == k.state_digest()
+
+
+@SETTINGS
+@given(ops, st.data())
+def test_d_keeping_the_standard_waiters_or_unwinding_them_gives_the_same_run(script, data):
+    """What a replica that keeps the Queue's waiters through a checkpoint and one that
+    unwinds and re-runs them (an older gesmas, or no reserved names) compute is the same."""
+    log = build(script, "standard")
+    pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
+    ck_log, _ = with_checkpoint(log, pos)
+    k1, t1 = replay(ck_log, Kernel(CONFIG))
+    k2, t2 = replay(ck_log, Kernel(Config(step_budget=50_000)))
+    assert t1 == t2
+    assert k1.state_digest() == k2.state_digest()

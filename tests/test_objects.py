@@ -1442,6 +1442,36 @@ def test_a_replicas_checkpoint_writes_waiting_calls_as_the_log_holds_them():
     assert [p[1] for p in pending] == [codec.encode(w) for w in waits]
 
 
+def test_a_checkpoint_that_keeps_waiters_leaves_the_state_of_one_that_unwinds_them_all():
+    """A replica of a gesmas that unwound every waiter (or one without the standard names
+    reserved) and one that keeps the standard classes' waiters must stay identical through
+    a checkpoint: waits interleaved across kept and unwound objects, equal deadlines (their
+    order decides which times out first), then life goes on."""
+    def run(reserved: bool) -> tuple[OH, list[Any]]:
+        h = OH(reserved=reserved)
+        assert h.register(UNTRUSTED).error is None
+        h.make("Tally", "t")
+        h.make("Queue", "q")
+        h.make("Lock", "l")
+        a, b, c = h.sessions(3)
+        h.ok(c, "l", "acquire")
+        tags = [h.call(a, "q", "consume"), h.call(b, "t", "take"),
+                h.call(b, "q", "consume", timeout=5), h.call(a, "t", "take", timeout=5),
+                h.call(a, "l", "acquire", timeout=5), h.call(b, "q", "consume")]
+        h.checkpoint()
+        digests = [h.kernel.state_digest(), h.restored().kernel.state_digest()]
+        h.tick(h.ts + 6)                                # three time out at the same instant
+        h.ok(c, "q", "produce", "x")
+        h.ok(c, "t", "give")
+        order = h.completed()[-6:]
+        return h, [digests, order, [h.results.get(t) for t in tags],
+                   h.kernel.state_digest()]
+
+    kept, unwound = run(True), run(False)
+    assert kept[1] == unwound[1]
+    assert kept[1][0][0] == kept[1][0][1]               # and a restore of either agrees
+
+
 def test_checkpoint_of_a_restored_kernel_restores_again():
     h = OH()
     ctx = _q_setup(h)

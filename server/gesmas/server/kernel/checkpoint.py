@@ -4,7 +4,9 @@ Taking one (`take`, bound as `Kernel._checkpoint`): interrupt the waiters that c
 left in place so that they unwind, pickle the state with every waiter written as a pending
 call, re-run the interrupted calls (DESIGN §5). Waiters of the standard classes stay where
 they are (`kept_objects`): unwinding and re-running 10^4 of them held the apply thread for
-~0.5 s; a restored replica re-runs them, which puts it in the same state.
+~0.5 s; a restored replica re-runs them, which puts it in the same state. The result is the
+state that unwinding and re-running every waiter in block order gives (what gesmas did before,
+and what a replica of that version still does), block numbers included.
 A checkpoint is two pickles: the registry's sources (classes are re-made from their source,
 never pickled), then (state, interrupted calls, objects) where each object's state is a pickle
 of its own, so that one object that cannot be saved is dropped without failing the others.
@@ -231,7 +233,6 @@ def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
 def take(self: Kernel, cmd: codec.Checkpoint) -> None:
     blocked = self._blocked()
     keep = kept_objects(self, blocked)
-    kept = [r for r in blocked if r.obj in keep]
     unwind = [r for r in blocked if r.obj not in keep]
     for req in unwind:                   # detach first: no handler can wake another waiter
         self._detach(req)
@@ -241,23 +242,37 @@ def take(self: Kernel, cmd: codec.Checkpoint) -> None:
     if unwind:
         self._deadlines = [e for e in self._deadlines if e[2].live]
         heapq.heapify(self._deadlines)
-    assert not self._ready and self._waiting == len(kept)
-    interrupted, self._pending = self._pending, []
-    # The restore re-runs the kept waiters first: here they keep their places, ahead of
-    # every interrupted call, which queues again at the tail of its semaphore.
+    assert not self._ready and self._waiting == len(blocked) - len(unwind)
+    interrupted = {p.index: p for p in self._pending}
+    self._pending = []
+    # Every waiting call in block order, as PendingCall.saved() writes it: a restore re-runs
+    # them in this order, and so does the loop below for the interrupted ones.
     pending = [(r.index, r.raw if r.raw is not None else r.cmd, tuple(r.tags), r.deadline,
-                tuple(r.deadlines)) for r in kept]          # as PendingCall.saved() writes
-    pending += [p.saved() for p in interrupted]
+                tuple(r.deadlines)) if r.obj in keep else interrupted[r.index].saved()
+               for r in blocked if r.obj in keep or r.index in interrupted]
     saving = SAVING.set(True)
     try:
         objects = self._save_objects()   # drops what cannot be saved: never fails
         self.checkpoint_blob, self.checkpoint_index = self._dump(pending, objects), self.index
     finally:
         SAVING.reset(saving)
-    for req in kept:
-        if req.obj not in self.objects:  # dropped just now: as its re-run would fail
-            _abandon(self, req)
-    self._rerun(interrupted)
+    renumber = bool(interrupted)
+    for req in blocked:
+        if req.obj in keep:
+            if req.obj not in self.objects:      # dropped just now: as its re-run would fail
+                _abandon(self, req)
+            elif renumber:                       # as if re-run: it would wait again at once
+                self._order += 1
+                req.waiter.order = self._order   # type: ignore[union-attr]
+                inflight = self.sessions[req.session].inflight
+                inflight[req.seq] = inflight.pop(req.seq)
+        elif req.index in interrupted:
+            self._rerun([interrupted[req.index]])
+    if renumber and keep:
+        # The kept waiters' numbers changed: the deadline heap is ordered by them.
+        self._deadlines = [(w.deadline, w.order, w) for w in (r.waiter for r in
+                           self._blocked()) if w is not None and w.deadline is not None]
+        heapq.heapify(self._deadlines)
     self._complete(cmd.tag, self.index)
 
 
