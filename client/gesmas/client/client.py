@@ -53,11 +53,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from gesmas.client import convert, core
+from gesmas.client.accessors import StandardObjects
 from gesmas.client.admin import AdminCalls, ClassSource, NodeHealth, ObjectInfo, Status
 from gesmas.client.errors import (
     GesmasError,
@@ -66,15 +67,7 @@ from gesmas.client.errors import (
 )
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.streams import CallStream, Unsupported, pick_stream
-from gesmas.client.proxies import (
-    PROXIES,
-    BarrierProxy,
-    LeaderElectionProxy,
-    LockProxy,
-    ObjectProxy,
-    ReadWriteLockProxy,
-    SemaphoreProxy,
-)
+from gesmas.client.proxies import PROXIES, ObjectProxy
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
@@ -124,7 +117,6 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
 ]
 
-T = TypeVar("T")
 
 
 def parse_cluster(cluster: str | list[str] | tuple[str, ...] | None) -> list[str]:
@@ -150,7 +142,7 @@ class ClientClosed(SessionExpired):
         super().__init__(message, type, leader_hint)
 
 
-class Client(AdminCalls):
+class Client(AdminCalls, StandardObjects):
     """A connection to a gesmas cluster with one session; safe to share between threads.
 
     ``cluster`` is "host:port,host:port,..." or a list (default: env GESMAS_CLUSTER, else
@@ -505,54 +497,6 @@ class Client(AdminCalls):
             self._proxies[key] = proxy
             while len(self._proxies) > PROXY_CACHE:
                 self._proxies.popitem(last=False)
-        return proxy
-
-    def queue(self, name: str, **kwargs: Any) -> ObjectProxy:
-        """A FIFO queue: ``produce(item)``, ``consume()``; ``capacity=None`` bounds it."""
-        return self.object("Queue", name, **kwargs)
-
-    def lock(self, name: str, **kwargs: Any) -> LockProxy:
-        """A lock (``reentrant=False``): ``with c.lock(n) as fence: ...``."""
-        return self._typed("Lock", name, LockProxy, kwargs)
-
-    def semaphore(self, name: str, **kwargs: Any) -> SemaphoreProxy:
-        """A counting semaphore (``permits=``): leased to sessions by default;
-        ``owned=False`` is threading.Semaphore's semantics (any session releases, e.g. a
-        producer what a consumer acquires), ``owned=False, bounded=True``
-        threading.BoundedSemaphore's. ``release(n)`` gives back n permits."""
-        return self._typed("Semaphore", name, SemaphoreProxy, kwargs)
-
-    def barrier(self, name: str, **kwargs: Any) -> BarrierProxy:
-        """A cyclic barrier (``parties=``) with threading.Barrier's semantics: ``wait()``
-        returns the arrival index; a party that times out, ``abort()`` or a waiting party's
-        session ending breaks it (every waiter, and every later ``wait()``, gets
-        BrokenBarrierError, catchable as threading.BrokenBarrierError) until ``reset()``;
-        ``broken``, ``n_waiting``, ``parties``."""
-        return self._typed("Barrier", name, BarrierProxy, kwargs)
-
-    def double_barrier(self, name: str, **kwargs: Any) -> ObjectProxy:
-        """A double barrier (``parties=``): ``enter()`` / ``leave()``."""
-        return self.object("DoubleBarrier", name, **kwargs)
-
-    def latch(self, name: str, **kwargs: Any) -> ObjectProxy:
-        """A count-down latch (``count=``): ``count_down()``, ``wait()``."""
-        return self.object("CountDownLatch", name, **kwargs)
-
-    def rwlock(self, name: str, **kwargs: Any) -> ReadWriteLockProxy:
-        """A readers-writer lock: ``with rw.read(): ...`` / ``with rw.write(): ...``."""
-        return self._typed("ReadWriteLock", name, ReadWriteLockProxy, kwargs)
-
-    def election(self, name: str, **kwargs: Any) -> LeaderElectionProxy:
-        """A leader election: ``campaign()``, ``resign()``, ``leader()``, ``observe()``."""
-        return self._typed("LeaderElection", name, LeaderElectionProxy, kwargs)
-
-    def counter(self, name: str, **kwargs: Any) -> ObjectProxy:
-        """A counter (``initial=0``)."""
-        return self.object("Counter", name, **kwargs)
-
-    def _typed(self, class_name: str, name: str, cls: type[T], kwargs: dict[str, Any]) -> T:
-        proxy = self.object(class_name, name, **kwargs)
-        assert isinstance(proxy, cls)
         return proxy
 
     def delete_object(self, name: str) -> None:
