@@ -85,7 +85,8 @@ def test_the_garbage_collectors_pauses_are_observed_until_closed():
                    if x.name.endswith("_count") and x.labels.get("generation") == "2")
     before = full()
     gc.collect()
-    assert full() == before + 1
+    assert full() >= before + 1        # (an automatic full pass may come on top)
     m.close()
+    closed = full()
     gc.collect()
-    assert full() == before + 1 and m._on_gc not in gc.callbacks
+    assert full() == closed and m._on_gc not in gc.callbacks
