@@ -427,20 +427,3 @@ def test_membership_add_and_remove(cluster, tmp_path):
     assert newcomer.request("status")["peers"].keys() == set(cluster.addrs)
     reply = leader.request("remove_node", addr=addr)
     assert reply["ok"], reply
-
-
-def test_an_empty_start_votes_again_only_once_caught_up():
-    from gesmas.server.replication.replica import EmptyStart
-    g = EmptyStart()
-    assert g.refuses({"type": "request_vote", "term": 5, "last_log_term": 3})
-    assert not g.refuses({"type": "request_vote", "term": 1, "last_log_term": 0})  # fresh
-    assert not g.caught_up(0, 0, 0)                     # no leader heard yet
-    g.heard({"type": "append_entries", "term": 4, "commit_index": 120})
-    g.heard({"type": "append_entries", "term": 4, "commit_index": 150})  # later commits:
-    assert g.commit == 120                              # acknowledged with this replica
-    assert not g.caught_up(4, 119, 4)
-    assert not g.caught_up(4, 120, 3)                   # nothing of the leader's term yet
-    assert not g.caught_up(5, 120, 5)                   # a newer term: its first report counts
-    assert g.caught_up(4, 120, 4)
-    g.heard({"type": "append_entries", "term": 5, "commit_index": 200})
-    assert not g.caught_up(5, 150, 5) and g.caught_up(5, 200, 5)

@@ -397,17 +397,10 @@ class _DurableTransport(TCPTransport):
             for part in message["messages"]:
                 self._onMessageReceived(node, part)
             return
-        guard = getattr(self._syncObj, "_gesmas_replica", None)
-        guard = guard.empty_start if guard is not None else None
         if isinstance(message, dict) and message.get("type") == "append_entries":
-            if guard is not None:
-                guard.heard(message)
             message = filter_append_entries(self._journal, message)
             if message is None:
                 return
-        elif guard is not None and isinstance(message, dict) and \
-                message.get("type") == "request_vote" and guard.refuses(message):
-            return             # no vote while this empty replica may lack acknowledged writes
         super()._onMessageReceived(node, message)
 
 

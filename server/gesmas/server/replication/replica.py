@@ -14,7 +14,7 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
-from .journal import LOG_NAME, DurableJournal, fsync_dir
+from .journal import DurableJournal, fsync_dir
 from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
@@ -24,42 +24,6 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_NAME = "snapshot.bin"
 _SNAPSHOT_FORMAT = 1
-
-
-class EmptyStart:
-    """A replica that started with no journal and no snapshot withholds its vote from any
-    candidate that has a history, until it holds every entry a leader had committed.
-
-    Raft's safety rests on a vote's knowledge surviving restarts. A replica whose disk was
-    lost (or emptied by an operator) and that comes back under its old identity would
-    otherwise vote at once, and with a lagging peer it can elect a leader that misses writes
-    this replica had acknowledged before: those writes are then lost on every replica
-    (shown with 30 acknowledged adds: value 31 before, 1 after). etcd refuses such a member
-    (it must be removed and added again); here it may come back, but it only votes again once
-    caught up. A fresh cluster still elects: its candidates' logs are empty (term 0).
-
-    Caught up: it has applied an entry of the current leader's term (that leader's log holds
-    every entry committed in earlier terms, before its own first one), and everything up to
-    the commit index the leader reported first in this term (which covers what it had
-    committed, so acknowledged, before this replica came back). Tick thread only.
-    """
-
-    def __init__(self) -> None:
-        self.term = -1          # the term whose leader's first commit index is `commit`
-        self.commit = 0
-
-    def heard(self, message: Dict[str, Any]) -> None:
-        """An append_entries from the leader of `term`."""
-        term = message.get("term", -1)
-        if term > self.term:
-            self.term, self.commit = term, message.get("commit_index", 0)
-
-    def refuses(self, message: Dict[str, Any]) -> bool:
-        """Whether to ignore a request_vote: its candidate has a history."""
-        return message.get("last_log_term", 0) > 0
-
-    def caught_up(self, term: int, last_applied: int, applied_term: Optional[int]) -> bool:
-        return term == self.term and last_applied >= self.commit and applied_term == term
 
 
 class Replica:
@@ -104,10 +68,6 @@ class Replica:
         self._since: List[Tuple[int, bytes]] = []
         self.snapshots_loaded = 0
         os.makedirs(data_dir, exist_ok=True)
-        empty = not any(os.path.isfile(os.path.join(data_dir, name)) and
-                        os.path.getsize(os.path.join(data_dir, name)) > 0
-                        for name in (LOG_NAME, SNAPSHOT_NAME))
-        self.empty_start: Optional[EmptyStart] = EmptyStart() if empty and peers else None
         self._journal = DurableJournal(data_dir, fsync=fsync)
         self._startup_snapshot = os.path.isfile(os.path.join(data_dir, SNAPSHOT_NAME))
         _install_journal_factory()
@@ -208,8 +168,6 @@ class Replica:
             "fsync": self._journal.fsync_enabled,
             "snapshots_loaded": self.snapshots_loaded,
             "fatal": repr(self.fatal) if self.fatal is not None else None,
-            # started with an empty data dir, and withholds its vote until caught up
-            "votes_withheld": self.empty_start is not None,
         }
 
     def _journal_last_index(self) -> Optional[int]:
@@ -285,13 +243,6 @@ class Replica:
         if node is None:
             return
         close_stale_handshakes(node._SyncObj__transport, time.monotonic())
-        guard = self.empty_start
-        if guard is not None:
-            applied = node.raftLastApplied
-            if guard.caught_up(node.raftCurrentTerm, applied, self._journal.term_at(applied)):
-                self.empty_start = None
-                log.warning("started with an empty data dir: caught up to index %d of term "
-                            "%d, votes again", applied, node.raftCurrentTerm)
         if self._on_role_change is None:
             return
         leader = node._getLeader()
