@@ -115,6 +115,7 @@ class Metrics:
                                   "pauses of Python's garbage collector, by generation",
                                   ["generation"], buckets=LATENCY_BUCKETS,
                                   registry=self.registry)
+        self._gc_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
         self._gc_started = 0.0
         gc.callbacks.append(self._on_gc)
 
@@ -122,7 +123,7 @@ class Metrics:
         if phase == "start":
             self._gc_started = time.perf_counter()
         else:
-            self.gc_pause.labels(str(info.get("generation", -1))).observe(
+            self._gc_by_generation[info["generation"]].observe(
                 time.perf_counter() - self._gc_started)
 
     def close(self) -> None:

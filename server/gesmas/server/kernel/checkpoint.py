@@ -305,16 +305,7 @@ def kept_objects(self: Kernel, blocked: list[Request]) -> set[str]:
 def _abandon(self: Kernel, req: Request) -> None:
     """A kept waiter whose object the checkpoint dropped: end it with the error its re-run
     meets on a restored replica (`rerun`, object not found)."""
-    self._detach(req)
-    task, req.task = req.task, None
-    if task is not None:
-        task.throw(greenlet.GreenletExit)
-    s = self.sessions[req.session]
-    s.inflight.pop(req.seq, None)
-    error = Error(Code.NOT_FOUND, self.dropped[req.obj])
-    s.results[req.seq] = (None, error)
-    for tag in req.tags:
-        self._out.append(Completion(tag, None, error))
+    _end(self, req, Error(Code.NOT_FOUND, self.dropped[req.obj]))
 
 
 def interrupt(self: Kernel, req: Request) -> None:
@@ -324,17 +315,22 @@ def interrupt(self: Kernel, req: Request) -> None:
         if req.task is None:
             return
         self._detach(req)                # it caught Interrupted and waited again
-    task = req.task
-    assert task is not None
-    task.throw(greenlet.GreenletExit)    # now, deterministically, not whenever GC runs
+    _end(self, req, Error(Code.APPLICATION, f"{req.label} caught Interrupted and waited "
+                                            "again, so a checkpoint cannot re-run it",
+                          "Interrupted"))
+
+
+def _end(self: Kernel, req: Request, error: Error) -> None:
+    """End a waiting call for good with `error`: its greenlet is closed now,
+    deterministically, not whenever the garbage collector runs."""
+    task, req.task = req.task, None
+    if task is not None:
+        task.throw(greenlet.GreenletExit)
     self._detach(req)
-    req.task = None
     s = self.sessions.get(req.session)
     if s is not None:
         s.inflight.pop(req.seq, None)
-    self._finish_error(req, Error(Code.APPLICATION,
-                                  f"{req.label} caught Interrupted and waited again, so a "
-                                  "checkpoint cannot re-run it", "Interrupted"))
+    self._finish_error(req, error)
 
 
 def rerun(self: Kernel, pending: list[PendingCall]) -> None:
