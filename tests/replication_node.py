@@ -78,7 +78,8 @@ class NodeMain:
         self.replica = Replica(args.self, [p for p in args.peers.split(",") if p], args.data,
                                fresh=ListSM, restore=restore, on_completions=self.on_completions,
                                on_role_change=self.on_role, fsync=not args.no_fsync,
-                               password=args.password, tuning=tuning)
+                               password=args.password, tuning=tuning,
+                               new_cluster=args.new_cluster)
         if args.slow_sync_ms:
             self._simulate_slow_disk(args.slow_sync_ms / 1000)
 
@@ -253,9 +254,10 @@ from gesmas.server.cluster import free_ports  # noqa: E402,F401  (re-exported fo
 class NodeProc:
     """A node subprocess and what it said."""
 
-    def __init__(self, addr, peers, data_dir, log_path, extra=(), cond=None):
+    def __init__(self, addr, peers, data_dir, log_path, extra=(), cond=None, new_cluster=False):
         self.addr, self.peers, self.data_dir, self.log_path = addr, peers, data_dir, log_path
         self.extra = list(extra)
+        self.new_cluster = new_cluster    # the first start passes --new-cluster
         self.cond = cond or threading.Condition()
         self.proc = None
         self.start()
@@ -264,7 +266,8 @@ class NodeProc:
         env = dict(os.environ, PYTHONHASHSEED="0", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, os.path.join(HERE, "replication_node.py"), "node",
                "--self", self.addr, "--peers", ",".join(self.peers), "--data", self.data_dir,
-               *self.extra]
+               *self.extra, *(["--new-cluster"] if self.new_cluster else [])]
+        self.new_cluster = False
         self.done, self.failed, self.replies, self.roles = {}, {}, {}, []
         self.ready = False
         self.rid = 0
@@ -339,7 +342,7 @@ class Cluster:
                 self.nodes.append(NodeProc(addr, [a for a in self.addrs if a != addr],
                                            os.path.join(root, f"n{i}"),
                                            os.path.join(root, f"n{i}.log"), extra,
-                                           self.cond))
+                                           self.cond, new_cluster=True))
         except BaseException:
             self.kill()
             raise
@@ -402,6 +405,7 @@ def main():
     ap.add_argument("--peers", default="")
     ap.add_argument("--data")
     ap.add_argument("--no-fsync", action="store_true")
+    ap.add_argument("--new-cluster", action="store_true")
     ap.add_argument("--pysyncobj-defaults", action="store_true")
     ap.add_argument("--compaction-min-entries", type=int, default=0)
     ap.add_argument("--slow-sync-ms", type=float, default=0)

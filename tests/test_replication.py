@@ -427,3 +427,53 @@ def test_membership_add_and_remove(cluster, tmp_path):
     assert newcomer.request("status")["peers"].keys() == set(cluster.addrs)
     reply = leader.request("remove_node", addr=addr)
     assert reply["ok"], reply
+
+
+# --- a replica that comes back with an empty data dir (replication/rejoin.py) ------------------
+
+def test_an_empty_start_without_new_cluster_is_a_rejoin_that_survives_restarts(tmp_path):
+    from gesmas.server.replication import SNAPSHOT_NAME
+    from gesmas.server.replication.rejoin import MARKER_NAME, RejoinGuard
+    d = tmp_path / "n"
+    d.mkdir()
+    assert RejoinGuard.open(str(d), SNAPSHOT_NAME, True, new_cluster=True) is None
+    assert RejoinGuard.open(str(d), SNAPSHOT_NAME, False, new_cluster=False) is None  # alone
+    assert not (d / MARKER_NAME).exists()
+    g = RejoinGuard.open(str(d), SNAPSHOT_NAME, True, new_cluster=False)
+    assert g is not None and (d / MARKER_NAME).exists()
+    # it got some entries, then crashed: its log is no longer empty, and it is still rejoining
+    j = DurableJournal(str(d))
+    j.add(b"x", 1, 0)
+    j.add(b"y", 2, 3)
+    j.sync()
+    j._destroy()
+    assert RejoinGuard.open(str(d), SNAPSHOT_NAME, True, new_cluster=False) is not None
+    assert RejoinGuard.open(str(d), SNAPSHOT_NAME, True, new_cluster=True) is not None
+    g.clear()
+    assert not (d / MARKER_NAME).exists()
+    assert RejoinGuard.open(str(d), SNAPSHOT_NAME, True, new_cluster=False) is None  # has data
+    # a snapshot alone is data too
+    e = tmp_path / "e"
+    e.mkdir()
+    (e / SNAPSHOT_NAME).write_bytes(b"s")
+    assert RejoinGuard.open(str(e), SNAPSHOT_NAME, True, new_cluster=False) is None
+
+
+def test_a_rejoining_replica_votes_and_stands_again_only_once_caught_up(tmp_path):
+    from gesmas.server.replication.rejoin import RejoinGuard
+    g = RejoinGuard(str(tmp_path / "marker"), fsync=False)
+    assert g.refuses({"type": "request_vote", "term": 5, "last_log_term": 3})
+    assert not g.refuses({"type": "request_vote", "term": 1, "last_log_term": 0})  # empty log
+    assert g.may_stand(0) and not g.may_stand(2)
+    assert not g.caught_up(False, 0, 1, 0)              # no leader heard yet
+    g.heard({"type": "append_entries", "term": 4, "commit_index": 120})
+    g.heard({"type": "append_entries", "term": 4, "commit_index": 150})  # later commits:
+    assert g.commit == 120                              # what was acknowledged before it came
+    assert not g.caught_up(False, 4, 119, 4)
+    assert not g.caught_up(False, 4, 120, 3)            # nothing of the leader's term applied
+    assert not g.caught_up(False, 5, 120, 5)            # a newer term: its first report counts
+    assert g.caught_up(False, 4, 120, 4)
+    g.heard({"type": "append_entries", "term": 5, "commit_index": 200})
+    assert not g.caught_up(False, 5, 150, 5) and g.caught_up(False, 5, 200, 5)
+    # elected with an empty log (every voter empty): caught up once it applied its own entry
+    assert not g.caught_up(True, 7, 1, 0) and g.caught_up(True, 7, 2, 7)

@@ -411,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=["text", "json"],
                    help="one line per event as text (default) or JSON objects, for log "
                         "shippers (env GESMAS_LOG_FORMAT; the level: env GESMAS_LOG)")
+    p.add_argument("--new-cluster", action="store_true", default=None,
+                   help="first start of a new cluster: an empty data dir is expected. Without "
+                        "it, a replica that starts empty is taken to have lost its disk and "
+                        "does not vote until it has caught up (README 'A replica that lost its "
+                        "disk'; env GESMAS_NEW_CLUSTER)")
     p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
                    dest="skip_entries",
                    help="recovery only: complete log entry INDEX with an INTERNAL error "

@@ -78,6 +78,7 @@ class Member:
     log_path: str
     proc: subprocess.Popen[bytes] | None = None
     metrics_addr: str = ""                 # with LocalCluster(metrics=True)
+    new_cluster: bool = False              # its next start passes --new-cluster (start())
 
 
 @dataclass
@@ -143,6 +144,8 @@ class LocalCluster:
                "--data-dir", m.data_dir]
         if not self.fsync:
             cmd.append("--unsafe-no-fsync")
+        if m.new_cluster:
+            cmd.append("--new-cluster")
         if m.metrics_addr:
             cmd += ["--metrics-addr", m.metrics_addr]
         if self.secure:
@@ -211,10 +214,16 @@ class LocalCluster:
         log = open(m.log_path, "ab")
         m.proc = subprocess.Popen(self.command(m), env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
+        m.new_cluster = False
         log.close()
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
+        # No replica has data yet: the first start of a new cluster. A replica started on an
+        # emptied dir next to others that have data is rejoining (replication/rejoin.py).
+        new = not any(os.path.isdir(m.data_dir) and os.listdir(m.data_dir)
+                      for m in self.members)
         for m in self.members:
+            m.new_cluster = new
             self.start_member(m)
         self.wait_ready(timeout)
         if os.environ.get("GESMAS_TEST_SECURE") == "1":

@@ -21,7 +21,8 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 #: the keys of a --config file, as flag names with '_'
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
-        "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format")
+        "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format",
+        "new_cluster")
 
 
 class ConfigError(ValueError):
@@ -49,6 +50,7 @@ class NodeConfig:
     insecure: bool = False                 # allow a non-loopback client port without auth/TLS
     metrics_addr: str | None = None        # host:port of the Prometheus metrics (off: None)
     log_format: str = "text"               # or "json" (logs.py)
+    new_cluster: bool = False              # an empty data dir is a new cluster's (rejoin.py)
 
 
 def is_loopback(addr: str) -> bool:
@@ -199,7 +201,8 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
         root_password=root_password, insecure=insecure,
         metrics_addr=pick("metrics_addr") or None,
-        log_format=str(pick("log_format") or "text"))
+        log_format=str(pick("log_format") or "text"),
+        new_cluster=flag("new_cluster"))
 
 
 def _read_secret(name: str, path: Any, minimum: int) -> str:

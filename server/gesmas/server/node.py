@@ -300,7 +300,8 @@ class Node(Membership):
             self_addr=c.raft_addr, peer_addrs=[p[0] for p in c.peers], data_dir=c.data_dir,
             fresh=self.make_state_machine, restore=self.restore_state_machine,
             on_completions=lambda out: None, on_role_change=self._role_changed,
-            on_fatal=self._fatal_handler(stop), password=c.secret, fsync=c.fsync)
+            on_fatal=self._fatal_handler(stop), password=c.secret, fsync=c.fsync,
+            new_cluster=c.new_cluster)
         if c.metrics_addr:
             from .metrics import Metrics
             self.metrics = Metrics(self)

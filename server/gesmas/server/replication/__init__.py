@@ -39,6 +39,10 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
      than the socket buffer does not wait for later sends.
   9. ``close_stale_handshakes`` (every tick): an incoming connection that has not
      authenticated within 5 s is closed, and at most 256 wait at a time.
+  10. ``RejoinGuard`` (rejoin.py): a replica that starts with an empty data dir without
+     ``new_cluster`` ignores vote requests from candidates with a log and does not stand for
+     election until it has caught up (``_DurableTransport._onMessageReceived``,
+     ``_RaftNode._onTick``, ``Replica._on_tick``).
 
 Measurements of this layer are in docs/performance.md ("Replication alone").
 """

@@ -397,10 +397,17 @@ class _DurableTransport(TCPTransport):
             for part in message["messages"]:
                 self._onMessageReceived(node, part)
             return
+        replica = self._syncObj._gesmas_replica
+        guard = replica.rejoin if replica is not None else None
         if isinstance(message, dict) and message.get("type") == "append_entries":
+            if guard is not None:
+                guard.heard(message)
             message = filter_append_entries(self._journal, message)
             if message is None:
                 return
+        elif guard is not None and isinstance(message, dict) and \
+                message.get("type") == "request_vote" and guard.refuses(message):
+            return  # override 10: a rejoining replica gives no vote to a candidate with a history
         super()._onMessageReceived(node, message)
 
 
@@ -432,6 +439,12 @@ class _RaftNode(SyncObj):
         self._gesmas_replica._apply_committed(self.raftLastApplied + 1, data)
 
     def _onTick(self, timeToWait=0.0):
+        replica = self._gesmas_replica
+        guard = replica.rejoin if replica is not None else None
+        journal = self._gesmas_journal
+        if guard is not None and not guard.may_stand(journal.term_at(journal.last_index or 0)):
+            # override 10: a rejoining replica with a history does not stand for election
+            self._SyncObj__raftElectionDeadline = _ps.monotonicTime() + self.conf.raftMaxTimeout
         try:
             super()._onTick(timeToWait)
         finally:

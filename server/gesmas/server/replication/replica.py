@@ -15,6 +15,7 @@ from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
 from .journal import DurableJournal, fsync_dir
+from .rejoin import RejoinGuard
 from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
@@ -43,7 +44,8 @@ class Replica:
                  on_role_change: Optional[Callable[[bool, Optional[str]], None]] = None,
                  on_fatal: Optional[Callable[[BaseException], None]] = None,
                  password: Optional[str] = None, fsync: bool = True,
-                 bind_addr: Optional[str] = None, tuning: RaftTuning = RaftTuning()):
+                 bind_addr: Optional[str] = None, tuning: RaftTuning = RaftTuning(),
+                 new_cluster: bool = False):
         # Always, loopback too: peers exchange pickles, and only the secret's AEAD tag on each
         # frame (overrides.py, override 7) keeps a stranger's pickle from being loaded.
         if not password:
@@ -68,6 +70,8 @@ class Replica:
         self._since: List[Tuple[int, bytes]] = []
         self.snapshots_loaded = 0
         os.makedirs(data_dir, exist_ok=True)
+        # an empty data dir that is not a new cluster's: no vote until caught up (rejoin.py)
+        self.rejoin = RejoinGuard.open(data_dir, SNAPSHOT_NAME, bool(peers), new_cluster, fsync)
         self._journal = DurableJournal(data_dir, fsync=fsync)
         self._startup_snapshot = os.path.isfile(os.path.join(data_dir, SNAPSHOT_NAME))
         _install_journal_factory()
@@ -168,6 +172,7 @@ class Replica:
             "fsync": self._journal.fsync_enabled,
             "snapshots_loaded": self.snapshots_loaded,
             "fatal": repr(self.fatal) if self.fatal is not None else None,
+            "rejoining": self.rejoin is not None,     # no vote until caught up (rejoin.py)
         }
 
     def _journal_last_index(self) -> Optional[int]:
@@ -243,6 +248,15 @@ class Replica:
         if node is None:
             return
         close_stale_handshakes(node._SyncObj__transport, time.monotonic())
+        guard = self.rejoin
+        if guard is not None:
+            applied = node.raftLastApplied
+            if guard.caught_up(node._isLeader(), node.raftCurrentTerm, applied,
+                               self._journal.term_at(applied)):
+                guard.clear()
+                self.rejoin = None
+                log.warning("rejoining replica caught up (index %d, term %d): it votes again",
+                            applied, node.raftCurrentTerm)
         if self._on_role_change is None:
             return
         leader = node._getLeader()
