@@ -754,7 +754,7 @@ def test_an_emptied_replica_votes_only_once_caught_up(tmp_path, says_new):
     from every replica (the reason the flag is for the first start of a cluster only)."""
     import shutil
     from gesmas.server.replication.rejoin import MARKER_NAME
-    cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"))
+    cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"), metrics=True)
     try:
         cluster.start(timeout=90)
         leader = cluster.find_leader()
@@ -782,6 +782,7 @@ def test_an_emptied_replica_votes_only_once_caught_up(tmp_path, says_new):
             assert not os.path.exists(marker)
             return
         _wait_path(marker, exists=True)            # written before its journal is opened
+        assert _gauge(emptied, "gesmas_rejoining") == 1.0
         # No leader may emerge from these two: watch them over several election timeouts.
         end = time.monotonic() + 8
         while time.monotonic() < end:
@@ -796,6 +797,8 @@ def test_an_emptied_replica_votes_only_once_caught_up(tmp_path, says_new):
             assert c.counter("acked").get() == 31
         cluster.wait_caught_up(emptied, timeout=60)
         _wait_path(marker, exists=False)           # caught up: it votes again
+        assert _gauge(emptied, "gesmas_rejoining") == 0.0
+        assert cluster.member_status(emptied)["rejoining"] is False
         assert cluster.member_status(emptied, digest=True)["state_digest"] == \
             cluster.member_status(leader, digest=True)["state_digest"]
     finally:
@@ -819,6 +822,25 @@ def test_a_cluster_started_without_new_cluster_still_elects(tmp_path):
             _wait_path(os.path.join(m.data_dir, MARKER_NAME), exists=False)
     finally:
         cluster.stop()
+
+
+def _gauge(m: Member, name: str, timeout: float = 30.0) -> float:
+    """A gauge of `m`'s /metrics (served by the replica itself, leader or not)."""
+    import urllib.request
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{m.metrics_addr}/metrics", timeout=2) as r:
+                text = r.read().decode()
+            break
+        except OSError:                    # its HTTP port is not up yet
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in node {m.node_id}'s metrics")
 
 
 def _wait_path(path: str, exists: bool, timeout: float = 30.0) -> None:

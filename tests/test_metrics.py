@@ -43,8 +43,10 @@ def test_each_replica_serves_its_metrics():
                          "gesmas_invocation_duration_seconds", "gesmas_proposal_apply_seconds",
                          "gesmas_journal_fsync_seconds", "gesmas_journal_bytes",
                          "gesmas_checkpoint_seconds", "gesmas_raft_role_changes",
-                         "gesmas_sessions_expired", "gesmas_gc_pause_seconds"):
+                         "gesmas_sessions_expired", "gesmas_gc_pause_seconds",
+                         "gesmas_rejoining"):
                 assert name in f, (node_id, name)
+            assert value(f, "gesmas_rejoining") == 0.0   # a new cluster's replicas vote
             assert value(f, "gesmas_raft_is_leader") == (1.0 if node_id == leader.node_id
                                                          else 0.0)
             assert value(f, "gesmas_objects") >= 2 and value(f, "gesmas_raft_term") >= 1

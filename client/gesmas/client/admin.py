@@ -54,6 +54,7 @@ class Status(TypedDict):
     waiter_count: int
     session_count: int
     nodes: list[NodeHealth]
+    rejoining: bool  # the answering replica has not caught up after an empty start
 
 
 class AdminCalls:
@@ -113,6 +114,7 @@ class AdminCalls:
             is_leader=resp.is_leader, term=resp.term, commit_index=resp.commit_index,
             last_applied=resp.last_applied, object_count=resp.object_count,
             waiter_count=resp.waiter_count, session_count=resp.session_count, nodes=nodes,
+            rejoining=resp.rejoining,
         )
 
     def state_digest(self) -> str:

@@ -160,6 +160,9 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"(applied {st['last_applied']} on {st['address']})")
     print(f"objects    {st['object_count']}   waiters {st['waiter_count']}   "
           f"sessions {st['session_count']}")
+    if st.get("rejoining"):
+        print(f"REJOINING  {st['address']} started with an empty data dir and has not caught "
+              "up: it gives no votes yet")
     if st["nodes"]:
         rows = [["NODE", "ADDRESS", "ROLE", "CONNECTED", "MATCH INDEX"]]
         for n in st["nodes"]:

@@ -334,7 +334,7 @@ class StatusRequest(_message.Message):
     def __init__(self, with_digest: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "leader_address", "is_leader", "term", "commit_index", "last_applied", "nodes", "object_count", "waiter_count", "session_count", "state_digest")
+    __slots__ = ("node_id", "leader_address", "is_leader", "term", "commit_index", "last_applied", "nodes", "object_count", "waiter_count", "session_count", "state_digest", "rejoining")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +346,7 @@ class StatusResponse(_message.Message):
     WAITER_COUNT_FIELD_NUMBER: _ClassVar[int]
     SESSION_COUNT_FIELD_NUMBER: _ClassVar[int]
     STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REJOINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     leader_address: str
     is_leader: bool
@@ -357,7 +358,8 @@ class StatusResponse(_message.Message):
     waiter_count: int
     session_count: int
     state_digest: str
-    def __init__(self, node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., object_count: _Optional[int] = ..., waiter_count: _Optional[int] = ..., session_count: _Optional[int] = ..., state_digest: _Optional[str] = ...) -> None: ...
+    rejoining: bool
+    def __init__(self, node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., object_count: _Optional[int] = ..., waiter_count: _Optional[int] = ..., session_count: _Optional[int] = ..., state_digest: _Optional[str] = ..., rejoining: _Optional[bool] = ...) -> None: ...
 
 class AddNodeRequest(_message.Message):
     __slots__ = ("raft_addr", "client_addr")

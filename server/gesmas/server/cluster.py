@@ -297,7 +297,7 @@ class LocalCluster:
                 "is_leader": r.is_leader, "term": r.term, "commit_index": r.commit_index,
                 "last_applied": r.last_applied, "waiter_count": r.waiter_count,
                 "object_count": r.object_count, "session_count": r.session_count,
-                "state_digest": r.state_digest}
+                "state_digest": r.state_digest, "rejoining": r.rejoining}
 
     def find_leader(self, timeout: float = 30.0, among: list[Member] | None = None) -> Member:
         """The member that answers Status as the leader (a Status commits through the log, so

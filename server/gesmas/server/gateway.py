@@ -313,7 +313,7 @@ class Gateway(pb_grpc.GesmasServicer):
                                  connected=n["connected"], match_index=n["match_index"])
                    for n in st["nodes"]],
             object_count=stats["objects"], waiter_count=stats["waiters"],
-            session_count=stats["sessions"], state_digest=digest)
+            session_count=stats["sessions"], state_digest=digest, rejoining=st["rejoining"])
 
     # -- membership (admin) ----------------------------------------------------------------
 

@@ -8,7 +8,7 @@ increment when it fails.
     gesmas_raft_is_leader, gesmas_raft_term, gesmas_raft_commit_index,
     gesmas_raft_applied_index, gesmas_raft_peers_connected
     gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
-    gesmas_checkpoint_index, gesmas_checkpoint_bytes
+    gesmas_checkpoint_index, gesmas_checkpoint_bytes, gesmas_rejoining
     gesmas_rpc_duration_seconds{method}   (histogram: every RPC served by this replica)
     gesmas_rpc_errors_total{method,code}
     gesmas_gc_pause_seconds{generation}   (histogram: the garbage collector's pauses)
@@ -72,6 +72,9 @@ class NodeCollector:
                         float(len(k.checkpoint_blob or b"")))
         yield gauge("gesmas_pending_calls", "calls this replica accepted and waits on",
                     float(len(node.calls)))
+        yield gauge("gesmas_rejoining", "1 while this replica, started empty without "
+                    "--new-cluster, has not caught up and gives no votes",
+                    float(bool(st.get("rejoining"))))
         journal = getattr(node.replica, "_journal", None)
         if journal is not None:
             yield gauge("gesmas_journal_bytes", "size of the Raft journal file",

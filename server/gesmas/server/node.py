@@ -231,6 +231,7 @@ class Node(Membership):
                 "is_leader": self.replica.is_leader(), "term": int(st.get("term", 0)),
                 "commit_index": int(st.get("commit_index", 0)),
                 "last_applied": int(st.get("last_applied", 0)),
+                "rejoining": bool(st.get("rejoining")),
                 "nodes": _current_nodes(nodes, peer_state)}
 
     async def duties(self) -> None:
