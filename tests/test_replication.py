@@ -459,16 +459,33 @@ def test_an_empty_start_without_new_cluster_is_a_rejoin_that_survives_restarts(t
     assert RejoinGuard.open(str(e), SNAPSHOT_NAME, True, new_cluster=False) is None
 
 
-def test_a_rejoining_replica_votes_and_stands_again_only_once_caught_up(tmp_path):
+def test_a_rejoining_replica_votes_only_for_logs_that_hold_what_it_may_have_lost(tmp_path):
     from gesmas.server.replication.rejoin import RejoinGuard
     g = RejoinGuard(str(tmp_path / "marker"), fsync=False)
-    assert g.refuses({"type": "request_vote", "term": 5, "last_log_term": 3})
-    assert not g.refuses({"type": "request_vote", "term": 1, "last_log_term": 0})  # empty log
-    assert g.may_stand(0) and not g.may_stand(2)
-    assert not g.caught_up(False, 0, 1, 0)              # no leader heard yet
+
+    def vote(term, index):
+        return not g.refuses({"type": "request_vote", "term": 9,
+                              "last_log_term": term, "last_log_index": index})
+    # no leader heard since the empty start: only an empty log (term 0) gets the vote
+    assert vote(0, 1) and not vote(3, 50) and g.may_stand(0, 1) and not g.may_stand(3, 50)
     g.heard({"type": "append_entries", "term": 4, "commit_index": 120})
     g.heard({"type": "append_entries", "term": 4, "commit_index": 150})  # later commits:
-    assert g.commit == 120                              # what was acknowledged before it came
+    assert g.commit == 120            # what was committed when this replica came back counts
+    g.heard({"type": "append_entries", "term": 3, "commit_index": 400})  # a stale leader
+    assert (g.term, g.commit) == (4, 120)
+    assert not vote(3, 500)           # an earlier term: may lack what term 4's leader had
+    assert not vote(4, 119)           # term 4, short of the commit index first reported
+    assert vote(4, 120) and vote(5, 2)  # a later term's entry follows everything committed
+    assert g.may_stand(4, 130) and not g.may_stand(4, 100)
+    g.heard({"type": "append_entries", "term": 6, "commit_index": 90})
+    assert not vote(5, 1000) and vote(6, 90)
+
+
+def test_a_rejoining_replica_is_caught_up_once_it_applied_the_leaders_entries(tmp_path):
+    from gesmas.server.replication.rejoin import RejoinGuard
+    g = RejoinGuard(str(tmp_path / "marker"), fsync=False)
+    assert not g.caught_up(False, 0, 1, 0)              # no leader heard yet
+    g.heard({"type": "append_entries", "term": 4, "commit_index": 120})
     assert not g.caught_up(False, 4, 119, 4)
     assert not g.caught_up(False, 4, 120, 3)            # nothing of the leader's term applied
     assert not g.caught_up(False, 5, 120, 5)            # a newer term: its first report counts

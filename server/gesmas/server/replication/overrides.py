@@ -442,8 +442,9 @@ class _RaftNode(SyncObj):
         replica = self._gesmas_replica
         guard = replica.rejoin if replica is not None else None
         journal = self._gesmas_journal
-        if guard is not None and not guard.may_stand(journal.term_at(journal.last_index or 0)):
-            # override 10: a rejoining replica with a history does not stand for election
+        if guard is not None and not guard.may_stand(journal.term_at(journal.last_index or 0),
+                                                     journal.last_index):
+            # override 10: a rejoining replica that may lack entries does not stand
             self._SyncObj__raftElectionDeadline = _ps.monotonicTime() + self.conf.raftMaxTimeout
         try:
             super()._onTick(timeToWait)

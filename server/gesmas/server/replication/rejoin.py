@@ -11,10 +11,11 @@ and by ``LocalCluster`` when they create a cluster) means "this empty data dir i
 other empty start is a rejoin.
 
 What a rejoining replica does, until it is caught up:
-* it ignores vote requests from candidates that have a history (last log term > 0); a
-  candidate with an empty log cannot win against a voter that holds committed entries, so
-  every replica of a new cluster started without the flag can still elect one of them;
-* it does not stand for election once its own log holds an entry from a leader;
+* it ignores vote requests from candidates whose log may lack an entry committed before it
+  came back (``covers`` says which logs cannot); a candidate with an empty log cannot win
+  against a voter that holds committed entries, so it gets the vote, and every replica of a
+  new cluster started without the flag can still elect one of them;
+* it does not stand for election while its own log may lack such an entry;
 * the state survives restarts: a marker file (``REJOINING``) is written, and fsynced, before
   the journal is created, and removed only once caught up. A replica that crashed half-way
   through catching up is still rejoining when it comes back.
@@ -87,16 +88,29 @@ class RejoinGuard:
         if term > self.term:
             self.term, self.commit = term, message.get("commit_index", 0)
 
-    @staticmethod
-    def refuses(message: Dict[str, Any]) -> bool:
-        """Whether to ignore this request_vote: its candidate has a history."""
-        return (message.get("last_log_term") or 0) > 0
+    def covers(self, last_term: int, last_index: int) -> bool:
+        """Whether a log ending with an entry (last_index, last_term) surely holds every entry
+        committed before this replica came back. Those were committed in terms up to
+        `self.term`, the first term this replica heard a leader in since: before that term
+        they are in its leader's log ahead of every entry of the term (a leader holds every
+        committed entry and appends after it), and in that term up to the commit index the
+        leader first reported (`self.commit`). So a log whose last entry is of a later term,
+        or of that term at or past that index, holds them all (Raft's log matching); one of
+        term 0 holds nothing to lose (pysyncobj starts every log with a no-op of term 0)."""
+        if not last_term:
+            return True
+        if self.term < 0:           # no leader heard since the empty start: nothing is known
+            return False
+        return last_term > self.term or (last_term == self.term and last_index >= self.commit)
 
-    @staticmethod
-    def may_stand(last_term: Optional[int]) -> bool:
-        """Whether to stand for election with a log whose last entry has `last_term`: only
-        while it holds nothing from a leader (pysyncobj starts a log with a no-op of term 0)."""
-        return not last_term
+    def refuses(self, message: Dict[str, Any]) -> bool:
+        """Whether to ignore this request_vote."""
+        return not self.covers(message.get("last_log_term") or 0,
+                               message.get("last_log_index") or 0)
+
+    def may_stand(self, last_term: Optional[int], last_index: Optional[int]) -> bool:
+        """Whether to stand for election with its own log (its own vote is one too)."""
+        return self.covers(last_term or 0, last_index or 0)
 
     def caught_up(self, is_leader: bool, term: int, applied: int,
                   applied_term: Optional[int]) -> bool:
