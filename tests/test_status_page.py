@@ -39,6 +39,7 @@ def test_the_status_page_shows_members_objects_and_sessions(tmp_path):
                 assert time.monotonic() < deadline, data
                 time.sleep(0.1)
             assert data["is_leader"] and data["object_count"] >= 1
+            assert data["rejoining"] is False          # a new cluster's replica votes
             [obj] = [o for o in data["objects"] if o["name"] == "status-jobs"]
             assert (obj["class"], obj["waiters"]) == ("Queue", 1)
             assert any(s["id"] == c.session and s["age"] is not None and s["waiting"] == 1

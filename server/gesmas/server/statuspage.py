@@ -92,7 +92,8 @@ async function refresh(){
   document.getElementById('summary').textContent=s.error ? s.error :
    'leader '+(s.leader_address||'unknown')+' · term '+s.term+' · commit '+s.commit_index+
    ' · applied '+s.last_applied+' · '+s.waiter_count+' waiters · updated '+
-   new Date(s.generated*1000).toLocaleTimeString();
+   new Date(s.generated*1000).toLocaleTimeString()+
+   (s.rejoining ? ' · REJOINING (started empty): no votes until caught up' : '');
   fill('members', s.nodes||[], n=>[cell(n.node_id), cell(n.address),
    cell(n.address && n.address===s.leader_address ? 'leader':'follower'),
    cell(n.match_index,'num'), cell(n.connected?'yes':'NO', n.connected?'ok':'bad')]);
