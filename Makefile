@@ -15,7 +15,7 @@ test: $(VENV)/.installed
 	$(PY) protos/generate.py --check
 	$(PY) -m pytest -q -p no:cacheprovider
 	# the fault and membership suites again, with TLS and auth on (tests/rawgrpc.py)
-	GESMAS_TEST_SECURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_faults.py tests/test_membership.py
+	GESMAS_TEST_SECURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_faults.py tests/test_rejoin.py tests/test_membership.py
 
 bench: $(VENV)/.installed
 	$(PY) bench/kernel_bench.py

@@ -133,8 +133,10 @@ def one_run(waiters: int, seconds: float) -> dict[str, object]:
                        "full_gc": int(gc_n), "full_gc_seconds": round(gc_s, 3)}
     lat = [ms for _, ms in calls]
     start = calls[0][0]
-    near = [ms for t, ms in calls if any(abs(t - c) <= 1.0 for c in seen)]
-    elsewhere = [ms for t, ms in calls if not any(abs(t - c) <= 1.0 for c in seen)]
+    near: list[float] = []
+    elsewhere: list[float] = []
+    for t, ms in calls:
+        (near if any(abs(t - c) <= 1.0 for c in seen) else elsewhere).append(ms)
     return {
         "checkpoint_at_s": [round(c - start, 2) for c in seen],
         "checkpoint_stall_ms": round(max(near), 1) if near else None,

@@ -1,0 +1,126 @@
+"""A replica whose disk was lost comes back under its old identity (replication/rejoin.py):
+real 3-replica clusters, killed and restarted by pid (each LocalCluster is stopped in
+`finally`). Run plain and, by `make test`, again with TLS and auth on."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from gesmas.client import Client
+from gesmas.server.cluster import LocalCluster, Member
+from gesmas.server.replication.rejoin import MARKER_NAME
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+RETRY = 20.0            # the clients' retry_timeout: outages here are shorter
+
+
+@pytest.mark.parametrize("says_new", [False, True], ids=["rejoining", "wrongly-new-cluster"])
+def test_an_emptied_replica_votes_only_once_caught_up(tmp_path, says_new):
+    """30 adds are acknowledged by the leader and one follower while the other follower is
+    stopped (so it lacks them). Every replica is killed, the follower that acknowledged them
+    loses its data dir, and it comes back next to the lagging one. Started as it should be
+    (no --new-cluster), it withholds its vote: the two elect nobody, and once the third is
+    back the 30 adds are there. Started with --new-cluster, which tells it that its empty dir
+    is a new cluster's, it votes at once: the two elect the lagging one and the adds are gone
+    from every replica (the reason the flag is for the first start of a cluster only)."""
+    cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"), metrics=True)
+    try:
+        cluster.start(timeout=90)
+        leader = cluster.find_leader()
+        lagging, emptied = [m for m in cluster.members if m is not leader]
+        with Client([leader.client_addr, emptied.client_addr], retry_timeout=RETRY) as c:
+            n = c.counter("acked")
+            n.add(1)
+            for m in cluster.members:
+                cluster.wait_caught_up(m)
+            os.kill(lagging.proc.pid, signal.SIGSTOP)
+            for _ in range(30):
+                n.add(1)
+            assert n.get() == 31
+        for m in cluster.members:
+            cluster.kill(m)
+        shutil.rmtree(emptied.data_dir)
+        cluster.start_member(lagging)
+        emptied.new_cluster = says_new
+        cluster.start_member(emptied)
+        marker = os.path.join(emptied.data_dir, MARKER_NAME)
+        if says_new:
+            cluster.find_leader(timeout=60, among=[lagging, emptied])
+            with Client([lagging.client_addr, emptied.client_addr], retry_timeout=RETRY) as c:
+                assert c.counter("acked").get() == 1       # the 30 acknowledged adds are lost
+            assert not os.path.exists(marker)
+            return
+        _wait_path(marker, exists=True)            # written before its journal is opened
+        assert _gauge(emptied, "gesmas_rejoining") == 1.0
+        # No leader may emerge from these two: watch them over several election timeouts.
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            for m in (lagging, emptied):
+                st = cluster.member_status(m, timeout=0.5)
+                assert st is None or not st["is_leader"], \
+                    f"node {m.node_id} was elected without the acknowledged writes"
+            time.sleep(0.2)
+        cluster.start_member(leader)
+        cluster.find_leader(timeout=60)
+        with Client(cluster.addresses, retry_timeout=RETRY) as c:
+            assert c.counter("acked").get() == 31
+        cluster.wait_caught_up(emptied, timeout=60)
+        _wait_path(marker, exists=False)           # caught up: it votes again
+        assert _gauge(emptied, "gesmas_rejoining") == 0.0
+        assert cluster.member_status(emptied)["rejoining"] is False
+        assert cluster.member_status(emptied, digest=True)["state_digest"] == \
+            cluster.member_status(leader, digest=True)["state_digest"]
+    finally:
+        cluster.stop()
+
+
+def test_a_cluster_started_without_new_cluster_still_elects(tmp_path):
+    """Every replica empty and none told --new-cluster: all are rejoining, and a candidate with
+    an empty log still gets their votes, so the cluster comes up; each replica votes normally
+    again once it has caught up (its marker file is gone)."""
+    cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"))
+    try:
+        for m in cluster.members:
+            cluster.start_member(m)          # not start(): no --new-cluster
+        cluster.wait_ready(timeout=90)
+        with Client(cluster.addresses, retry_timeout=RETRY, **cluster.client_options()) as c:
+            c.counter("n").add(1)
+        for m in cluster.members:
+            cluster.wait_caught_up(m)
+            _wait_path(os.path.join(m.data_dir, MARKER_NAME), exists=False)
+    finally:
+        cluster.stop()
+
+
+def _gauge(m: Member, name: str, timeout: float = 30.0) -> float:
+    """A gauge of `m`'s /metrics (served by the replica itself, leader or not)."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{m.metrics_addr}/metrics", timeout=2) as r:
+                text = r.read().decode()
+            break
+        except OSError:                    # its HTTP port is not up yet
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in node {m.node_id}'s metrics")
+
+
+def _wait_path(path: str, exists: bool, timeout: float = 30.0) -> None:
+    """Wait until `path` exists (or is gone): a file another process writes or removes."""
+    end = time.monotonic() + timeout
+    while os.path.exists(path) != exists:
+        if time.monotonic() > end:
+            raise AssertionError(f"{path} {'never appeared' if exists else 'still exists'} "
+                                 f"after {timeout}s")
+        time.sleep(0.02)
