@@ -32,7 +32,7 @@ from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack
 from RestrictedPython.PrintCollector import PrintCollector
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES, RestrictingNodeTransformer
 
-from . import limits, modules, sandbox, sched
+from . import charge, limits, modules, natives, sandbox, sched
 from .limits import Budget, SyncObject  # noqa: F401
 from .modules import ALLOWED_IMPORTS
 # The names uploaded code gets without an import (make_globals), importable from here so that
@@ -146,23 +146,16 @@ class _Policy(RestrictingNodeTransformer):
             self.error(node, f'attribute "{attr}" is not allowed')
         node = self.node_contents_visit(node)
         if isinstance(node.ctx, ast.Load):
-            if attr.startswith("_"):
-                base = node.value
-                if isinstance(base, ast.Name) and base.id == self._trusted[-1]:
-                    return node
-            elif attr not in limits.GUARDED_NAMES:
-                return node
+            base = node.value
+            if isinstance(base, ast.Name) and base.id == self._trusted[-1]:
+                return node     # `self.x` in a method: an instance of an uploaded class
+            # every other attribute is looked up by the sandbox: a builtin value's methods are
+            # checked and charged (natives.py), unknown ones are not available
             return _call("_getattr_", [node.value, ast.Constant(attr)], node)
         base = node.value
         if isinstance(base, ast.Name) and base.id == self._trusted[-1]:
             return node         # checked on entry (_self_): an instance of an uploaded class
         node.value = _call("_write_", [node.value], node.value)
-        return node
-
-    def visit_Subscript(self, node: ast.Subscript) -> Any:
-        node = self.node_contents_visit(node)
-        if isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Slice):
-            return _call("_slice_", [node.value, *_bounds(node.slice)], node)
         return node
 
     def visit_Assign(self, original: ast.Assign) -> Any:
@@ -189,13 +182,83 @@ class _Policy(RestrictingNodeTransformer):
             return test
         if any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
             self.error(node, "write chained comparisons with `in` as separate tests")
+            return node
+        operands = [node.left, *node.comparators]
+        if len(node.ops) == 1:
+            op = _CMP_TEXT.get(type(node.ops[0]))
+            if op is None or any(isinstance(x, ast.Constant) for x in operands):
+                return node          # `is`, or a constant: nothing is walked
+            return _call("_cmp_", [node.left, ast.Constant(op), node.comparators[0]], node)
+        # a chain: each operand that is not a constant is charged what it can make walk
+        if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            return node
+        node.left = _charged_operand(node.left)
+        node.comparators = [_charged_operand(x) for x in node.comparators]
         return node
+
+    def visit_Subscript(self, node: ast.Subscript) -> Any:
+        node = self.node_contents_visit(node)
+        if isinstance(node.slice, ast.Slice):
+            if isinstance(node.ctx, ast.Load):
+                return _call("_slice_", [node.value, *_bounds(node.slice)], node)
+            return node
+        if not isinstance(node.slice, ast.Constant):
+            node.slice = _call("_key_", [node.slice], node.slice)    # hashed if a dict's key
+        return node
+
+    def visit_Dict(self, node: ast.Dict) -> Any:
+        node = self.node_contents_visit(node)
+        node.keys = [k if k is None or isinstance(k, ast.Constant) else _call("_key_", [k], k)
+                     for k in node.keys]
+        node.values = [v if k is not None else _call("_consume_", [v], v)
+                       for k, v in zip(node.keys, node.values)]
+        return node
+
+    def visit_Set(self, node: ast.Set) -> Any:
+        node = self.node_contents_visit(node)
+        node.elts = [_keyed(e) for e in node.elts]
+        return node
+
+    def visit_SetComp(self, node: ast.SetComp) -> Any:
+        node = super().visit_SetComp(node)  # type: ignore[assignment]
+        node.elt = _keyed(node.elt)
+        return node
+
+    def visit_DictComp(self, node: ast.DictComp) -> Any:
+        node = super().visit_DictComp(node)  # type: ignore[assignment]
+        if not isinstance(node.key, ast.Constant):
+            node.key = _call("_key_", [node.key], node.key)
+        return node
+
+    def visit_Starred(self, node: ast.Starred) -> Any:
+        node = self.node_contents_visit(node)
+        if isinstance(node.ctx, ast.Load):          # *xs in a call or a display: consumed whole
+            node.value = _call("_consume_", [node.value], node.value)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        node = super().visit_Call(node)
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg is None:                   # **kwargs: copied whole
+                    kw.value = _call("_consume_", [kw.value], kw.value)
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        node = self.node_contents_visit(node)
+        if isinstance(node.op, ast.Not) or isinstance(node.operand, ast.Constant):
+            return node
+        text = {ast.USub: "-", ast.UAdd: "+", ast.Invert: "~"}[type(node.op)]
+        return _call("_unary_", [ast.Constant(text), node.operand], node)
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
         node = self.node_contents_visit(node)
         guard = _BINOPS.get(type(node.op))
         if guard is None:
-            return node
+            if isinstance(node.left, ast.Constant) or isinstance(node.right, ast.Constant):
+                return node          # a constant operand: a number operation, or bounded
+            return _call("_binop_", [node.left, ast.Constant(_OP_TEXT[type(node.op)]),
+                                     node.right], node)
         return _call(guard, [node.left, node.right], node)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> Any:
@@ -203,8 +266,9 @@ class _Policy(RestrictingNodeTransformer):
         if isinstance(target, ast.Name):
             return super().visit_AugAssign(node)     # x = _inplacevar_(op, x, v)
         op = ast.Constant(_OP_TEXT[type(node.op)] + "=")
-        if isinstance(target, ast.Attribute) and not isinstance(node.op, _GROWING):
-            return self.node_contents_visit(node)    # _write_(obj).attr -= v: cannot grow
+        if isinstance(target, ast.Attribute) and not isinstance(node.op, _GROWING) and \
+                isinstance(node.value, ast.Constant):
+            return self.node_contents_visit(node)    # _write_(obj).attr -= 1: bounded
         if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
             # n.attr += v  ->  n.attr = _inplacevar_("+=", n.attr, v): n is a name, so
             # evaluating it twice changes nothing
@@ -294,6 +358,23 @@ class _Policy(RestrictingNodeTransformer):
         return node
 
 
+_CMP_TEXT = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
+             ast.GtE: ">="}
+
+
+def _charged_operand(x: ast.expr) -> ast.expr:
+    return x if isinstance(x, ast.Constant) else _call("_cmpv_", [x], x)
+
+
+def _keyed(x: ast.expr) -> ast.expr:
+    if isinstance(x, ast.Constant):
+        return x
+    if isinstance(x, ast.Starred):
+        x.value = _call("_keys_", [x.value], x.value)
+        return x
+    return _call("_key_", [x], x)
+
+
 _OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
             ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|",
             ast.BitAnd: "&", ast.BitXor: "^", ast.MatMult: "@"}
@@ -333,6 +414,9 @@ class _CountedRange:
         return repr(self._r)
 
 
+charge.SELF_COUNTED.add(_CountedRange)
+
+
 def _range_wrap(r: Any) -> Any:
     return r if type(r) is not range or len(r) <= 4096 else _CountedRange(r)
 
@@ -358,6 +442,36 @@ def _sum_(iterable: Any, start: Any = 0) -> Any:
     raise TypeError("sum() takes numbers in gesmas classes (join or extend sequences instead)")
 
 
+def _unpack_sequence_(it: Any, spec: Any, _getiter_: Any) -> Any:
+    return guarded_unpack_sequence(it, spec, _unpack_getiter)
+
+
+def _iter_unpack_sequence_(it: Any, spec: Any, _getiter_: Any) -> Any:
+    return guarded_iter_unpack_sequence(it, spec, _unpack_getiter)
+
+
+def _unpack_getiter(it: Any) -> Any:
+    return charge.consume(limits._set_iter(it))
+
+
+def _types_arg(types: Any) -> None:
+    if type(types) is tuple:
+        charge.consume(types)
+        for t in types:
+            if type(t) is tuple:
+                raise TypeError("nested tuples of classes are not allowed in gesmas classes")
+
+
+def _isinstance_(obj: Any, types: Any) -> bool:
+    _types_arg(types)
+    return isinstance(obj, types)
+
+
+def _issubclass_(cls: Any, types: Any) -> bool:
+    _types_arg(types)
+    return issubclass(cls, types)
+
+
 def _import_(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
              level: int = 0) -> Any:
     proxy = modules.MODULES.get(name) if level == 0 else None
@@ -378,9 +492,11 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "dict": sandbox.dict_, "set": sandbox.set_, "frozenset": sandbox.frozenset_,
         "enumerate": limits._set_args(enumerate), "zip": limits._set_args(zip),
         "map": limits._set_args(map), "filter": limits._set_args(filter),
-        "sorted": limits._scanning(sorted), "min": limits._scanning(min),
-        "max": limits._scanning(max), "any": limits._scanning(any),
-        "all": limits._scanning(all), "round": limits._round_,
+        "sorted": natives.sorted_, "min": natives.min_, "max": natives.max_,
+        "any": natives.any_, "all": natives.all_, "round": limits._round_,
+        "isinstance": _isinstance_, "issubclass": _issubclass_, "float": sandbox.float_,
+        "complex": sandbox.complex_,
+        "filter": limits._set_args(lambda f, it: filter(f, charge.consume(it))),
         "range": _range_, "sum": _sum_, "iter": _iter_, "int": sandbox.int_, "pow": limits._pow_, "divmod": limits._divmod_,
         "repr": limits._repr_, "hash": limits._hash_, "format": limits._format_,
         "__import__": _import_, "__build_class__": builtins.__build_class__,
@@ -391,10 +507,13 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "__name__": module_name,
         **guards,
         "_getiter_": limits._set_iter,
-        "_getitem_": lambda obj, key: obj[key],
         "_apply_": lambda f, *a, **kw: f(*a, **kw),
-        "_unpack_sequence_": guarded_unpack_sequence,
-        "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
+        "_unpack_sequence_": _unpack_sequence_,
+        "_iter_unpack_sequence_": _iter_unpack_sequence_,
+        # the charges of native work (charge.py)
+        "_key_": charge._key_, "_keys_": charge.keys, "_cmp_": charge._cmp_,
+        "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
+        "_consume_": charge.consume,
         "_print_": PrintCollector,
         # the dialect's own names
         "Semaphore": sched.Semaphore,

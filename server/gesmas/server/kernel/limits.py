@@ -17,6 +17,7 @@ from typing import Any, Callable
 # re-exported: the rest of the kernel imports the sandbox's shared pieces from here
 from .budget import (_IDENTITY, _SEQ_ALL, _SIZED_BASES, MAX_BITS, MAX_SIZE, MAX_WIDTH, Budget,
                      ResourceLimit, _bits, _charge, _charge_scan, _cost, _deque, _rlen, _sized)
+from . import charge as _charge_mod
 from .measure import (_ordered_set, _set_args, _set_iter, _stable_hash,
                       _walkable, state_size)
 
@@ -89,6 +90,50 @@ def _lshift_(a: Any, b: Any) -> Any:
     if isinstance(a, int) and isinstance(b, int) and a and b > MAX_BITS:
         raise ResourceLimit(f"a shift would make more than {MAX_BITS} bits")
     return _sized(a << b, "a shift")
+
+
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "-": lambda a, b: a - b, "|": lambda a, b: a | b, "&": lambda a, b: a & b,
+    "^": lambda a, b: a ^ b, ">>": lambda a, b: a >> b, "/": lambda a, b: a / b,
+    "@": lambda a, b: a @ b,
+}
+_CONTAINER_KINDS = frozenset({_charge_mod.SEQ, _charge_mod.MAP, _charge_mod.SET,
+                              _charge_mod.KEYS, _charge_mod.ITEMS, _charge_mod.VALUES,
+                              _charge_mod.RECORD})
+
+
+def _operands(a: Any, b: Any) -> None:
+    """Charge an operator on two containers (set and dict operators, Counter arithmetic):
+    it walks both."""
+    for v in (a, b):
+        t = type(v)
+        if t not in _charge_mod._ATOMS and _charge_mod.kind(t) in _CONTAINER_KINDS:
+            _charge_mod.charge_value(v)
+
+
+def _binop_(a: Any, op: str, b: Any) -> Any:
+    """`a op b` for - | & ^ >> / @ of two non-constants."""
+    ta, tb = type(a), type(b)
+    if not (ta is int or ta is float) or not (tb is int or tb is float):
+        _operands(a, b)
+        r = _OPS[op](a, b)
+        return _sized(r, "a result") if type(r) is not int else r
+    return _OPS[op](a, b)
+
+
+def _unary_(op: str, a: Any) -> Any:
+    """`-a`, `+a`, `~a` of a non-constant (a Counter's unary + and - walk it)."""
+    if type(a) is not int and type(a) is not float:
+        _operands(a, None)
+    return -a if op == "-" else +a if op == "+" else ~a
+
+
+def _cmpv_(v: Any) -> Any:
+    """An operand of a chained comparison, charged for what comparisons of it may walk."""
+    t = type(v)
+    if t not in _charge_mod._ATOMS and _charge_mod.kind(t) != _charge_mod.ATOM:
+        _charge_mod.charge_value(v)
+    return v
 
 
 def _divcost(a: Any, b: Any) -> None:
@@ -171,10 +216,25 @@ def _round_(number: Any, *ndigits: Any) -> Any:
 
 
 def _in_(item: Any, container: Any) -> bool:
-    """`item in container`: a scan of a sequence costs steps by its size."""
+    """`item in container`: a lookup is charged the item's hash, a search the comparisons
+    with every item, a native iterator is counted per item it hands out (charge.py)."""
     t = type(container)
-    if t is not dict and t is not set and t is not frozenset:
+    k = _charge_mod.kind(t)
+    if k == _charge_mod.MAP or k == _charge_mod.SET or k == _charge_mod.KEYS or \
+            k == _charge_mod.ITEMS:
+        _charge_mod._key_(item)
+    elif k == _charge_mod.SEQ or k == _charge_mod.VALUES:
+        n = len(container)
+        if n:
+            _charge_mod.charge_items(n * _charge_mod.unfold(item))
+    elif k == _charge_mod.STR:
         _charge_scan(container)
+    elif t is range:
+        if type(item) is not int and type(item) is not bool:
+            _charge_mod.charge_items(len(container))
+    elif hasattr(t, "__next__") and not t.__module__.startswith("gesmas_user_"):
+        ux = _charge_mod.unfold(item)
+        return item in _charge_mod.Counted(container, lambda _: _charge_mod.charge_items(ux))
     return item in container
 
 
@@ -188,26 +248,10 @@ def _setslice_(obj: Any, lower: Any, upper: Any, step: Any, value: Any) -> None:
     _sized(obj, "a sequence")
 
 
-def _scanning(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A builtin that walks its first argument (sorted, min, max, any, all...)."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if len(args) == 1:
-            _charge_scan(args[0])
-            if fn is sorted and isinstance(args[0], (set, frozenset)):
-                _ordered_set(args[0])          # ties keep the set's order
-        return _sized(fn(*args, **kwargs), fn.__name__ + "()")
-    call.__name__ = fn.__name__
-    return call
-
-
 def _hash_(obj: Any) -> int:
-    t = type(obj)
-    if t.__hash__ is object.__hash__ or isinstance(obj, type) or callable(obj) and t in _IDENTITY:
-        _no_hash(obj)
-    if t is float and obj != obj:
-        raise TypeError("NaN has no hash that is the same between replicas")
-    _walkable(obj, "hash()")
-    return hash(obj)
+    """`hash()` in uploaded code: the dialect's own hash (hashing.py)."""
+    from .hashing import stable_hash
+    return stable_hash(obj)
 
 
 # -- str/bytes methods whose result can outgrow their input --------------------------------------
@@ -260,7 +304,7 @@ def _growth_method(name: str) -> Callable[..., Any]:
             if name == "join":
                 if isinstance(args[0], (set, frozenset)):
                     _ordered_set(args[0])
-                items = list(args[0])
+                items = list(_charge_mod.consume(args[0]))
                 total = len(obj) * max(len(items) - 1, 0) + sum(
                     len(x) for x in items if isinstance(x, (str, bytes, bytearray)))
                 if total > MAX_SIZE:
@@ -370,11 +414,20 @@ _INSPECT = frozenset("""ag_await ag_code ag_frame co_code cr_await cr_code cr_fr
     gi_yieldfrom tb_frame tb_next mro""".split())
 
 
+def _inplace_op(op: str) -> Callable[[Any, Any], Any]:
+    plain = _OPS[op]
+
+    def run(a: Any, b: Any) -> Any:
+        _operands(a, b)
+        return plain(a, b)
+    return run
+
+
 _INPLACE: dict[str, Callable[[Any, Any], Any]] = {
-    "+=": _add_, "-=": lambda a, b: a - b, "*=": _mul_, "/=": lambda a, b: a / b,
+    "+=": _add_, "-=": _inplace_op("-"), "*=": _mul_, "/=": _inplace_op("/"),
     "//=": _floordiv_, "%=": _mod_, "**=": _pow_, "<<=": _lshift_,
-    ">>=": lambda a, b: a >> b, "|=": lambda a, b: a | b, "&=": lambda a, b: a & b,
-    "^=": lambda a, b: a ^ b, "@=": lambda a, b: a @ b,
+    ">>=": _inplace_op(">>"), "|=": _inplace_op("|"), "&=": _inplace_op("&"),
+    "^=": _inplace_op("^"), "@=": _inplace_op("@"),
 }
 
 
@@ -383,9 +436,10 @@ def _inplace(op: str, a: Any, b: Any) -> Any:
         return a + b if op == "+=" else a - b          # the common counter, cannot blow up
     # `x += y`: mutable containers keep their identity, as in plain Python
     if op == "+=" and type(a) is list:
-        a += b
+        a += _charge_mod.consume(b)
         return _sized(a, "a list")
     if op == "|=" and type(a) in (set, dict):
+        _operands(a, b)
         a |= b
-        return a
+        return _sized(a, "a union")
     return _INPLACE[op](a, b)

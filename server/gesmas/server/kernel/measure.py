@@ -5,18 +5,26 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import sys
+
 from .budget import _IDENTITY, MAX_SIZE, ResourceLimit, _charge_scan, _deque
+from .charge import charge_value
+
+# Before Python 3.12 None's hash is its address: a set holding None iterates in an order of
+# its own on each replica.
+_NONE_HASH_FIXED = sys.version_info >= (3, 12)
 
 _WALKED = (tuple, list, dict, set, frozenset, _deque)
 
 
 def _walkable(obj: Any, what: str) -> None:
-    """Refuse to walk a container whose unfolded size (shared parts counted each time they are
-    reached, as repr, hash, == and format reach them) is over MAX_SIZE; and a set whose order
-    is not the same on every replica."""
+    """Charge for walking `obj` (repr, str, format walk it unfolded: charge.py) and refuse a
+    set whose order is not the same on every replica."""
     if isinstance(obj, _WALKED):
-        if state_size(obj, MAX_SIZE, unfold=True) > MAX_SIZE:
-            raise ResourceLimit(f"{what} of a value this big (shared parts counted each time)")
+        try:
+            charge_value(obj)
+        except ResourceLimit as exc:
+            raise ResourceLimit(f"{what}: {exc}") from None
         if isinstance(obj, (set, frozenset)):
             _ordered_set(obj)
 
@@ -24,8 +32,10 @@ def _walkable(obj: Any, what: str) -> None:
 def _stable_hash(x: Any) -> bool:
     """Whether hash(x) is the same on every replica (not an address, not NaN's)."""
     t = type(x)
-    if t is str or t is int or t is bytes or t is bool or x is None or t is complex:
+    if t is str or t is int or t is bytes or t is bool or t is complex:
         return True
+    if x is None:
+        return _NONE_HASH_FIXED
     if t is float:
         return x == x
     if t is tuple or t is frozenset:

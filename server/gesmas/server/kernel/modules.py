@@ -20,8 +20,10 @@ import math as _math
 import typing as _typing
 from typing import Any, Callable
 
-from .budget import MAX_BITS, MAX_SIZE, ResourceLimit, _charge, _cost
+from .budget import MAX_BITS, MAX_SIZE, ResourceLimit, _charge, _cost, _sized
+from .charge import SELF_COUNTED, Counted, charge_value, consume, keys
 from .limits import _mul_
+from .natives import BISECT, HEAPQ
 
 class ModuleProxy:
     """An allowed module as uploaded code sees it: a fixed set of vetted public names."""
@@ -66,6 +68,9 @@ class _Counted:
 
     def __repr__(self) -> str:
         return "<iterator>"
+
+
+SELF_COUNTED.add(_Counted)
 
 
 def _counted(fn: Callable[..., Any], check: Callable[..., None] | None = None
@@ -179,22 +184,116 @@ def _pick(module: Any, names: str) -> dict[str, Any]:
     return {n: getattr(module, n) for n in names.split()}
 
 
+def _deque(iterable: Any = (), maxlen: Any = None) -> Any:
+    return _sized(_collections.deque(consume(iterable), maxlen), "deque()")
+
+
+def _hashed_container(cls: type) -> Callable[..., Any]:
+    """Counter / OrderedDict / defaultdict: each hashes every key it is given."""
+    def make(*args: Any, **kwargs: Any) -> Any:
+        if cls is _collections.defaultdict:
+            head, rest = args[:1], args[1:]
+        else:
+            head, rest = (), args
+        return _sized(cls(*head, *(keys(a) for a in rest), **dict(consume(kwargs))),
+                      cls.__name__)
+    make.__name__ = cls.__name__
+    return make
+
+
+class _Hashed(type):
+    """A collections class as uploaded code sees it: isinstance works, calls are charged."""
+
+    _real: type
+    _make: Callable[..., Any]
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._real)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return issubclass(sub, cls._real)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._make(*args, **kwargs)
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"{cls._real.__name__}.{name} is not available in gesmas "
+                             "classes (call it on an instance)")
+
+    def __repr__(cls) -> str:
+        return repr(cls._real)
+
+
+def _wrapped(real: type, make: Callable[..., Any]) -> type:
+    name = "_collections_" + real.__name__
+    cls = _Hashed(name, (), {"_real": real, "__module__": __name__, "__qualname__": name})
+    type.__setattr__(cls, "_make", staticmethod(make))
+    globals()[name] = cls                  # found by pickle (defaultdict(deque) in a state)
+    return cls
+
+
+def _reduce(function: Any, iterable: Any, *initial: Any) -> Any:
+    return _functools.reduce(function, consume(iterable), *initial)
+
+
+def _deep_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """dataclasses.asdict / astuple copy every value they reach: charged by the unfolded size."""
+    @_functools.wraps(fn)
+    def call(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        charge_value(obj)
+        return fn(obj, *args, **kwargs)
+    return call
+
+
+def _consuming(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A math function that reads whole iterables (fsum, dist, sumprod)."""
+    @_functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        return fn(*(consume(a) if not isinstance(a, (int, float)) else a for a in args))
+    return call
+
+
+def _skipping(fn: Callable[..., Any], at: int) -> Callable[..., Any]:
+    """An itertools function that can pass over items without handing them out (islice,
+    dropwhile, filterfalse, compress, groupby): its input is counted per item it reads."""
+    @_functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        a = list(args)
+        for i in range(len(a)) if at < 0 else (at,):
+            if i < len(a):
+                a[i] = Counted(a[i])
+        return _Counted(fn(*a, **kwargs))
+    return call
+
+
 MODULES: dict[str, ModuleProxy] = {
-    "collections": ModuleProxy("collections", _pick(
-        _collections, "deque defaultdict OrderedDict Counter namedtuple ChainMap")),
-    "heapq": ModuleProxy("heapq", _pick(
-        _heapq, "heappush heappop heapify heapreplace heappushpop nlargest nsmallest merge")),
-    "bisect": ModuleProxy("bisect", _pick(
-        _bisect, "bisect bisect_left bisect_right insort insort_left insort_right")),
+    "collections": ModuleProxy("collections", {
+        "deque": _wrapped(_collections.deque, _deque),
+        "defaultdict": _wrapped(_collections.defaultdict,
+                                _hashed_container(_collections.defaultdict)),
+        "OrderedDict": _wrapped(_collections.OrderedDict,
+                                _hashed_container(_collections.OrderedDict)),
+        "Counter": _wrapped(_collections.Counter, _hashed_container(_collections.Counter)),
+        "namedtuple": _collections.namedtuple}),
+    "heapq": ModuleProxy("heapq", dict(HEAPQ)),
+    "bisect": ModuleProxy("bisect", dict(BISECT)),
     "math": ModuleProxy("math", {
         **{n: getattr(_math, n) for n in dir(_math)
            if not n.startswith("_") and n not in ("factorial", "comb", "perm", "prod", "lcm")},
         "factorial": _limit_n(_math.factorial, 5000), "comb": _limit_n(_math.comb, 5000),
-        "perm": _limit_n(_math.perm, 5000), "prod": _prod, "lcm": _lcm}),
+        "perm": _limit_n(_math.perm, 5000), "prod": _prod, "lcm": _lcm,
+        **{n: _consuming(getattr(_math, n)) for n in ("fsum", "dist", "sumprod")
+           if hasattr(_math, n)}}),
     "itertools": ModuleProxy("itertools", {
         **{n: _counted(getattr(_itertools, n)) for n in (
-            "accumulate chain compress count cycle dropwhile filterfalse groupby islice "
-            "pairwise repeat starmap takewhile zip_longest").split()},
+            "accumulate chain count cycle pairwise repeat starmap takewhile "
+            "zip_longest").split()},
+        "islice": _skipping(_itertools.islice, 0), "dropwhile": _skipping(_itertools.dropwhile, 1),
+        "filterfalse": _skipping(_itertools.filterfalse, 1),
+        "compress": _skipping(_itertools.compress, -1),
+        "groupby": _skipping(_itertools.groupby, 0),
         "product": _counted(_itertools.product, _check_product),
         "permutations": _counted(_itertools.permutations, _check_r),
         "combinations": _counted(_itertools.combinations, _check_r),
@@ -202,11 +301,12 @@ MODULES: dict[str, ModuleProxy] = {
                                                   _check_r),
         "tee": _tee}),
     "functools": ModuleProxy("functools", {
-        **_pick(_functools, "reduce partial partialmethod cmp_to_key"),
+        **_pick(_functools, "partial partialmethod cmp_to_key"), "reduce": _reduce,
         "total_ordering": _at_load(_functools.total_ordering)}),
     "dataclasses": ModuleProxy("dataclasses", {**_pick(
-        _dataclasses, "field fields asdict astuple replace is_dataclass "
+        _dataclasses, "field fields replace is_dataclass "
                       "FrozenInstanceError InitVar MISSING KW_ONLY"),
+        "asdict": _deep_copy(_dataclasses.asdict), "astuple": _deep_copy(_dataclasses.astuple),
         "dataclass": _at_load(_dataclasses.dataclass)}),
     "enum": ModuleProxy("enum", {
         "Enum": _Enum_Enum, "IntEnum": _Enum_IntEnum, "Flag": _Enum_Flag,

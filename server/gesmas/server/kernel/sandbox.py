@@ -34,8 +34,9 @@ import types as _types
 import typing as _typing
 from typing import Any
 
-from . import sched
-from .limits import (_INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
+from . import natives, sched
+from .charge import ATOM, consume, keys, kind
+from .limits import (_charge_scan, _INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
                      Object, ResourceLimit, SyncObject, _add_, _floordiv_, _fmt_, _from_bytes,
                      _guarded_method, _in_, _inplace, _lshift_, _mod_, _mul_, _no_hash,
                      _ordered_set, _plain_repr, _pow_, _scrub, _setslice_, _sized, _slice_,
@@ -78,9 +79,18 @@ class _StandIn(type):
         if args and isinstance(args[0], (set, frozenset)) and real is not set and \
                 real is not frozenset and real is not dict:
             _ordered_set(args[0])                # list(s), tuple(s)... keep the set's order
+        if (real is float or real is complex) and args and isinstance(args[0], (str, bytes)):
+            _charge_scan(args[0])                # parsed whole
         if real is bytes or real is bytearray:
             if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
                 raise ResourceLimit(f"{real.__name__}({args[0]}) is over {MAX_SIZE} bytes")
+        if args and real not in (int, float, complex) and not isinstance(args[0], (int, str)):
+            # the input is consumed whole: charged by its length, or counted per item; the
+            # containers that hash their items are charged for hashing them
+            args = (keys(args[0]) if real in (set, frozenset, dict) else consume(args[0]),
+                    *args[1:])
+        if kwargs and real is dict:
+            kwargs = dict(consume(kwargs))
         return _sized(real(*args, **kwargs), real.__name__)
 
     def __getattr__(cls, name: str) -> Any:
@@ -99,9 +109,11 @@ def _stand_in(real: type) -> type:
 
 bytes_, bytearray_, str_ = _stand_in(bytes), _stand_in(bytearray), _stand_in(str)
 int_ = _stand_in(int)
+float_, complex_ = _stand_in(float), _stand_in(complex)
 list_, tuple_, dict_ = _stand_in(list), _stand_in(tuple), _stand_in(dict)
 set_, frozenset_ = _stand_in(set), _stand_in(frozenset)
 _STANDIN: dict[type, type] = {bytes: bytes_, bytearray: bytearray_, str: str_, int: int_,
+                              float: float_, complex: complex_,
                               list: list_,
                               tuple: tuple_, dict: dict_, set: set_, frozenset: frozenset_}
 _REAL: dict[Any, type] = {v: k for k, v in _STANDIN.items()}
@@ -148,24 +160,32 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
     def _getattr_(obj: Any, name: str, *default: Any) -> Any:
         if type(name) is not str:
             raise TypeError("attribute name must be a str")
+        t = type(obj)
         if name.startswith("_"):
             if name.startswith("__") or name.endswith("_") or not (
-                    type(obj) in readable or obj in readable if isinstance(obj, type)
-                    else type(obj) in readable or name in _NAMEDTUPLE_API):
+                    t in readable or obj in readable if isinstance(obj, type)
+                    else t in readable or name in _NAMEDTUPLE_API):
                 if default:
                     return default[0]
-                raise AttributeError(f"attribute {name!r} of {type(obj).__name__} is not "
+                raise AttributeError(f"attribute {name!r} of {t.__name__} is not "
                                      "accessible in gesmas classes")
-        elif name in _INSPECT:
+            if name == "_make" and t not in readable:        # a namedtuple class's _make
+                return lambda items: obj._make(consume(items))
+            return getattr(obj, name, *default)
+        if t in readable:
+            return getattr(obj, name, *default)
+        if name in _INSPECT:
             raise AttributeError(f"attribute {name!r} is not accessible in gesmas classes")
-        elif name in GUARDED_NAMES:
-            if name == "from_bytes":
-                return _from_bytes
-            if isinstance(obj, GUARDABLE):
-                return _guarded_method(obj, name)
-            if isinstance(obj, type) and issubclass(_REAL.get(obj, obj), GUARDABLE):
-                return lambda self, *a, **k: _guarded_method(self, name)(*a, **k)
-        return getattr(obj, name, *default)
+        if isinstance(obj, type):
+            return _class_attr(obj, name, default)
+        if name == "from_bytes":
+            return _from_bytes
+        try:
+            return natives.method(obj, name)
+        except AttributeError:
+            if default:
+                return default[0]
+            raise
 
     def _write_(obj: Any) -> Any:
         if type(obj) in writable:
@@ -218,6 +238,37 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         "builtins": {"getattr": _getattr_, "setattr": _setattr_, "delattr": _delattr_,
                      "hasattr": _hasattr_, "type": _type_},
     }
+
+
+_CLASS_CALLS = {"fromkeys": lambda real: lambda items, *value: _sized(
+                    real.fromkeys(keys(items), *value), "fromkeys()"),
+                "maketrans": lambda real: lambda *args: real.maketrans(
+                    *(consume(a) if isinstance(a, dict) else a for a in args)),
+                "from_bytes": lambda real: _from_bytes}
+
+
+def _class_attr(cls: Any, name: str, default: tuple[Any, ...]) -> Any:
+    """`cls.name` for a class: a builtin type's methods are the checked ones of its values."""
+    real = _REAL.get(cls, cls)
+    if real.__module__ in ("builtins", "collections") and kind(real) != ATOM or \
+            real in (int, float, complex, bool):
+        make = _CLASS_CALLS.get(name)
+        if make is not None:
+            return make(real)
+        if name == "fromhex":
+            return natives.method(real(), name)
+        if not hasattr(real, name):
+            if default:
+                return default[0]
+            raise AttributeError(f"type object {real.__name__!r} has no attribute {name!r}")
+
+        def unbound(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(self, real):
+                raise TypeError(f"{real.__name__}.{name} needs a {real.__name__}, not a "
+                                f"{type(self).__name__}")
+            return natives.method(self, name)(*args, **kwargs)
+        return unbound
+    return getattr(cls, name, *default)
 
 
 def _name_ok(name: Any) -> None:
