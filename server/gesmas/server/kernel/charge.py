@@ -47,7 +47,7 @@ _deque = _collections.deque
 _KEYS, _VALUES, _ITEMS = type({}.keys()), type({}.values()), type({}.items())
 
 # kinds of types, by what an operation that walks a value of the type walks
-ATOM, STR, SEQ, MAP, SET, RECORD, KEYS, VALUES, ITEMS = range(9)
+ATOM, STR, SEQ, MAP, SET, RECORD, KEYS, VALUES, ITEMS, EXC = range(10)
 
 _KIND: dict[type, int] = {t: ATOM for t in (type(None), bool, int, float, complex)}
 _KIND.update({str: STR, bytes: STR, bytearray: STR, list: SEQ, tuple: SEQ, _deque: SEQ,
@@ -73,6 +73,8 @@ def kind(t: type) -> int:
             k = ATOM
         elif _dataclasses.is_dataclass(t):
             k = RECORD
+        elif issubclass(t, BaseException):
+            k = EXC                       # its message is the repr of its args
         else:
             k = ATOM                      # compares by identity or by counted uploaded code
         _KIND[t] = k
@@ -87,10 +89,11 @@ def _strs(items: Any) -> int:
     return total >> 6
 
 
-def unfold(v: Any, cap: int = MAX_UNFOLD) -> int:
+def unfold(v: Any, cap: int = MAX_UNFOLD, charged: bool = True) -> int:
     """U(v): the items an operation that walks `v` reaches (see the module docstring); at most
-    `cap` + 1 (past `cap` the walk stops). Charges the walk's own cost. Raises ResourceLimit for
-    a value that contains itself or nests deeper than MAX_DEPTH."""
+    `cap` + 1 (past `cap` the walk stops). Charges the walk's own cost unless `charged` is
+    False (the kernel's own checks, outside any request's budget). Raises ResourceLimit for a
+    value that contains itself or nests deeper than MAX_DEPTH."""
     t = type(v)
     if t in _ATOMS:
         return 1
@@ -99,17 +102,17 @@ def unfold(v: Any, cap: int = MAX_UNFOLD) -> int:
         return 1
     if k == STR:
         return 1 + (len(v) >> 6)
-    return _Walk(cap).size(v, k, 0)
+    return _Walk(cap, charged).size(v, k, 0)
 
 
 class _Walk:
-    __slots__ = ("cap", "memo", "open", "visits")
+    __slots__ = ("cap", "memo", "open", "charged")
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, charged: bool = True) -> None:
         self.cap = cap
+        self.charged = charged
         self.memo: dict[int, int] = {}
         self.open: set[int] = set()
-        self.visits = 0
 
     def size(self, v: Any, k: int, depth: int) -> int:
         key = id(v)
@@ -131,12 +134,16 @@ class _Walk:
             items = v
         elif k == ITEMS:
             items = None
+        elif k == EXC:
+            args = getattr(v, "args", ())
+            items = list(args) if type(args) is tuple else [args]
         else:                              # RECORD: the fields the generated code compares
             d = getattr(v, "__dict__", None)
             items = list(d.values()) if type(d) is dict else [
                 getattr(v, f.name, None) for f in _dataclasses.fields(v)]
         n = len(items) if items is not None else 0
-        _charge(1 + (n >> 3))              # the walk itself: a visit and a C scan of the items
+        if self.charged:
+            _charge(1 + (n >> 3))          # the walk itself: a visit and a C scan of the items
         self.open.add(key)
         total = 1 + n
         if k == MAP:
@@ -144,7 +151,8 @@ class _Walk:
             total += n
         elif k == ITEMS:
             m = dict(v.mapping) if hasattr(v, "mapping") else dict(v)
-            _charge(len(m) >> 3)
+            if self.charged:
+                _charge(len(m) >> 3)
             total += 2 * len(m) + self._items(m.keys(), depth) + self._items(m.values(), depth)
         else:
             total += self._items(items, depth)

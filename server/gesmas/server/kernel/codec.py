@@ -20,6 +20,8 @@ import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from .budget import ResourceLimit
+
 FORMAT_VERSION = 2
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
@@ -194,6 +196,14 @@ def plain_copy(v: Any, path: str = "value") -> Any:
     t = type(v)
     if t is str or t is int or t is float or t is bool or v is None:
         return v
+    from .charge import unfold
+    try:    # shared parts: measured over the distinct containers before any copy is made
+        big = unfold(v, MAX_COPY, charged=False) > MAX_COPY
+    except ResourceLimit as exc:
+        raise TooLarge(f"{path}: {exc}") from None
+    if big:
+        raise TooLarge(f"{path}: more than {MAX_COPY} values (shared parts counted each "
+                       "time they are reached)")
     return _copy(v, path, [MAX_COPY])
 
 

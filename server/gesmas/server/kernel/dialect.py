@@ -425,10 +425,36 @@ def _range_(*args: Any) -> Any:
     return _range_wrap(range(*args))
 
 
+class _CallIter:
+    """iter(callable, sentinel): each value is compared with the sentinel, charged first."""
+    __slots__ = ("_f", "_end", "_done")
+
+    def __init__(self, f: Any, sentinel: Any) -> None:
+        if not callable(f):
+            raise TypeError("iter(v, w): v must be callable")
+        self._f, self._end, self._done = f, sentinel, False
+
+    def __iter__(self) -> _CallIter:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        limits._charge(1)
+        value = self._f()
+        if charge._cmp_(value, "==", self._end):
+            self._done = True
+            raise StopIteration
+        return value
+
+
+charge.SELF_COUNTED.add(_CallIter)
+
+
 def _iter_(*args: Any) -> Any:
     """iter(x), or iter(callable, sentinel) counted per item (it has no end of its own)."""
     if len(args) == 2:
-        return modules._Counted(iter(*args))
+        return _CallIter(*args)
     return iter(limits._set_iter(*args))
 
 

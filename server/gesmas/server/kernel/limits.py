@@ -166,6 +166,7 @@ def _check_widths(fmt: Any) -> None:
 def _mod_(a: Any, b: Any) -> Any:
     if isinstance(a, (str, bytes)):
         _check_widths(a)
+        _walkable(b, "formatting")
         return _sized(_scrub(a % b) if type(a) is str else a % b, "a formatted string")
     _divcost(a, b)
     return a % b

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import sys
 
 from .budget import _IDENTITY, MAX_SIZE, ResourceLimit, _charge_scan, _deque
-from .charge import charge_value
+from .charge import ATOM, charge_value, kind
 
 # Before Python 3.12 None's hash is its address: a set holding None iterates in an order of
 # its own on each replica.
@@ -20,7 +20,7 @@ _WALKED = (tuple, list, dict, set, frozenset, _deque)
 def _walkable(obj: Any, what: str) -> None:
     """Charge for walking `obj` (repr, str, format walk it unfolded: charge.py) and refuse a
     set whose order is not the same on every replica."""
-    if isinstance(obj, _WALKED):
+    if kind(type(obj)) != ATOM:
         try:
             charge_value(obj)
         except ResourceLimit as exc:

@@ -255,7 +255,8 @@ def _consuming(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _skipping(fn: Callable[..., Any], at: int) -> Callable[..., Any]:
+def _skipping(fn: Callable[..., Any], at: int,
+              each: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
     """An itertools function that can pass over items without handing them out (islice,
     dropwhile, filterfalse, compress, groupby): its input is counted per item it reads."""
     @_functools.wraps(fn)
@@ -263,7 +264,7 @@ def _skipping(fn: Callable[..., Any], at: int) -> Callable[..., Any]:
         a = list(args)
         for i in range(len(a)) if at < 0 else (at,):
             if i < len(a):
-                a[i] = Counted(a[i])
+                a[i] = Counted(a[i], each)
         return _Counted(fn(*a, **kwargs))
     return call
 
@@ -293,7 +294,7 @@ MODULES: dict[str, ModuleProxy] = {
         "islice": _skipping(_itertools.islice, 0), "dropwhile": _skipping(_itertools.dropwhile, 1),
         "filterfalse": _skipping(_itertools.filterfalse, 1),
         "compress": _skipping(_itertools.compress, -1),
-        "groupby": _skipping(_itertools.groupby, 0),
+        "groupby": _skipping(_itertools.groupby, 0, charge_value),   # compares neighbours
         "product": _counted(_itertools.product, _check_product),
         "permutations": _counted(_itertools.permutations, _check_r),
         "combinations": _counted(_itertools.combinations, _check_r),

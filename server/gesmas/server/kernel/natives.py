@@ -15,7 +15,7 @@ import heapq as _heapq
 from typing import Any, Callable
 
 from .budget import MAX_SIZE, ResourceLimit, _charge, _sized
-from .charge import (_ATOMS, _STRS, ATOM, ITEMS, KEYS, MAP, RECORD, SEQ, SET, STR, VALUES,
+from .charge import (_ATOMS, _STRS, ATOM, EXC, ITEMS, KEYS, MAP, RECORD, SEQ, SET, STR, VALUES,
                      _key_, _lt_, _strs, charge_items, charge_value, consume, keys, kind,
                      unfold)
 
@@ -420,7 +420,7 @@ def method(obj: Any, name: str) -> Any:
     attribute for any other value (`None` as the answer means: not a builtin value)."""
     t = type(obj)
     k = kind(t)
-    if k == ATOM or k == RECORD:
+    if k == ATOM or k == RECORD or k == EXC:
         if t is range:
             table: dict[str, Rule] = _RANGE
         elif isinstance(obj, (int, float, complex)):

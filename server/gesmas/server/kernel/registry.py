@@ -207,6 +207,9 @@ def safe_str(e: BaseException, limit: int = 1000) -> str:
     `__str__` is uploaded code too (it may raise, loop until the budget ends, or return a
     non-str). Addresses are removed and the length is capped."""
     try:
+        from .charge import unfold
+        if unfold(getattr(e, "args", ()), 1 << 16, charged=False) > 1 << 16:
+            return f"<{type(e).__name__} with a message too large to print>"
         text = str(e)
         if type(text) is not str:
             raise TypeError
