@@ -3,12 +3,15 @@ secrets and quotas, decided from the log alone (kernel/auth.py). The same checks
 real cluster, with TLS and tokens, are in test_security_cluster.py."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from gesmas.server.kernel import (Checkpoint, CloseSession, Code, Config, CreateObject, Invoke,
                                   Kernel, OpenSession, RegisterClass, codec)
-from gesmas.server.kernel.auth import SYSTEM
+from gesmas.server.kernel.auth import SYSTEM, AuthState
 from gesmas.server.kernel.codec import Auth, Cancel, DeleteObject, Query
+from gesmas.server.tokens import Tokens, hash_password
 
 from kernel_harness import H
 
@@ -85,11 +88,13 @@ def test_auth_enable_needs_a_root_user_with_the_root_role():
     assert code_of(h.run(Auth(op="auth_enable"))) == Code.INVALID_ARGUMENT
     admin(h, "user_grant", user="", name="root", role="root")
     assert admin(h, "auth_enable", user="") is True
-    # now the same anonymous caller is refused everything but the counts
+    # now the same anonymous caller is refused everything, the counts and the digest too
+    # (each is a log entry; the gateway answers a Status without login outside the log)
     assert code_of(h.run(Auth(op="user_list"))) == Code.UNAUTHENTICATED
     assert code_of(h.run(OpenSession(ttl=5.0))) == Code.UNAUTHENTICATED
-    assert code_of(h.run(Query(what="objects"))) == Code.UNAUTHENTICATED
-    assert h.run(Query(what="stats")).error is None
+    for what in ("objects", "stats", "digest", "digest_parts"):
+        assert code_of(h.run(Query(what=what))) == Code.UNAUTHENTICATED, what
+    assert h.run(Query(what="digest", user="root")).error is None
 
 
 def test_permissions_by_prefix_and_nothing_changes_on_a_refusal():
@@ -346,3 +351,67 @@ def test_a_user_without_any_register_permission_has_nothing_compiled():
     assert code_of(c) == Code.PERMISSION_DENIED and loads == []
     c = h.run(RegisterClass(source="class Zed:\n    pass\n", user="alice"))
     assert code_of(c) == Code.PERMISSION_DENIED and len(loads) == 1   # names checked after
+
+
+# -- tokens bound to the user record they were issued for ------------------------------------
+# The gateway reads a user's stored password hash from its replica's applied state
+# (Node.password_hash) and asks Tokens.revoked; these tests do the same on a kernel.
+
+def stored_hash(k: Kernel, name: str) -> str | None:
+    u = k.auth.users.get(name)
+    return None if u is None else u["hash"]
+
+
+def login(h: H, t: Tokens, name: str):
+    """What Authenticate hands out: a token bound to the record the log holds."""
+    creds = h.run(Auth(op="credentials", args={"name": name}, user=SYSTEM)).value
+    return t.verify(t.issue(name, creds["gen"], creds["hash"]))
+
+
+def test_a_token_is_revoked_for_good_when_its_user_is_deleted_whatever_comes_later():
+    h, t = secured(), Tokens("cluster-secret")
+    admin(h, "user_delete", name="alice")
+    # the gateway salts every hash afresh: the same password twice is two hashes
+    admin(h, "user_add", name="alice", hash=hash_password("alice-password"))
+    first = login(h, t, "alice")
+    assert t.revoked(first, stored_hash(h.kernel, "alice")) is None
+    admin(h, "user_delete", name="alice")
+    assert "was deleted" in t.revoked(first, stored_hash(h.kernel, "alice"))
+    admin(h, "user_add", name="alice", hash=hash_password("alice-password"))
+    admin(h, "user_grant", name="alice", role="a-user")
+    reason = t.revoked(first, stored_hash(h.kernel, "alice"))
+    assert reason is not None and "deleted and made again" in reason
+    second = login(h, t, "alice")
+    assert (second.user, second.gen) == (first.user, first.gen)      # name and gen alike
+    assert t.revoked(second, stored_hash(h.kernel, "alice")) is None
+    # a password change revokes too; a replica restored from a checkpoint decides the same
+    admin(h, "user_passwd", name="alice", hash=hash_password("another-password"))
+    third = login(h, t, "alice")
+    h.run(Checkpoint())
+    restored = Kernel.restore(h.kernel.checkpoint_blob, h.kernel.config)
+    for k in (h.kernel, restored):
+        assert [t.revoked(c, stored_hash(k, "alice")) is None
+                for c in (first, second, third)] == [False, False, True]
+    # root deleting alice for good: every token of every alice is refused
+    admin(h, "user_delete", name="alice")
+    assert all("was deleted" in t.revoked(c, stored_hash(h.kernel, "alice"))
+               for c in (first, second, third))
+
+
+def test_tokens_bind_to_users_of_a_state_written_by_the_previous_version():
+    """The binding needs no new field in the replicated state: users as the previous version
+    wrote them (hash, roles, quota, gen) load, and every replica binds tokens to them alike."""
+    t = Tokens("cluster-secret")
+    old = {"enabled": True, "revision": 7, "source_used": {},
+           "roles": {"a-user": [["invoke", "a/"]]},
+           "users": {"root": {"hash": hash_password("root-password"), "roles": ["root"],
+                              "quota": {}, "gen": 1},
+                     "alice": {"hash": hash_password("alice-password"), "roles": ["a-user"],
+                               "quota": {}, "gen": 2}}}
+    a, b = AuthState.load(copy.deepcopy(old)), AuthState.load(copy.deepcopy(old))
+    assert a.dump() == b.dump() == old
+    claims = t.verify(t.issue("alice", 2, a.users["alice"]["hash"]))
+    assert t.revoked(claims, b.users["alice"]["hash"]) is None
+    b.apply("user_delete", {"name": "alice"}, "root")
+    b.apply("user_add", {"name": "alice", "hash": hash_password("alice-password")}, "root")
+    assert t.revoked(claims, b.users["alice"]["hash"]) is not None

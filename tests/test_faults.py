@@ -485,12 +485,15 @@ def test_sigstop_leader_then_sigcont():
 
 # --- 4. a partition isolating the leader (TCP proxies between the Raft ports) -----------------
 
-def raw_status_error(m: Member, timeout: float) -> GesmasError | None:
+def raw_status_error(m: Member, timeout: float,
+                     metadata: tuple[tuple[str, str], ...] = ()) -> GesmasError | None:
     """What m's own gateway answers to Status within `timeout`: None if it answered, else the
-    error (a DEADLINE_EXCEEDED without detail means it did not answer in time)."""
+    error (a DEADLINE_EXCEEDED without detail means it did not answer in time). With auth on,
+    only a Status with a login (`metadata`) goes through the log."""
     with rawgrpc.channel(m.client_addr) as ch:
         try:
-            pb_grpc.GesmasStub(ch).Status(pb.StatusRequest(), timeout=timeout)
+            pb_grpc.GesmasStub(ch).Status(pb.StatusRequest(), timeout=timeout,
+                                          metadata=metadata)
             return None
         except grpc.RpcError as e:
             return error_from_rpc(e)
@@ -511,6 +514,8 @@ def test_partition_isolating_the_leader():
             load.locker(load.client(li + i), "l4", f"l{i}", max_ops=300, max_seconds=20)
             load.adder(load.client(li + i), "c4", f"a{i}", max_ops=600, max_seconds=20)
         time.sleep(1.5)
+        with rawgrpc.channel(leader.client_addr) as ch:
+            login = rawgrpc.metadata(ch)             # taken before: a login needs the log
 
         t = time.monotonic()
         cluster.partition(leader)
@@ -518,7 +523,7 @@ def test_partition_isolating_the_leader():
 
         def watch_step_down() -> None:   # the isolated node answers "no leader" once it gave up
             while time.monotonic() - t < 3.0 and not stepped:
-                err = raw_status_error(leader, timeout=0.3)
+                err = raw_status_error(leader, timeout=0.3, metadata=login)
                 if isinstance(err, Unavailable) and err.type == "NoLeader":
                     stepped.append(time.monotonic() - t)
                 time.sleep(0.05)

@@ -1,10 +1,13 @@
 """Passwords and tokens (server/tokens.py), and the client's side of logging in."""
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from gesmas.client.security import TLS, Login, resolve_tls
-from gesmas.server.tokens import TokenError, Tokens, check_password, hash_password
+from gesmas.server.tokens import TokenError, Tokens, _b64, check_password, hash_password
 
 
 def test_password_hashes_are_salted_and_checked():
@@ -17,20 +20,30 @@ def test_password_hashes_are_salted_and_checked():
         assert not check_password("x", bad)
 
 
-def test_a_token_names_its_user_and_generation_until_it_expires():
+def test_a_token_names_its_user_and_record_until_it_expires():
     t = Tokens("cluster-secret", ttl=60)
-    token = t.issue("alice", 3, now=1000.0)
-    assert t.verify(token, now=1059.0) == ("alice", 3)
+    stored = hash_password("alice-password")
+    token = t.issue("alice", 3, stored, now=1000.0)
+    claims = t.verify(token, now=1059.0)
+    assert (claims.user, claims.gen) == ("alice", 3)
+    assert claims.record == t.fingerprint(stored) and stored not in token
     with pytest.raises(TokenError, match="expired"):
         t.verify(token, now=1061.0)
-    assert Tokens("cluster-secret").verify(token, now=1000.0) == ("alice", 3)  # any replica
+    assert Tokens("cluster-secret").verify(token, now=1000.0) == claims      # any replica
+
+
+def test_a_token_of_an_earlier_gesmas_is_refused_with_a_reason():
+    t = Tokens("cluster-secret")
+    payload = _b64(json.dumps({"u": "alice", "g": 1, "e": time.time() + 60}).encode())
+    with pytest.raises(TokenError, match="earlier gesmas.*authenticate again"):
+        t.verify(f"v1.{payload}.{t._mac(payload)}")
 
 
 def test_forged_tokens_are_refused():
     t = Tokens("cluster-secret")
-    token = t.issue("alice", 1)
+    token = t.issue("alice", 1, "h")
     head, payload, mac = token.split(".")
-    other = Tokens("another-secret").issue("root", 1)
+    other = Tokens("another-secret").issue("root", 1, "h")
     for bad in ("", "v1", "v2." + payload + "." + mac, f"v1.{payload}.{mac[:-2]}AA",
                 f"v1.{other.split('.')[1]}.{mac}", other, "v1.." , "x" * 5000):
         with pytest.raises(TokenError):

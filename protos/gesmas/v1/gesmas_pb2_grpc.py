@@ -221,7 +221,11 @@ class GesmasServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Reports this replica's view of the cluster.
+        """Reports this replica's view of the cluster. With auth on, every RPC that becomes a log
+        entry needs a login (UNAUTHENTICATED before anything is proposed); a Status without a
+        login is answered from this replica's applied state, without a log entry, and one with
+        with_digest needs a login. With a login (or auth off) the counts are read through the
+        log: only a replica that commits answers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -229,7 +233,9 @@ class GesmasServicer:
 
     def Authenticate(self, request, context):
         """Exchanges a user name and password for a token (like etcd's Authenticate). A wrong
-        name or password fails UNAUTHENTICATED without saying which.
+        name or password fails UNAUTHENTICATED without saying which, and commits nothing. The
+        token is bound to the user record it was issued for: a password change or the user's
+        deletion revokes it, even if a user of the same name is made later.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

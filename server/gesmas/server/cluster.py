@@ -97,6 +97,7 @@ class LocalCluster:
     users: tuple[str, ...] = ("root",)                  # client certificates to make
     metrics: bool = False                               # each node serves /metrics
     pki: Any = None
+    _token: tuple[str, float] | None = field(default=None, repr=False)   # metadata()'s
 
     def __post_init__(self) -> None:
         if self.data_dir is None:
@@ -195,15 +196,23 @@ class LocalCluster:
         return grpc.secure_channel(address, TLS(ca=self.pki.ca_cert, cert=c, key=k)
                                    .credentials())
 
-    def metadata(self, channel: Any) -> tuple[tuple[str, str], ...]:
-        """Call metadata with a root token (auth), or none."""
+    def metadata(self, channel: Any, timeout: float = 5.0) -> tuple[tuple[str, str], ...]:
+        """Call metadata with a root token (auth), or none. The token is kept for half its
+        life (any replica accepts it); `forget_token` drops it when a replica refused it."""
         if not self.secure:
             return ()
-        from gesmas.v1 import gesmas_pb2 as pb
-        from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
-        r = pb_grpc.GesmasStub(channel).Authenticate(
-            pb.AuthenticateRequest(user="root", password=self.root_password), timeout=5.0)
-        return (("authorization", f"Bearer {r.token}"),)
+        now = time.monotonic()
+        if self._token is None or now > self._token[1]:
+            from gesmas.v1 import gesmas_pb2 as pb
+            from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
+            r = pb_grpc.GesmasStub(channel).Authenticate(
+                pb.AuthenticateRequest(user="root", password=self.root_password),
+                timeout=timeout)
+            self._token = (r.token, now + r.ttl / 2)
+        return (("authorization", f"Bearer {self._token[0]}"),)
+
+    def forget_token(self) -> None:
+        self._token = None
 
     def start_member(self, m: Member) -> None:
         if m.proc is not None and m.proc.poll() is None:
@@ -281,7 +290,8 @@ class LocalCluster:
                       digest: bool = False) -> dict[str, Any] | None:
         """`m`'s own answer to the Status RPC (no retry, no redirect), or None if it gave
         none within `timeout` (down, hung, no leader, not committed). With `digest`, also
-        the state digest `m` computed ("state_digest")."""
+        the state digest `m` computed ("state_digest"). As root on a secure cluster: a
+        Status without a login is only the replica's local view, and has no digest."""
         import grpc
         from gesmas.v1 import gesmas_pb2 as pb
         from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -289,9 +299,12 @@ class LocalCluster:
             return None
         with self.channel(m.client_addr) as channel:
             try:
-                r = pb_grpc.GesmasStub(channel).Status(pb.StatusRequest(with_digest=digest),
-                                                       timeout=timeout)
-            except grpc.RpcError:
+                r = pb_grpc.GesmasStub(channel).Status(
+                    pb.StatusRequest(with_digest=digest), timeout=timeout,
+                    metadata=self.metadata(channel, timeout))
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    self.forget_token()
                 return None
         return {"node_id": r.node_id, "leader_address": r.leader_address,
                 "is_leader": r.is_leader, "term": r.term, "commit_index": r.commit_index,

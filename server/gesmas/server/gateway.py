@@ -1,15 +1,30 @@
 """The gRPC servicer: authenticate, validate, build a command, await its completion, convert
 the reply.
 
-Nothing here decides anything: every RPC becomes one command through the Raft log (reads
-too), proposed by `Node.call`, which resolves when this replica applies the command and the
-kernel answers under the call's tag. Only the replica that accepted a call answers it.
+Nothing here decides anything: every RPC that reads or changes the replicated state becomes
+one command through the Raft log (reads too), proposed by `Node.call`, which resolves when
+this replica applies the command and the kernel answers under the call's tag. Only the replica
+that accepted a call answers it.
 
-Authentication happens here, authorization in the kernel: `_user` reads the caller's token
+Authentication happens here, authorization in the kernel: `_caller` reads the caller's token
 ("authorization: Bearer ...", tokens.py) or, under mutual TLS, its certificate's common name,
 and every command carries that user; the kernel checks it against the replicated users and
-roles (kernel/auth.py). Passwords are checked here against the hash the log holds, read
-through the log, and hashed here before a user_add/user_passwd enters it.
+roles (kernel/auth.py). Passwords are hashed here before a user_add/user_passwd enters the log.
+
+A log entry costs every replica (an fsync, the apply, the digest's hash of the whole state),
+so **every request that becomes a log entry needs a login when auth is on** (`_user`), checked
+here before anything is proposed: a missing login, a token revoked (its user deleted, or its
+password changed: tokens.py binds a token to its user record) and a certificate naming no user
+are refused against this replica's applied users, after it has applied what it knows to be
+committed (`Node.catch_up`). The kernel checks again, at the entry's place in the log. What
+stays open without a login commits nothing:
+
+- Authenticate checks the password against this replica's applied record first; only a
+  caller who gave a correct password gets the read through the log that confirms it (a login
+  costs one entry, and at most two scrypt checks run at a time);
+- Status without a digest answers from this replica's own view (`Node.local_stats`);
+- KeepAlive (the session's secret is its credential) is answered by the leader's memory;
+- health checks and server reflection are grpc's own services.
 """
 from __future__ import annotations
 
@@ -73,9 +88,10 @@ class Gateway(pb_grpc.GesmasServicer):
 
     # -- authentication ----------------------------------------------------------------------
 
-    def _user(self, context: Any) -> str:
-        """The authenticated caller: from its token, else its client certificate, else ""
-        (nobody; the kernel refuses it when auth is enabled)."""
+    async def _caller(self, context: Any) -> str:
+        """The authenticated caller: the user of its token, else of its client certificate,
+        else "" (nobody). A token must still stand for its user record and, with auth on, a
+        certificate must name a user, both as this replica has applied the users."""
         token = ""
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and isinstance(value, str):
@@ -84,50 +100,89 @@ class Gateway(pb_grpc.GesmasServicer):
                     raise _unauthenticated("authorization metadata must be 'Bearer <token>'")
         if token:
             try:
-                user, gen = self.tokens.verify(token)
+                claims = self.tokens.verify(token)
             except tokens.TokenError as e:
                 raise _unauthenticated(str(e)) from None
-            known = self.node.user_generation(user)
-            if known is not None and known > gen:
-                raise _unauthenticated(f"token of {user!r} revoked (password changed): "
-                                       "authenticate again")
-            return user
+            if self.tokens.revoked(claims, self.node.password_hash(claims.user)):
+                await self.node.catch_up()       # issued for a record not applied here yet?
+                reason = self.tokens.revoked(claims, self.node.password_hash(claims.user))
+                if reason:
+                    raise _unauthenticated(reason)
+            return claims.user
         if self.node.config.tls_client_ca:
             names = (context.auth_context() or {}).get("x509_common_name") or []
             if names:
                 name = names[0].decode("utf-8", "replace")
                 if name.startswith("@"):
                     raise _unauthenticated(f"certificate name {name!r} is not a user name")
+                if self.node.auth_enabled() and self.node.password_hash(name) is None:
+                    await self.node.catch_up()
+                    if self.node.password_hash(name) is None:
+                        raise _unauthenticated(f"user {name!r} does not exist (the name of "
+                                               "the client certificate): ask an admin to add it")
                 return name
+        return ""
+
+    async def _user(self, context: Any) -> str:
+        """The caller of a request that becomes a log entry: with auth on (as this replica has
+        applied it), one without a login is refused before anything is proposed."""
+        return self._logged_in(await self._caller(context))
+
+    def _logged_in(self, user: str, needs: str = "this request") -> str:
+        if user:
+            return user
+        if self.node.auth_enabled():
+            raise _unauthenticated(
+                f"{needs} needs a login: this cluster has auth enabled (Authenticate with a "
+                "user name and password and send 'authorization: Bearer <token>', or present "
+                "a client certificate)")
         if self.node.requires_auth():
             raise CallFailed(Error(Code.UNAVAILABLE, "this replica serves only authenticated "
                                    "calls and the cluster has not enabled auth yet (its root "
                                    "user is being bootstrapped); retry", "AuthPending"))
         return ""
 
+    async def _password_matches(self, password: str, stored: str | None) -> bool:
+        """scrypt, two at a time; checked against a throw-away hash for an unknown user too,
+        so that the answer's timing does not tell."""
+        async with self._password_checks:
+            matches = await asyncio.get_running_loop().run_in_executor(
+                None, tokens.check_password, password,
+                self._no_user_hash if stored is None else stored)
+        return stored is not None and matches
+
     async def Authenticate(self, request: Any, context: Any) -> Any:
         return await self._guard(context, self._authenticate, request)
 
     async def _authenticate(self, request: Any, context: Any) -> Any:
-        name = request.user
-        if not name or len(name) > 64 or len(request.password) > 1024:
+        """Check the password against this replica's applied record: a wrong one is refused
+        without a log entry (once this replica has applied what it knows to be committed, so
+        that a user just added elsewhere is found). A right one is confirmed through the log
+        (the record may have changed since this replica applied it) and the token is bound to
+        the record the log holds."""
+        name, password = request.user, request.password
+        if not name or len(name) > 64 or len(password) > 1024:
             raise _unauthenticated("wrong user name or password")
+        stored = self.node.password_hash(name)
+        if not await self._password_matches(password, stored):
+            await self.node.catch_up()
+            newer = self.node.password_hash(name)
+            if newer == stored or not await self._password_matches(password, newer):
+                raise _unauthenticated("wrong user name or password")
+            stored = newer
         creds = await self._answer(context, self._cmd(
             codec.Auth, op="credentials", args={"name": name}, user=auth.SYSTEM))
-        stored = creds["hash"] if creds is not None else self._no_user_hash
-        async with self._password_checks:
-            matches = await asyncio.get_running_loop().run_in_executor(
-                None, tokens.check_password, request.password, stored)
-        if creds is None or not matches:
+        if creds is None or (creds["hash"] != stored
+                             and not await self._password_matches(password, creds["hash"])):
             raise _unauthenticated("wrong user name or password")
-        return pb.AuthenticateResponse(token=self.tokens.issue(name, creds["gen"]),
-                                       ttl=self.tokens.ttl)
+        return pb.AuthenticateResponse(
+            token=self.tokens.issue(name, creds["gen"], creds["hash"]), ttl=self.tokens.ttl)
 
     async def Auth(self, request: Any, context: Any) -> Any:
         return await self._guard(context, self._auth, request)
 
     async def _auth(self, request: Any, context: Any) -> Any:
-        user = self._user(context)
+        user = await self._user(context)
         if request.op not in auth.CLIENT_OPS:
             raise _invalid(f"unknown auth operation {request.op!r} (operations: "
                            f"{', '.join(sorted(auth.CLIENT_OPS))})")
@@ -170,9 +225,10 @@ class Gateway(pb_grpc.GesmasServicer):
         ttl = request.ttl or self.node.config.default_ttl
         if not 0 < ttl <= 3600:
             raise _invalid(f"ttl must be in (0, 3600] seconds, not {ttl}")
+        user = await self._user(context)
         secret = os.urandom(16).hex()
         sid = await self._answer(context, self._cmd(codec.OpenSession, ttl=ttl, secret=secret,
-                                                    user=self._user(context)))
+                                                    user=user))
         return pb.OpenSessionResponse(session=sid, ttl=ttl, session_secret=secret,
                                       leader=self.node.leader_client_addr() or "")
 
@@ -187,9 +243,9 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._close_session, request)
 
     async def _close_session(self, request: Any, context: Any) -> Any:
+        user = await self._user(context)
         await self._answer(context, self._cmd(codec.CloseSession, session=request.session,
-                                              secret=request.session_secret,
-                                              user=self._user(context)))
+                                              secret=request.session_secret, user=user))
         return pb.CloseSessionResponse()
 
     # -- calls ---------------------------------------------------------------------------------
@@ -205,12 +261,13 @@ class Gateway(pb_grpc.GesmasServicer):
             raise _invalid(f"timeout must be >= 0, not {timeout}")
         if request.create and not request.class_name:
             raise _invalid("create=true needs the class_name of the object to create")
+        user = await self._user(context)
         cmd = self._cmd(
             codec.Invoke, session=request.session, seq=request.seq, ack=request.ack,
             class_name=request.class_name, name=_name("object_name", request.object_name),
             method=_name("method", request.method),
             args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
-            timeout=timeout, secret=request.session_secret, user=self._user(context),
+            timeout=timeout, secret=request.session_secret, user=user,
             create=request.create, ctor_args=values.from_values(request.ctor_args),
             ctor_kwargs=values.from_value_map(request.ctor_kwargs))
         started = time.perf_counter()
@@ -230,12 +287,13 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._create_object, request)
 
     async def _create_object(self, request: Any, context: Any) -> Any:
+        user = await self._user(context)
         cmd = self._cmd(
             codec.CreateObject, session=request.session,
             class_name=_name("class_name", request.class_name),
             name=_name("object_name", request.object_name),
             args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
-            secret=request.session_secret, user=self._user(context))
+            secret=request.session_secret, user=user)
         value = await self._answer(context, cmd)
         return pb.CreateObjectResponse(created=bool(value["created"]))
 
@@ -243,9 +301,9 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._delete_object, request)
 
     async def _delete_object(self, request: Any, context: Any) -> Any:
+        user = await self._user(context)
         await self._answer(context, self._cmd(
-            codec.DeleteObject, name=_name("object_name", request.object_name),
-            user=self._user(context)))
+            codec.DeleteObject, name=_name("object_name", request.object_name), user=user))
         return pb.DeleteObjectResponse()
 
     # -- classes -------------------------------------------------------------------------------
@@ -256,9 +314,9 @@ class Gateway(pb_grpc.GesmasServicer):
     async def _register_class(self, request: Any, context: Any) -> Any:
         if not request.source.strip():
             raise _invalid("class source is empty")
+        user = await self._user(context)
         value = await self._answer(context, self._cmd(codec.RegisterClass,
-                                                      source=request.source,
-                                                      user=self._user(context)))
+                                                      source=request.source, user=user))
         return pb.RegisterClassResponse(classes=[
             pb.ClassInfo(name=n, version=v) for n, v in sorted(value.items())])
 
@@ -266,8 +324,8 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._list_classes, request)
 
     async def _list_classes(self, request: Any, context: Any) -> Any:
-        value = await self._answer(context, self._cmd(codec.Query, what="classes",
-                                                      user=self._user(context)))
+        user = await self._user(context)
+        value = await self._answer(context, self._cmd(codec.Query, what="classes", user=user))
         return pb.ListClassesResponse(classes=[
             pb.ClassInfo(name=c["name"], version=c["version"])
             for c in sorted(value, key=lambda c: c["name"])])
@@ -277,9 +335,10 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _get_class(self, request: Any, context: Any) -> Any:
         version = request.version if request.HasField("version") else None
-        value = await self._answer(context, self._cmd(
-            codec.Query, what="class", arg=[_name("name", request.name), version],
-            user=self._user(context)))
+        name = _name("name", request.name)
+        user = await self._user(context)
+        value = await self._answer(context, self._cmd(codec.Query, what="class",
+                                                      arg=[name, version], user=user))
         return pb.GetClassResponse(name=value["name"], version=value["version"],
                                    source=value["source"])
 
@@ -287,8 +346,8 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._list_objects, request)
 
     async def _list_objects(self, request: Any, context: Any) -> Any:
-        value = await self._answer(context, self._cmd(codec.Query, what="objects",
-                                                      user=self._user(context)))
+        user = await self._user(context)
+        value = await self._answer(context, self._cmd(codec.Query, what="objects", user=user))
         return pb.ListObjectsResponse(objects=[
             pb.ObjectInfo(name=o["name"], class_name=o["class"], class_version=o["version"],
                           waiters=o["waiters"])
@@ -300,10 +359,23 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._status, request)
 
     async def _status(self, request: Any, context: Any) -> Any:
-        stats = await self._answer(context, self._cmd(codec.Query, what="stats"))
+        """Through the log for a logged-in caller (or any caller with auth off): answered only
+        by a replica that commits, the counts at the request's place in the log. Without a
+        login (auth on): this replica's own view, and nothing proposed. The digest is always
+        read through the log, so it needs a login."""
+        user = await self._caller(context)
         digest = ""
-        if request.with_digest:
-            digest = await self._answer(context, self._cmd(codec.Query, what="digest"))
+        if not user and not request.with_digest and (self.node.auth_enabled()
+                                                     or self.node.requires_auth()):
+            stats = self.node.local_stats()
+        else:
+            user = self._logged_in(user, "Status with_digest (every replica hashes its whole "
+                                         "state)")
+            stats = await self._answer(context, self._cmd(codec.Query, what="stats",
+                                                          user=user))
+            if request.with_digest:
+                digest = await self._answer(context, self._cmd(codec.Query, what="digest",
+                                                               user=user))
         st = self.node.status()
         return pb.StatusResponse(
             node_id=st["node_id"], leader_address=st["leader_address"] or "",
@@ -339,7 +411,7 @@ class Gateway(pb_grpc.GesmasServicer):
     async def _check_admin(self, context: Any) -> None:
         """Membership is not kernel state, but who may change it is: ask the log."""
         await self._answer(context, self._cmd(codec.Auth, op="check_admin",
-                                              user=self._user(context)))
+                                              user=await self._user(context)))
 
     # -- errors --------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from .duties import LeaderDuties
 from .gateway import Gateway
 from .membership import Membership
 from .kernel import Config as KernelConfig
-from .kernel import Kernel, codec
+from .kernel import Kernel, codec, queries
 from .kernel.errors import Code, Error
 from .kernel.kernel import Completion
 
@@ -38,6 +38,7 @@ class ReplicaFailed(RuntimeError):
 
 
 HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
+CATCH_UP = 1.0               # seconds a refusal decided on local users waits for the log
 
 
 class StateMachine:
@@ -96,6 +97,7 @@ class Node(Membership):
         self.kernel: Kernel | None = None  # the state machine's, for local reads of auth state
         self.metrics: Any = None           # metrics.Metrics with --metrics-addr
         self._membership_busy = False
+        self._catching_up: asyncio.Future[None] | None = None   # catch_up's shared poll
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
@@ -180,12 +182,52 @@ class Node(Membership):
 
     # -- auth state, read locally (the kernel decides; these only spare useless proposals) -----
 
-    def user_generation(self, user: str) -> int | None:
-        """The password generation of `user` as this replica has applied it (None: unknown
-        here, maybe not applied yet)."""
+    def password_hash(self, user: str) -> str | None:
+        """The stored password hash of `user` as this replica has applied it (None: no such
+        user here, maybe not applied yet). Read on the event loop while the apply thread runs:
+        one dict lookup and one read of a value the kernel only ever replaces whole."""
         k = self.kernel
         u = k.auth.users.get(user) if k is not None else None
-        return None if u is None else u["gen"]
+        return None if u is None else u["hash"]
+
+    def auth_enabled(self) -> bool:
+        """Whether this replica has applied `auth_enable` (and not a later disable)."""
+        k = self.kernel
+        return k is not None and k.auth.enabled
+
+    def local_stats(self) -> dict[str, Any]:
+        """The kernel's counts as this replica has applied them, read outside the log."""
+        k = self.kernel
+        if k is None:
+            raise CallFailed(Error(Code.UNAVAILABLE, "replica not started yet; retry",
+                                   "NotStarted"))
+        return queries.stats(k)
+
+    async def catch_up(self, timeout: float = CATCH_UP) -> None:
+        """Wait, at most `timeout` seconds, until this replica has applied every entry it
+        knows to be committed (its own commit index, or the leader's as last heard). Called
+        before a refusal decided on the local users (gateway.py), so that a user added or a
+        password changed a moment ago through another replica is not refused for lag alone.
+        Concurrent callers share one poll."""
+        task = self._catching_up
+        if task is None or task.done():
+            task = self._catching_up = asyncio.ensure_future(self._poll_applied(timeout))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            pass
+
+    async def _poll_applied(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        try:
+            st = self.replica.status()
+            target = max(int(st.get("commit_index") or 0),
+                         int(st.get("leader_commit_index") or 0))
+            while int(st.get("last_applied") or 0) < target and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+                st = self.replica.status()
+        except Exception:              # stopped: nothing more will be applied
+            return
 
     def requires_auth(self) -> bool:
         """A replica whose client port is not loopback and not --insecure serves no

@@ -17,6 +17,13 @@ with prefix, `register` on class names starting with prefix, `admin` (membership
 roles, auth; prefix ignored). `read` (list objects and classes, class sources, status) is
 granted to every authenticated user.
 
+A user record's password hash is also its identity for tokens (tokens.py binds a token to a
+fingerprint of it): the gateway salts every hash afresh for each user_add and user_passwd, so
+no later record, even under the same name, has the hash of an earlier one. Nothing here may
+copy a hash from one record to another. The replicas do read the records outside the log (the
+gateway checks passwords and tokens against its own replica's applied users): records are
+only ever changed by assigning whole values (`u["hash"] = ...`), never left half-written.
+
 `SYSTEM` is the user of commands the replicas propose themselves (the standard classes, the
 first root user from --root-password-file); the gateway never gives it to a client, because
 user names cannot start with "@".
