@@ -32,7 +32,7 @@ from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack
 from RestrictedPython.PrintCollector import PrintCollector
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES, RestrictingNodeTransformer
 
-from . import charge, limits, modules, natives, sandbox, sched
+from . import charge, limits, measure, modules, natives, sandbox, sched
 from .limits import Budget, SyncObject  # noqa: F401
 from .modules import ALLOWED_IMPORTS
 # The names uploaded code gets without an import (make_globals), importable from here so that
@@ -367,12 +367,12 @@ def _charged_operand(x: ast.expr) -> ast.expr:
 
 
 def _keyed(x: ast.expr) -> ast.expr:
-    if isinstance(x, ast.Constant):
+    if isinstance(x, ast.Constant) and type(x.value) in (int, str, bytes, bool, float):
         return x
     if isinstance(x, ast.Starred):
-        x.value = _call("_keys_", [x.value], x.value)
+        x.value = _call("_members_", [x.value], x.value)
         return x
-    return _call("_key_", [x], x)
+    return _call("_member_", [x], x)
 
 
 _OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
@@ -537,7 +537,8 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "_unpack_sequence_": _unpack_sequence_,
         "_iter_unpack_sequence_": _iter_unpack_sequence_,
         # the charges of native work (charge.py)
-        "_key_": charge._key_, "_keys_": charge.keys, "_cmp_": charge._cmp_,
+        "_key_": charge._key_, "_member_": measure._member_,
+        "_members_": lambda items: charge.consume(items, measure._member_), "_cmp_": charge._cmp_,
         "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
         "_consume_": charge.consume,
         "_print_": PrintCollector,

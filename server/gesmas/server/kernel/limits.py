@@ -18,7 +18,7 @@ from typing import Any, Callable
 from .budget import (_IDENTITY, _SEQ_ALL, _SIZED_BASES, MAX_BITS, MAX_SIZE, MAX_WIDTH, Budget,
                      ResourceLimit, _bits, _charge, _charge_scan, _cost, _deque, _rlen, _sized)
 from . import charge as _charge_mod
-from .measure import (_ordered_set, _set_args, _set_iter, _stable_hash,
+from .measure import (members, _ordered_set, _set_args, _set_iter, _stable_hash,
                       _walkable, state_size)
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -116,8 +116,10 @@ def _binop_(a: Any, op: str, b: Any) -> Any:
     ta, tb = type(a), type(b)
     if not (ta is int or ta is float) or not (tb is int or tb is float):
         _operands(a, b)
+        if hasattr(tb, "__next__") and not tb.__module__.startswith("gesmas_user_"):
+            b = _charge_mod.keys(b)         # `keys() | iterator`: consumed and hashed
         r = _OPS[op](a, b)
-        return _sized(r, "a result") if type(r) is not int else r
+        return members(_sized(r, "a result")) if type(r) is not int else r
     return _OPS[op](a, b)
 
 
@@ -420,7 +422,7 @@ def _inplace_op(op: str) -> Callable[[Any, Any], Any]:
 
     def run(a: Any, b: Any) -> Any:
         _operands(a, b)
-        return plain(a, b)
+        return members(plain(a, b))
     return run
 
 
@@ -442,5 +444,5 @@ def _inplace(op: str, a: Any, b: Any) -> Any:
     if op == "|=" and type(a) in (set, dict):
         _operands(a, b)
         a |= b
-        return _sized(a, "a union")
+        return members(_sized(a, "a union"))
     return _INPLACE[op](a, b)

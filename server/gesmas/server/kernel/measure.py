@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import dataclasses as _dataclasses
 import sys
 
 from .budget import _IDENTITY, MAX_SIZE, ResourceLimit, _charge_scan, _deque
-from .charge import ATOM, charge_value, kind
+from .charge import ATOM, _key_, charge_value, kind
 
 # Before Python 3.12 None's hash is its address: a set holding None iterates in an order of
 # its own on each replica.
@@ -38,22 +39,55 @@ def _stable_hash(x: Any) -> bool:
         return _NONE_HASH_FIXED
     if t is float:
         return x == x
-    if t is tuple or t is frozenset:
+    if isinstance(x, (tuple, frozenset)):
         return all(_stable_hash(y) for y in x)
     if isinstance(x, type) or t.__hash__ is object.__hash__ or isinstance(x, _IDENTITY):
         return False
+    if _dataclasses.is_dataclass(x):     # a generated hash hashes the fields' tuple
+        return all(_stable_hash(getattr(x, f.name, None)) for f in _dataclasses.fields(x))
     return True
+
+
+_PLAIN_MEMBERS = frozenset({int, str, bytes, bool})
+
+
+def _member_(x: Any) -> Any:
+    """`x`, about to become a member of a set: charged its hash, and refused if its hash (so
+    the set's order, and the bytes a checkpoint writes for the set) differs between replicas."""
+    if type(x) in _PLAIN_MEMBERS:
+        return _key_(x)
+    _key_(x)
+    if not _stable_hash(x):
+        _unordered(x)
+    return x
+
+
+def members(s: Any) -> Any:
+    """`s`, a set just made or grown: every member hashes the same on every replica."""
+    if type(s) is set or type(s) is frozenset:
+        if not set(map(type, s)) <= _PLAIN_MEMBERS:
+            for x in s:
+                if not _stable_hash(x):
+                    _unordered(x)
+    return s
+
+
+def _unordered(x: Any) -> None:
+    raise TypeError(f"a set cannot hold a {type(x).__name__} value here: its hash is an "
+                    "address or NaN's, so the set's order would differ between replicas "
+                    "(use a dict or a list)")
 
 
 def _ordered_set(s: Any) -> Any:
     """`s` (a set about to be iterated), once every member is known to hash the same on every
     replica; a set's order follows its members' hashes."""
     _charge_scan(s)
-    for x in s:
-        if not _stable_hash(x):
-            raise TypeError(f"a set holding a {type(x).__name__} has no order that is the "
-                            "same on every replica (its hash is an address or NaN's); use a "
-                            "list or a dict")
+    if not set(map(type, s)) <= _PLAIN_MEMBERS:
+        for x in s:
+            if not _stable_hash(x):
+                raise TypeError(f"a set holding a {type(x).__name__} has no order that is "
+                                "the same on every replica (its hash is an address or NaN's); "
+                                "use a list or a dict")
     return s
 
 

@@ -19,6 +19,8 @@ from .charge import (_ATOMS, _STRS, ATOM, EXC, ITEMS, KEYS, MAP, RECORD, SEQ, SE
                      _key_, _lt_, _strs, charge_items, charge_value, consume, keys, kind,
                      unfold)
 
+from .measure import _member_, members
+
 OK = None          # a method handed out as it is: bounded work
 
 
@@ -266,7 +268,10 @@ def _hashing(obj: Any, name: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         _charge(1 + (len(obj) >> 3) if hasattr(obj, "__len__") else 1)
         out = method(*(keys(a) for a in args), **kwargs)
-        return _sized(out, f"{name}()") if out is not None else out
+        if out is None:
+            members(obj)                   # grown in place
+            return out
+        return members(_sized(out, f"{name}()"))
     return call
 
 
@@ -392,8 +397,16 @@ _MAP_METHODS: dict[str, Rule] = {
     "update": _hashing, "subtract": _hashing, "fromkeys": _hashing,
     "most_common": _most_common, "elements": _guarded,
 }
+def _adding(obj: Any, name: str) -> Any:
+    method = getattr(obj, name)
+
+    def call(item: Any) -> None:
+        method(_member_(item))
+    return call
+
+
 _SET_METHODS: dict[str, Rule] = {
-    "clear": OK, "copy": _scan(3), "add": _keyed, "discard": _keyed, "remove": _keyed,
+    "clear": OK, "copy": _scan(3), "add": _adding, "discard": _keyed, "remove": _keyed,
     "pop": _pop,
     **{n: _hashing for n in """difference difference_update intersection intersection_update
         isdisjoint issubset issuperset symmetric_difference symmetric_difference_update union

@@ -36,6 +36,7 @@ from typing import Any
 
 from . import natives, sched
 from .charge import ATOM, consume, keys, kind
+from .measure import members
 from .limits import (_charge_scan, _INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
                      Object, ResourceLimit, SyncObject, _add_, _floordiv_, _fmt_, _from_bytes,
                      _guarded_method, _in_, _inplace, _lshift_, _mod_, _mul_, _no_hash,
@@ -91,7 +92,8 @@ class _StandIn(type):
                     *args[1:])
         if kwargs and real is dict:
             kwargs = dict(consume(kwargs))
-        return _sized(real(*args, **kwargs), real.__name__)
+        out = _sized(real(*args, **kwargs), real.__name__)
+        return members(out) if real is set or real is frozenset else out
 
     def __getattr__(cls, name: str) -> Any:
         if name.startswith("_"):
