@@ -73,8 +73,8 @@ def members(s: Any) -> Any:
 
 
 def _unordered(x: Any) -> None:
-    raise TypeError(f"a set cannot hold a {type(x).__name__} value here: its hash is an "
-                    "address or NaN's, so the set's order would differ between replicas "
+    raise TypeError(f"a set cannot hold a {type(x).__name__} value: its hash is an address "
+                    "or NaN's, so the set's order would not be the same on every replica "
                     "(use a dict or a list)")
 
 
