@@ -95,3 +95,67 @@ def test_attacks_that_stopped_every_replica(cluster):
     serves(cluster, "hostile-restarted")
     after = agree(cluster)
     assert before and after
+
+
+NATIVE = '''
+import collections
+class Native:
+    def __init__(self):
+        self.kept = None
+    def compare(self):
+        a = []
+        b = []
+        for i in range(40):
+            a = [a, a]
+            b = [b, b]
+        return a == b
+    def key(self):
+        a = ()
+        for i in range(40):
+            a = (a, a)
+        d = {}
+        d[a] = 1
+        return len(d)
+    def drain(self):
+        x = bytes(4000000)
+        for i in range(300):
+            collections.deque(x, maxlen=0)
+        return 1
+    def keep_hash(self):
+        self.kept = [hash((None,)), hash("replica"), hash(frozenset({1, "a"}))]
+        return self.kept
+    def none_set(self):
+        self.s = {None, 1}
+        return len(self.s)
+'''
+
+
+def test_native_work_attacks_end_as_errors_and_replicas_agree(cluster):
+    """Issue 22's classes through a real cluster: native work on shared structures and through
+    implicit hashing, one step of a whole input's work, values that depended on the process.
+    Each ends as the caller's error or as the same value on every replica."""
+    import sys
+    with Client(cluster.addresses) as c:
+        c.register_class(NATIVE)
+        n = c.object("Native", "native")
+        for method in ("compare", "key", "drain"):
+            with pytest.raises(ResourceExhausted):
+                getattr(n, method)()
+        kept = n.keep_hash()
+        assert kept == n.keep_hash()
+        if sys.version_info < (3, 12):
+            with pytest.raises(ApplicationError, match="same on every replica"):
+                n.none_set()
+        else:
+            assert n.none_set() == 2
+    serves(cluster, "native-after")
+    before = agree(cluster)
+    for m in cluster.members:
+        cluster.kill(m)
+    for m in cluster.members:
+        cluster.start_member(m)
+    cluster.wait_ready(timeout=90)
+    serves(cluster, "native-restarted")
+    assert agree(cluster) and before
+    with Client(cluster.addresses) as c:
+        assert c.object("Native", "native").keep_hash() == kept
