@@ -44,7 +44,9 @@ MAX_UNFOLD = MAX_SIZE       # items an operation may walk, shared parts counted 
 MAX_DEPTH = 200             # nesting a walked value may have (CPython recurses in C per level)
 
 _deque = _collections.deque
-_KEYS, _VALUES, _ITEMS = type({}.keys()), type({}.values()), type({}.items())
+_KEYS: type = type({}.keys())
+_VALUES: type = type({}.values())
+_ITEMS: type = type({}.items())
 
 # kinds of types, by what an operation that walks a value of the type walks
 ATOM, STR, SEQ, MAP, SET, RECORD, KEYS, VALUES, ITEMS, EXC = range(10)
@@ -311,7 +313,7 @@ def consume(items: Any, each: Callable[[Any], Any] | None = None) -> Any:
                 _charge(n >> (6 if type(items) is not range else 3))
             return items
         if each is None:
-            n = len(items)
+            n = len(items)  # type: ignore[arg-type]
             if n >= 8:
                 _charge(n >> 3)
         else:

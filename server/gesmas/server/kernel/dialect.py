@@ -237,12 +237,12 @@ class _Policy(RestrictingNodeTransformer):
         return node
 
     def visit_Call(self, node: ast.Call) -> Any:
-        node = super().visit_Call(node)
-        if isinstance(node, ast.Call):
-            for kw in node.keywords:
+        out = super().visit_Call(node)
+        if isinstance(out, ast.Call):
+            for kw in out.keywords:
                 if kw.arg is None:                   # **kwargs: copied whole
                     kw.value = _call("_consume_", [kw.value], kw.value)
-        return node
+        return out
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         node = self.node_contents_visit(node)

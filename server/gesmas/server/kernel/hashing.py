@@ -94,6 +94,7 @@ def _hash(obj: Any) -> int:
 
 def _base(obj: Any) -> Any:
     """A subclass instance of a builtin hashable type as the builtin value."""
+    b: Any
     for b in (bool, int, float, complex, str, bytes, frozenset):
         if isinstance(obj, b):
             return b(obj)

@@ -182,6 +182,12 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
             return _class_attr(obj, name, default)
         if name == "from_bytes":
             return _from_bytes
+        if t is super:
+            found = getattr(obj, name, *default)
+            if isinstance(found, _NATIVE_METHODS):
+                raise AttributeError(f"{name}: a builtin method through super() is not "
+                                     "available in gesmas classes (call it on the value)")
+            return found
         try:
             return natives.method(obj, name)
         except AttributeError:
@@ -247,6 +253,10 @@ _CLASS_CALLS = {"fromkeys": lambda real: lambda items, *value: _sized(
                 "maketrans": lambda real: lambda *args: real.maketrans(
                     *(consume(a) if isinstance(a, dict) else a for a in args)),
                 "from_bytes": lambda real: _from_bytes}
+
+
+_NATIVE_METHODS = (_types.BuiltinMethodType, _types.MethodWrapperType,
+                   _types.MethodDescriptorType, _types.WrapperDescriptorType)
 
 
 def _class_attr(cls: Any, name: str, default: tuple[Any, ...]) -> Any:
