@@ -253,7 +253,7 @@ def test_format_without_attribute_fields_still_works():
 
 
 @pytest.mark.parametrize("body", [
-    "return context()._task.kernel.index",
+    "return context()._task.runner.index",
     "return getattr(context(), '_task')",
     "c = context()\nreturn c._task",
     "q = Semaphore(1)\nreturn q._queue",
@@ -632,7 +632,7 @@ def test_a_checkpoint_of_the_previous_format_still_restores():
     pickle.dump(k.registry.dump(), buf, protocol=5)
     p = pickle.Pickler(buf, protocol=5)
     p.persistent_id = k.registry.persistent_id
-    p.dump(({"format": 1, "index": k.index, "now": k.now, "order": k._order,
+    p.dump(({"format": 1, "index": k.index, "now": k.now, "order": k.runner.order,
              "sessions": k.sessions,
              "objects": [(n, r.cls.name, r.cls.version, r.instance)
                          for n, r in k.objects.items()]}, []))

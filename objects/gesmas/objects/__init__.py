@@ -6,7 +6,7 @@ goes through, and they are compiled by the same dialect compiler. `Semaphore` an
 are provided by the dialect; the `TYPE_CHECKING` imports only help editors and type checkers.
 
 `_restartable` in a class lists the methods whose wait a checkpoint may leave in place
-instead of interrupting and re-running it (server kernel, checkpoint.kept_objects). A method
+instead of interrupting and re-running it (server kernel, Checkpoints._kept_objects). A method
 may be listed only if it changes nothing before its first wait and, while it waits, running it
 again from its start would end in the same wait: a replica restored from the checkpoint does
 exactly that. tests/test_objects.py checks each class's waits against a restored replica.

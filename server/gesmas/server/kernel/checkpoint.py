@@ -1,25 +1,30 @@
-"""Checkpoints: the kernel's state as bytes, and back (DESIGN §5).
+"""Checkpoints: the kernel's state as bytes, and back (DESIGN §5); and the state digest.
 
-Taking one (`take`, bound as `Kernel._checkpoint`): interrupt the waiters that cannot be
-left in place so that they unwind, pickle the state with every waiter written as a pending
-call, re-run the interrupted calls (DESIGN §5). Waiters of the standard classes stay where
-they are (`kept_objects`): unwinding and re-running 10^4 of them held the apply thread for
-~0.5 s; a restored replica re-runs them, which puts it in the same state. The result is the
-state that unwinding and re-running every waiter in block order gives (what gesmas did before,
-and what a replica of that version still does), block numbers included.
+Taking one (`Checkpoints.take`): interrupt the waiters that cannot be left in place so that
+they unwind, pickle the state with every waiter written as a pending call, re-run the
+interrupted calls (DESIGN §5). Waiters of the standard classes stay where they are
+(`_kept_objects`): unwinding and re-running 10^4 of them held the apply thread for ~0.5 s; a
+restored replica re-runs them, which puts it in the same state. The result is the state that
+unwinding and re-running every waiter in block order gives (what gesmas did before, and what
+a replica of that version still does), block numbers included.
 A checkpoint is two pickles: the registry's sources (classes are re-made from their source,
 never pickled), then (state, interrupted calls, objects) where each object's state is a pickle
 of its own, so that one object that cannot be saved is dropped without failing the others.
-Functions of the kernel (`self`), called by its methods of the same names.
+The pickled state is a plain dict (`saved_state`), never a part of the kernel.
+
+Interface: `Checkpoints(state, config, registry, budget, runner, lifecycle, restart)`; the
+kernel hands it `Checkpoint` commands (`take`), a fresh kernel's `load(blob)` restores one,
+and `digest` hashes the state. It keeps the last checkpoint (`index`, `blob`). `restart(p,
+session)` starts a pending call again (Kernel._start, with the call's saved deadlines); the
+runner unwinds waiters and re-runs them, and `lifecycle` drops and measures objects.
 """
 from __future__ import annotations
 
 import collections
 import hashlib
-import heapq
 import io
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import greenlet
 
@@ -27,156 +32,287 @@ from . import codec
 from .auth import AuthState
 from .budget import Budget
 from .errors import Code, Error, KernelError
+from .lifecycle import Lifecycle
 from .measure import state_size
-from .records import Completion, Config, ObjectRecord, PendingCall, Request
+from .records import Completion, Config, ObjectRecord, PendingCall, Request, Session, State
+from .registry import Registry, safe_str, type_name
+from .runner import Runner
 from .sched import SAVING, Interrupted
-from .registry import safe_str, type_name
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .kernel import Kernel
 
 FORMAT = 3            # 3: pending calls as PendingCall.saved() tuples
 
 
-def save_objects(self: Kernel) -> list[tuple[str, str, int, bytes]]:
-    """Each object's state pickled on its own and loaded back once, as a restore would.
-    An object whose state cannot be saved or loaded (a generator, a lambda, a failing
-    __hash__...) is dropped, the same on every replica: the checkpoint always succeeds
-    and the log stays bounded. Objects over max_object_bytes are marked (see _start)."""
-    saved = []
-    for name, rec in list(self.objects.items()):
-        self._budget.steps = 0
-        try:
-            data = pickle_state(self, rec.instance)
-            self._budget.steps = 0
-            unpickle_state(self, data)
-        except BaseException as e:
-            self._drop(name, f"its state cannot be saved in a checkpoint "
-                             f"({type_name(e)}: {safe_str(e, 200)})")
-            continue
-        rec.steps = 0
-        self._measure(rec)
-        saved.append((name, rec.cls.name, rec.cls.version, data))
-    return saved
-
-
-def pickle_state(self: Kernel, obj: Any) -> bytes:
+def pickle_state(registry: Registry, obj: Any) -> bytes:
+    """An object's state as a checkpoint writes it: classes by reference to the registry."""
     buf = io.BytesIO()
     p = pickle.Pickler(buf, protocol=5)
-    p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+    p.persistent_id = registry.persistent_id  # type: ignore[method-assign]
     p.dump(obj)
     return buf.getvalue()
 
-def unpickle_state(self: Kernel, data: bytes) -> Any:
+
+def unpickle_state(registry: Registry, data: bytes) -> Any:
     up = pickle.Unpickler(io.BytesIO(data))
-    up.persistent_load = self.registry.persistent_load  # type: ignore[method-assign]
+    up.persistent_load = registry.persistent_load  # type: ignore[method-assign]
     return up.load()
 
 
-def dump(self: Kernel, pending: list[tuple[Any, ...]],
-          objects: list[tuple[str, str, int, bytes]]) -> bytes:
-    """`pending`: PendingCall.saved() tuples, in the order a restore re-runs them."""
-    buf = io.BytesIO()
-    pickle.dump(self.registry.dump(), buf, protocol=5)
-    pickle.dump((self._state(), pending, objects), buf, protocol=5)
-    return buf.getvalue()
+class Checkpoints:
+    def __init__(self, state: State, config: Config, registry: Registry, budget: Budget,
+                 runner: Runner, lifecycle: Lifecycle,
+                 restart: Callable[[PendingCall, Session], None]) -> None:
+        self.state = state
+        self.config = config
+        self.registry = registry
+        self.budget = budget
+        self.runner = runner
+        self.lifecycle = lifecycle
+        self.restart = restart
+        self.index: int | None = None     # the log index of the last checkpoint taken or loaded
+        self.blob: bytes | None = None    # ... and its bytes
 
+    # -- the saved form ------------------------------------------------------------------------
 
-def restore(cls: type[Kernel], blob: bytes, config: Config) -> Kernel:
-    """A kernel in the state right after the checkpoint that made `blob`."""
-    k = cls(config)
-    Budget.current = k._budget
-    buf = io.BytesIO(blob)
-    k.registry.load(pickle.load(buf))
-    up = pickle.Unpickler(buf)          # format 1 pickled instances with references
-    up.persistent_load = k.registry.persistent_load  # type: ignore[method-assign]
-    loaded = up.load()
-    state = loaded[0]
-    if state["format"] == 1:            # before per-object pickles (gesmas <= d805759)
-        pending = loaded[1]
-        objects = [(n, c, v, inst) for n, c, v, inst in state["objects"]]
-    elif state["format"] == 2:          # pending calls pickled as PendingCall (<= cd0176a)
-        _, pending, objects = loaded
-    elif state["format"] == FORMAT:
-        pending = [PendingCall.load(p) for p in loaded[1]]
-        objects = loaded[2]
-    else:
-        raise ValueError(f"checkpoint format {state['format']} is not supported")
-    k.index, k.now, k._order = state["index"], state["now"], state["order"]
-    k.sessions = state["sessions"]
-    k.dropped, k.over_limit = state.get("dropped", {}), state.get("over_limit", {})
-    k.auth = AuthState.load(state.get("auth"))
-    if "auth" not in state:             # before auth: every source was anonymous
-        k.auth.source_used = {"": sum(map(len, k.registry.sources))} if k.registry.sources \
-            else {}
-    owners, sizes = state.get("owners", {}), state.get("sizes", {})
-    for s in k.sessions.values():
-        k.usage.add(s.user, "sessions", 1)
-    for name, cname, version, data in objects:
-        cv = k.registry.get(cname, version)
-        k._budget.steps = 0
-        try:
-            if cv is None:
-                raise LookupError(f"class {cname} version {version} did not load")
-            instance = unpickle_state(k, data) if type(data) is bytes else data
-            owner, size = owners.get(name, ""), sizes.get(name, 0)
-            rec = k.objects[name] = ObjectRecord(name, cv, instance, owner)
-            rec.size = size
-            k.usage.add(owner, "objects", 1)
-            k.usage.add(owner, "state_bytes", size)
-        except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
-            k._drop(name, f"its state cannot be restored ({type_name(e)}: "
-                          f"{safe_str(e, 200)})")
-    k.checkpoint_index, k.checkpoint_blob = k.index, blob
-    k._out = []
-    k._rerun(pending)
-    return k
+    def saved_state(self) -> dict[str, Any]:
+        st = self.state
+        return {"format": FORMAT, "index": st.index, "now": st.now,
+                "order": self.runner.order, "sessions": st.sessions, "dropped": st.dropped,
+                "over_limit": st.over_limit, "auth": st.auth.dump(),
+                "owners": {n: r.owner for n, r in st.objects.items() if r.owner},
+                "sizes": {n: r.size for n, r in st.objects.items() if r.size}}
 
+    def _save_objects(self) -> list[tuple[str, str, int, bytes]]:
+        """Each object's state pickled on its own and loaded back once, as a restore would.
+        An object whose state cannot be saved or loaded (a generator, a lambda, a failing
+        __hash__...) is dropped, the same on every replica: the checkpoint always succeeds
+        and the log stays bounded. Objects over max_object_bytes are marked (see _start)."""
+        saved = []
+        for name, rec in list(self.state.objects.items()):
+            self.budget.steps = 0
+            try:
+                data = pickle_state(self.registry, rec.instance)
+                self.budget.steps = 0
+                unpickle_state(self.registry, data)
+            except BaseException as e:
+                self.lifecycle.drop(name, f"its state cannot be saved in a checkpoint "
+                                          f"({type_name(e)}: {safe_str(e, 200)})")
+                continue
+            rec.steps = 0
+            self.lifecycle.measure(rec)
+            saved.append((name, rec.cls.name, rec.cls.version, data))
+        return saved
 
-def state_digest(self: Kernel, volatile: bool = True, parts: dict[str, str] | None = None
-                 ) -> str:
-    """A hash of the whole state, waiters included: equal on replicas that applied the
-    same log (without `volatile`, the log index and kernel time are left out). Pickled
-    without a memo where it can be, so that which objects happen to be shared (an
-    interned string, say) does not change the bytes; an object with reference cycles is
-    pickled with a memo instead."""
-    h = hashlib.sha256()
-    registry = pickle.dumps(self.registry.dump(), protocol=5)
-    h.update(registry)
-    if parts is not None:
-        parts["registry"] = hashlib.sha256(registry).hexdigest()[:12]
-    waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
-             for r in self._blocked()]
-    state = self._state()
-    del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
-    del state["sizes"]      # measured at checkpoints (a cache of what the objects hold)
-    if not volatile:
-        del state["index"], state["now"]
-    objects = [(n, r.cls.name, r.cls.version, r.instance) for n, r in self.objects.items()]
-    limit = 1 << 22        # unfolded bytes past which a part is hashed by content, not pickled
-    named = [(f"state.{k}", v) for k, v in state.items()] if parts is not None else []
-    for name, part in [("waits", waits)] + [(f"object {o[0]}", o) for o in objects] + named:
+    def _dump(self, pending: list[tuple[Any, ...]],
+              objects: list[tuple[str, str, int, bytes]]) -> bytes:
+        """`pending`: PendingCall.saved() tuples, in the order a restore re-runs them."""
+        buf = io.BytesIO()
+        pickle.dump(self.registry.dump(), buf, protocol=5)
+        pickle.dump((self.saved_state(), pending, objects), buf, protocol=5)
+        return buf.getvalue()
+
+    # -- restoring -----------------------------------------------------------------------------
+
+    def load(self, blob: bytes) -> None:
+        """Put the state of a fresh kernel in the state right after the checkpoint that made
+        `blob` (Kernel.restore)."""
+        st, registry = self.state, self.registry
+        Budget.current = self.budget
+        buf = io.BytesIO(blob)
+        registry.load(pickle.load(buf))
+        up = pickle.Unpickler(buf)          # format 1 pickled instances with references
+        up.persistent_load = registry.persistent_load  # type: ignore[method-assign]
+        loaded = up.load()
+        state = loaded[0]
+        if state["format"] == 1:            # before per-object pickles (gesmas <= d805759)
+            pending = loaded[1]
+            objects = [(n, c, v, inst) for n, c, v, inst in state["objects"]]
+        elif state["format"] == 2:          # pending calls pickled as PendingCall (<= cd0176a)
+            _, pending, objects = loaded
+        elif state["format"] == FORMAT:
+            pending = [PendingCall.load(p) for p in loaded[1]]
+            objects = loaded[2]
+        else:
+            raise ValueError(f"checkpoint format {state['format']} is not supported")
+        st.index, st.now, self.runner.order = state["index"], state["now"], state["order"]
+        st.sessions = state["sessions"]
+        st.dropped, st.over_limit = state.get("dropped", {}), state.get("over_limit", {})
+        st.auth = AuthState.load(state.get("auth"))
+        if "auth" not in state:             # before auth: every source was anonymous
+            st.auth.source_used = {"": sum(map(len, registry.sources))} if registry.sources \
+                else {}
+        owners, sizes = state.get("owners", {}), state.get("sizes", {})
+        for s in st.sessions.values():
+            st.usage.add(s.user, "sessions", 1)
+        for name, cname, version, data in objects:
+            cv = registry.get(cname, version)
+            self.budget.steps = 0
+            try:
+                if cv is None:
+                    raise LookupError(f"class {cname} version {version} did not load")
+                instance = unpickle_state(registry, data) if type(data) is bytes else data
+                owner, size = owners.get(name, ""), sizes.get(name, 0)
+                rec = st.objects[name] = ObjectRecord(name, cv, instance, owner)
+                rec.size = size
+                st.usage.add(owner, "objects", 1)
+                st.usage.add(owner, "state_bytes", size)
+            except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
+                self.lifecycle.drop(name, f"its state cannot be restored ({type_name(e)}: "
+                                          f"{safe_str(e, 200)})")
+        self.index, self.blob = st.index, blob
+        self.runner.out = []
+        self._rerun(pending)
+
+    def _rerun(self, pending: list[PendingCall]) -> None:
+        runner = self.runner
+        for p in pending:
+            s = self.state.sessions[p.cmd.session]
+            try:
+                self.restart(p, s)
+            except KernelError as e:         # its object was dropped by this checkpoint
+                s.results[p.cmd.seq] = (None, e.error)
+                for tag in p.tags:
+                    runner.out.append(Completion(tag, None, e.error))
+            runner.drain()
+
+    # -- the state digest ----------------------------------------------------------------------
+
+    def digest(self, volatile: bool = True, parts: dict[str, str] | None = None) -> str:
+        """A hash of the whole state, waiters included: equal on replicas that applied the
+        same log (without `volatile`, the log index and kernel time are left out). Pickled
+        without a memo where it can be, so that which objects happen to be shared (an
+        interned string, say) does not change the bytes; an object with reference cycles is
+        pickled with a memo instead. `parts`: filled with a short hash of each part."""
+        h = hashlib.sha256()
+        registry = pickle.dumps(self.registry.dump(), protocol=5)
+        h.update(registry)
         if parts is not None:
-            parts[name] = hashlib.sha256(_part_bytes(self, part, limit)).hexdigest()[:12]
-    for part in (state, waits, *objects):
-        h.update(_part_bytes(self, part, limit))
-    return h.hexdigest()
+            parts["registry"] = hashlib.sha256(registry).hexdigest()[:12]
+        waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
+                 for r in self.runner.blocked()]
+        state = self.saved_state()
+        del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
+        del state["sizes"]      # measured at checkpoints (a cache of what the objects hold)
+        if not volatile:
+            del state["index"], state["now"]
+        objects = [(n, r.cls.name, r.cls.version, r.instance)
+                   for n, r in self.state.objects.items()]
+        limit = 1 << 22        # unfolded bytes past which a part is hashed by content
+        named = [(f"state.{k}", v) for k, v in state.items()] if parts is not None else []
+        for name, part in [("waits", waits)] + [(f"object {o[0]}", o) for o in objects] + named:
+            if parts is not None:
+                parts[name] = hashlib.sha256(self._part_bytes(part, limit)).hexdigest()[:12]
+        for part in (state, waits, *objects):
+            h.update(self._part_bytes(part, limit))
+        return h.hexdigest()
 
+    def _part_bytes(self, part: Any, limit: int) -> bytes:
+        """What the digest hashes of one part: its memo-less pickle, a pickle with a memo if it
+        has a cycle, or a digest of its tree when it unfolds past `limit` bytes."""
+        if state_size(part, limit, unfold=True) > limit:
+            return _tree_digest(part, self.registry.persistent_id)
+        buf = io.BytesIO()
+        p = pickle.Pickler(buf, protocol=5)
+        p.fast = True
+        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
+        try:
+            p.dump(part)
+        except ValueError:                       # a cycle
+            return pickle_state(self.registry, part)
+        return buf.getvalue()
 
-def _part_bytes(self: Kernel, part: Any, limit: int) -> bytes:
-    """What the digest hashes of one part: its memo-less pickle, a pickle with a memo if it
-    has a cycle, or a digest of its tree when it unfolds past `limit` bytes."""
-    if state_size(part, limit, unfold=True) > limit:
-        return _tree_digest(part, self.registry.persistent_id)
-    buf = io.BytesIO()
-    p = pickle.Pickler(buf, protocol=5)
-    p.fast = True
-    p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
-    try:
-        p.dump(part)
-    except ValueError:                       # a cycle
-        return pickle_state(self, part)
-    return buf.getvalue()
+    # -- taking a checkpoint -------------------------------------------------------------------
+
+    def take(self, cmd: codec.Checkpoint) -> None:
+        st, runner = self.state, self.runner
+        blocked = runner.blocked()
+        keep = self._kept_objects(blocked)
+        unwind = [r for r in blocked if r.obj not in keep]
+        for req in unwind:                   # detach first: no handler can wake another waiter
+            runner.detach(req)
+        runner.pending = []
+        for req in unwind:
+            self._interrupt(req)
+        if unwind:
+            runner.prune_deadlines()
+        assert not runner.ready and runner.waiting == len(blocked) - len(unwind)
+        interrupted = {p.index: p for p in runner.pending}
+        runner.pending = []
+        # Every waiting call in block order, as PendingCall.saved() writes it: a restore
+        # re-runs them in this order, and so does the loop below for the interrupted ones.
+        pending = [(r.index, r.raw if r.raw is not None else r.cmd, tuple(r.tags), r.deadline,
+                    tuple(r.deadlines)) if r.obj in keep else interrupted[r.index].saved()
+                   for r in blocked if r.obj in keep or r.index in interrupted]
+        saving = SAVING.set(True)
+        try:
+            objects = self._save_objects()   # drops what cannot be saved: never fails
+            self.blob, self.index = self._dump(pending, objects), st.index
+        finally:
+            SAVING.reset(saving)
+        renumber = bool(interrupted)
+        for req in blocked:
+            if req.obj in keep:
+                if req.obj not in st.objects:    # dropped just now: as its re-run would fail
+                    self._abandon(req)
+                elif renumber:                   # as if re-run: it would wait again at once
+                    runner.renumber(req)
+            elif req.index in interrupted:
+                self._rerun([interrupted[req.index]])
+        if renumber and keep:
+            runner.reorder_deadlines()       # the kept waiters' numbers changed
+        runner.complete(cmd.tag, st.index)
+
+    def _kept_objects(self, blocked: list[Request]) -> set[str]:
+        """The objects whose waiters a checkpoint leaves waiting instead of interrupting them.
+
+        Running such a call again from its start, in the state of the checkpoint, must end in
+        the same wait with nothing else changed, so that a replica restored from the checkpoint
+        (which re-runs it) and one that kept it waiting are the same. Only the standard classes
+        (names that only the replicas may register) are trusted to say so: their methods listed
+        in the class's `_restartable` block before they change anything, and while they wait,
+        what made them wait still holds. A call waiting for the second time (woken and blocked
+        again) is not kept: its first wait is behind it. One object's waiters are kept all or
+        none, so that an interrupted call's handler can never wake a kept waiter."""
+        listed: dict[str, tuple[str, ...]] = {}      # object -> its class's _restartable
+        unwind: set[str] = set()
+        reserved = self.config.reserved_classes
+        for r in blocked:
+            name = r.obj
+            names = listed.get(name)
+            if names is None:
+                rec = self.state.objects.get(name)
+                names = listed[name] = tuple(getattr(rec.cls.cls, "_restartable", ())) \
+                    if rec is not None and rec.cls.name in reserved else ()
+            if len(r.deadlines) != 1 or r.cmd is None or r.cmd.method not in names:
+                unwind.add(name)
+        return listed.keys() - unwind
+
+    def _abandon(self, req: Request) -> None:
+        """A kept waiter whose object the checkpoint dropped: end it with the error its re-run
+        meets on a restored replica (`_rerun`, object not found)."""
+        self._end(req, Error(Code.NOT_FOUND, self.state.dropped[req.obj]))
+
+    def _interrupt(self, req: Request) -> None:
+        """Unwind a detached waiter with Interrupted; it lands in the runner's `pending`."""
+        for _ in range(3):
+            self.runner.run(req, Interrupted("checkpoint"))
+            if req.task is None:
+                return
+            self.runner.detach(req)          # it caught Interrupted and waited again
+        self._end(req, Error(Code.APPLICATION, f"{req.label} caught Interrupted and waited "
+                                               "again, so a checkpoint cannot re-run it",
+                             "Interrupted"))
+
+    def _end(self, req: Request, error: Error) -> None:
+        """End a waiting call for good with `error`: its greenlet is closed now,
+        deterministically, not whenever the garbage collector runs."""
+        task, req.task = req.task, None
+        if task is not None:
+            task.throw(greenlet.GreenletExit)
+        self.runner.detach(req)
+        s = self.state.sessions.get(req.session)
+        if s is not None:
+            s.inflight.pop(req.seq, None)
+        self.runner.finish_error(req, error)
 
 
 def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
@@ -226,129 +362,3 @@ def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
         done[key] = hashlib.sha256(head + b"".join(parts)).digest()
         keep.append(v)
     return done[id(obj)]
-
-
-# -- taking a checkpoint (Kernel._checkpoint and its helpers) ---------------------------------
-
-def take(self: Kernel, cmd: codec.Checkpoint) -> None:
-    blocked = self._blocked()
-    keep = kept_objects(self, blocked)
-    unwind = [r for r in blocked if r.obj not in keep]
-    for req in unwind:                   # detach first: no handler can wake another waiter
-        self._detach(req)
-    self._pending = []
-    for req in unwind:
-        self._interrupt(req)
-    if unwind:
-        self._deadlines = [e for e in self._deadlines if e[2].live]
-        heapq.heapify(self._deadlines)
-    assert not self._ready and self._waiting == len(blocked) - len(unwind)
-    interrupted = {p.index: p for p in self._pending}
-    self._pending = []
-    # Every waiting call in block order, as PendingCall.saved() writes it: a restore re-runs
-    # them in this order, and so does the loop below for the interrupted ones.
-    pending = [(r.index, r.raw if r.raw is not None else r.cmd, tuple(r.tags), r.deadline,
-                tuple(r.deadlines)) if r.obj in keep else interrupted[r.index].saved()
-               for r in blocked if r.obj in keep or r.index in interrupted]
-    saving = SAVING.set(True)
-    try:
-        objects = self._save_objects()   # drops what cannot be saved: never fails
-        self.checkpoint_blob, self.checkpoint_index = self._dump(pending, objects), self.index
-    finally:
-        SAVING.reset(saving)
-    renumber = bool(interrupted)
-    for req in blocked:
-        if req.obj in keep:
-            if req.obj not in self.objects:      # dropped just now: as its re-run would fail
-                _abandon(self, req)
-            elif renumber:                       # as if re-run: it would wait again at once
-                self._order += 1
-                req.waiter.order = self._order   # type: ignore[union-attr]
-                inflight = self.sessions[req.session].inflight
-                inflight[req.seq] = inflight.pop(req.seq)
-        elif req.index in interrupted:
-            self._rerun([interrupted[req.index]])
-    if renumber and keep:
-        # The kept waiters' numbers changed: the deadline heap is ordered by them.
-        self._deadlines = [(w.deadline, w.order, w) for w in (r.waiter for r in
-                           self._blocked()) if w is not None and w.deadline is not None]
-        heapq.heapify(self._deadlines)
-    self._complete(cmd.tag, self.index)
-
-
-def kept_objects(self: Kernel, blocked: list[Request]) -> set[str]:
-    """The objects whose waiters a checkpoint leaves waiting instead of interrupting them.
-
-    Running such a call again from its start, in the state of the checkpoint, must end in the
-    same wait with nothing else changed, so that a replica restored from the checkpoint (which
-    re-runs it) and one that kept it waiting are the same. Only the standard classes (names
-    that only the replicas may register) are trusted to say so: their methods listed in the
-    class's `_restartable` block before they change anything, and while they wait, what made
-    them wait still holds. A call waiting for the second time (woken and blocked again) is
-    not kept: its first wait is behind it. One object's waiters are kept all or none, so that
-    an interrupted call's handler can never wake a kept waiter."""
-    listed: dict[str, tuple[str, ...]] = {}      # object -> its class's _restartable
-    unwind: set[str] = set()
-    reserved = self.config.reserved_classes
-    for r in blocked:
-        name = r.obj
-        names = listed.get(name)
-        if names is None:
-            rec = self.objects.get(name)
-            names = listed[name] = tuple(getattr(rec.cls.cls, "_restartable", ())) \
-                if rec is not None and rec.cls.name in reserved else ()
-        if len(r.deadlines) != 1 or r.cmd is None or r.cmd.method not in names:
-            unwind.add(name)
-    return listed.keys() - unwind
-
-
-def _abandon(self: Kernel, req: Request) -> None:
-    """A kept waiter whose object the checkpoint dropped: end it with the error its re-run
-    meets on a restored replica (`rerun`, object not found)."""
-    _end(self, req, Error(Code.NOT_FOUND, self.dropped[req.obj]))
-
-
-def interrupt(self: Kernel, req: Request) -> None:
-    """Unwind a detached waiter with Interrupted; it lands in self._pending."""
-    for _ in range(3):
-        self._run(req, Interrupted("checkpoint"))
-        if req.task is None:
-            return
-        self._detach(req)                # it caught Interrupted and waited again
-    _end(self, req, Error(Code.APPLICATION, f"{req.label} caught Interrupted and waited "
-                                            "again, so a checkpoint cannot re-run it",
-                          "Interrupted"))
-
-
-def _end(self: Kernel, req: Request, error: Error) -> None:
-    """End a waiting call for good with `error`: its greenlet is closed now,
-    deterministically, not whenever the garbage collector runs."""
-    task, req.task = req.task, None
-    if task is not None:
-        task.throw(greenlet.GreenletExit)
-    self._detach(req)
-    s = self.sessions.get(req.session)
-    if s is not None:
-        s.inflight.pop(req.seq, None)
-    self._finish_error(req, error)
-
-
-def rerun(self: Kernel, pending: list[PendingCall]) -> None:
-    for p in pending:
-        s = self.sessions[p.cmd.session]
-        try:
-            self._start(p.cmd, s, p.index, list(p.tags), p.deadline, p.deadlines,
-                        rerun=True, raw=p.raw)
-        except KernelError as e:         # its object was dropped by this checkpoint
-            s.results[p.cmd.seq] = (None, e.error)
-            for tag in p.tags:
-                self._out.append(Completion(tag, None, e.error))
-        self._drain()
-
-
-def state(self: Kernel) -> dict[str, Any]:
-    return {"format": FORMAT, "index": self.index, "now": self.now,
-            "order": self._order, "sessions": self.sessions, "dropped": self.dropped,
-            "over_limit": self.over_limit, "auth": self.auth.dump(),
-            "owners": {n: r.owner for n, r in self.objects.items() if r.owner},
-            "sizes": {n: r.size for n, r in self.objects.items() if r.size}}

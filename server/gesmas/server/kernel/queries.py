@@ -1,60 +1,85 @@
 """Reads through the log (`Query` commands): classes, objects, sessions, counts and the
-state digest. A function of the kernel (`self`), bound as `Kernel._query` (kernel.py).
+state digest.
+
+Interface: `Queries(state, registry, runner, checkpoints)`; the kernel hands it `Query`
+commands (`query`). It changes nothing: it reads the shared state, the registry, the runner's
+waiters and the last checkpoint, and answers through the runner. `stats()` (and the function
+`stats(kernel)`) gives the counts the gateway also reads outside the log.
 
 Every query needs an authenticated user when auth is enabled: a query is a log entry (the
 digest makes every replica hash its whole state). The gateway answers a Status without a
 login from `stats` read outside the log instead."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from . import checkpoint, codec
+from . import codec
+from .checkpoint import Checkpoints
 from .errors import Code, KernelError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .kernel import Kernel
-
-
-
-def query(self: Kernel, cmd: codec.Query) -> None:
-    what = cmd.what
-    self.auth.authenticated(cmd.user)
-    if what == "classes":
-        value: Any = [{"name": n, "version": vs[-1].version, "methods": vs[-1].methods()}
-                      for n, vs in self.registry.versions.items()]
-    elif what == "class":
-        name, version = (cmd.arg + [None])[:2] if isinstance(cmd.arg, list) else (cmd.arg,
-                                                                                 None)
-        cv = (self.registry.get(name, version) if version else self.registry.latest(name))
-        if cv is None:
-            raise KernelError(Code.NOT_FOUND, f"no class {name!r} version {version}")
-        value = {"name": cv.name, "version": cv.version,
-                 "source": self.registry.sources[cv.module]}
-    elif what == "objects":
-        waiting: dict[str, int] = {}
-        for r in self._blocked():
-            waiting[r.obj] = waiting.get(r.obj, 0) + 1
-        value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
-                  "waiters": waiting.get(n, 0)} for n, r in self.objects.items()
-                 if self.auth.visible(cmd.user, n)]
-    elif what == "digest":
-        value = self.state_digest(volatile=False)
-    elif what == "digest_parts":           # which part of the state two replicas differ in
-        parts: dict[str, str] = {}
-        checkpoint.state_digest(self, False, parts)
-        value = parts
-    elif what == "sessions":
-        value = [[s.id, s.ttl] for s in self.sessions.values()]
-    elif what == "stats":
-        value = stats(self)
-    else:
-        raise KernelError(Code.INVALID_ARGUMENT, f"unknown query {what!r}")
-    self._complete(cmd.tag, value)
+from .records import State
+from .registry import Registry
+from .runner import Runner
 
 
-def stats(k: Kernel) -> dict[str, Any]:
-    """The counts of the "stats" query. Also read by the gateway outside the log, on the event
-    loop while the apply thread runs: only sizes and ints are read, each read atomic."""
-    return {"index": k.index, "now": k.now, "sessions": len(k.sessions),
-            "objects": len(k.objects), "waiters": k._waiting,
-            "classes": len(k.registry.versions), "checkpoint_index": k.checkpoint_index}
+class Queries:
+    def __init__(self, state: State, registry: Registry, runner: Runner,
+                 checkpoints: Checkpoints) -> None:
+        self.state = state
+        self.registry = registry
+        self.runner = runner
+        self.checkpoints = checkpoints
+
+    def query(self, cmd: codec.Query) -> None:
+        st, registry = self.state, self.registry
+        what = cmd.what
+        st.auth.authenticated(cmd.user)
+        if what == "classes":
+            value: Any = [{"name": n, "version": vs[-1].version, "methods": vs[-1].methods()}
+                          for n, vs in registry.versions.items()]
+        elif what == "class":
+            name, version = (cmd.arg + [None])[:2] if isinstance(cmd.arg, list) else (cmd.arg,
+                                                                                     None)
+            cv = (registry.get(name, version) if version else registry.latest(name))
+            if cv is None:
+                raise KernelError(Code.NOT_FOUND, f"no class {name!r} version {version}")
+            value = {"name": cv.name, "version": cv.version,
+                     "source": registry.sources[cv.module]}
+        elif what == "objects":
+            waiting: dict[str, int] = {}
+            for r in self.runner.blocked():
+                waiting[r.obj] = waiting.get(r.obj, 0) + 1
+            value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
+                      "waiters": waiting.get(n, 0)} for n, r in st.objects.items()
+                     if st.auth.visible(cmd.user, n)]
+        elif what == "digest":
+            value = self.checkpoints.digest(volatile=False)
+        elif what == "digest_parts":           # which part of the state two replicas differ in
+            parts: dict[str, str] = {}
+            self.checkpoints.digest(False, parts)
+            value = parts
+        elif what == "sessions":
+            value = [[s.id, s.ttl] for s in st.sessions.values()]
+        elif what == "stats":
+            value = self.stats()
+        else:
+            raise KernelError(Code.INVALID_ARGUMENT, f"unknown query {what!r}")
+        self.runner.complete(cmd.tag, value)
+
+    def stats(self) -> dict[str, Any]:
+        """The counts of the "stats" query. Also read by the gateway outside the log, on the
+        event loop while the apply thread runs: only sizes and ints are read, each read
+        atomic."""
+        st = self.state
+        return {"index": st.index, "now": st.now, "sessions": len(st.sessions),
+                "objects": len(st.objects), "waiters": self.runner.waiting,
+                "classes": len(self.registry.versions),
+                "checkpoint_index": self.checkpoints.index}
+
+
+class HasQueries(Protocol):
+    queries: Queries
+
+
+def stats(kernel: HasQueries) -> dict[str, Any]:
+    """`kernel.queries.stats()`: the counts a node reads outside the log (node.py)."""
+    return kernel.queries.stats()

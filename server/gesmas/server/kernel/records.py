@@ -1,18 +1,17 @@
-"""The kernel's records: commands' answers, its configuration, sessions, objects, and the
-requests it runs (of three kinds)."""
+"""The kernel's records: commands' answers, its configuration, its state (the one record its
+parts share), sessions, objects, and the requests it runs (of three kinds). Data, and the few
+checks that read nothing else; no part of the kernel is imported here."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import codec
-from .errors import Error
+from .auth import AuthState, Usage
+from .errors import Code, Error, KernelError
 from .registry import ClassVersion
-from .sched import SAVING, Task, Waiter
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .kernel import Kernel
+from .sched import SAVING, Host, Task, Waiter
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,43 @@ class Config:
     # Log indices the operator declared poison (a command that kills the process whatever the
     # kernel does): they complete with INTERNAL without running. Same list on every replica.
     skip_entries: frozenset[int] = frozenset()
+
+
+class State:
+    """What the kernel knows, shared by its parts (kernel.py makes them): the log's position
+    and time, the sessions, the objects and what became of dropped ones, users and what they
+    use. A checkpoint saves it and the state digest hashes it (checkpoint.py). Each part says
+    which fields it changes; nothing but data and the quota check lives here."""
+
+    __slots__ = ("index", "now", "sessions", "objects", "dropped", "over_limit", "auth",
+                 "usage", "default_quota", "session_changes")
+
+    def __init__(self, config: Config) -> None:
+        self.index = 0                           # the log index of the last command applied
+        self.now = 0.0                           # kernel time: commands' ts, made monotonic
+        self.sessions: dict[int, Session] = {}
+        self.objects: dict[str, ObjectRecord] = {}
+        self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
+        self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
+        self.auth = AuthState()
+        self.usage = Usage()
+        self.default_quota = dict(config.default_quota)
+        # output besides completions, for the host (the leader's duties): sessions opened
+        # (id, ttl, secret) and ended (id, None, "") by the last apply
+        self.session_changes: list[tuple[int, float | None, str]] = []
+
+    def within(self, user: str, what: str, extra: int = 1) -> None:
+        """Raise RESOURCE_EXHAUSTED if `user` would go over its `what` quota."""
+        limit = self.auth.quota(user, what, self.default_quota)
+        if limit is None:
+            return
+        used = (self.auth.source_used.get(user, 0) if what == "source_bytes"
+                else self.usage.get(user, what))
+        if used + extra > limit:
+            who = f"user {user!r}" if user else "anonymous callers"
+            raise KernelError(Code.RESOURCE_EXHAUSTED,
+                              f"quota {what} of {who} exceeded: {used} in use, limit {limit}",
+                              "QuotaExceeded")
 
 
 class Session:
@@ -94,7 +130,7 @@ class ObjectRecord:
 @dataclass(frozen=True)
 class PendingCall:
     """A call waiting at a checkpoint: re-run when the checkpoint is restored, and right
-    after the checkpoint too if it was interrupted (see checkpoint.take)."""
+    after the checkpoint too if it was interrupted (see Checkpoints.take)."""
 
     index: int
     cmd: codec.Invoke
@@ -132,13 +168,13 @@ class Kind(enum.Enum):
 class Request:
     """One call being run. `index` (the log index of the command that started it) is its id."""
 
-    __slots__ = ("kernel", "kind", "index", "session", "seq", "tags", "task", "deadline",
+    __slots__ = ("runner", "kind", "index", "session", "seq", "tags", "task", "deadline",
                  "deadlines", "replay", "draws", "waiter", "obj", "cmd", "nowait", "label",
                  "outcome", "interrupting", "user", "raw")
 
-    def __init__(self, kernel: Kernel, kind: Kind, index: int, session: int, label: str,
+    def __init__(self, runner: Host, kind: Kind, index: int, session: int, label: str,
                  obj: str) -> None:
-        self.kernel = kernel
+        self.runner = runner                       # what runs it (runner.Runner)
         self.kind = kind
         self.index = index
         self.session = session
@@ -149,7 +185,7 @@ class Request:
         self.deadlines: list[float | None] = []    # each wait's deadline, for exact re-runs
         self.replay: list[float | None] = []
         self.draws = 0
-        self.waiter: Waiter | None = None
+        self.waiter: Waiter[Request] | None = None
         self.obj = obj
         self.cmd: codec.Invoke | None = None       # a CALL's command, for its re-run
         self.raw: bytes | None = None              # ... as the log holds it, if known

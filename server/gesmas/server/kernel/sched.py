@@ -11,19 +11,18 @@ Every wait in gesmas goes through `Semaphore.acquire` (P). Invariants, asserted 
       passes its deadline), aborted (its session ended, its object was deleted), or interrupted
       (a checkpoint). The last three are delivered as exceptions raised by `acquire`.
 
-A request is a greenlet of class `Task`; it carries its kernel, so this module needs no global
-state and several kernels can live in one process.
+A request is a greenlet of class `Task`; it carries the part of its kernel that runs it (a
+`Host`: runner.Runner), so this module needs no global state and several kernels can live in
+one process. `Host` and `Call` say all that this module needs of the runner and of a request,
+so that it imports neither.
 """
 from __future__ import annotations
 
 import contextvars
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import greenlet
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .kernel import Kernel, Request
 
 _M64 = (1 << 64) - 1
 
@@ -63,12 +62,41 @@ class BudgetExceeded(BaseException):
     in object code does not swallow it; every later step raises it again."""
 
 
+# -- what this module needs of the runner and of a request ------------------------------------
+
+class Host(Protocol):
+    """The part of a kernel that runs requests (runner.Runner), as a semaphore and a context
+    see it: the log's position and time, and the two calls of the wait queue."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def now(self) -> float: ...
+
+    def block(self, request: Any, semaphore: Semaphore, timeout: float | None) -> bool: ...
+
+    def wake(self, waiter: Waiter[Any]) -> None: ...
+
+
+class Call(Protocol):
+    """A request (records.Request), as a semaphore and a context see it."""
+
+    index: int
+    session: int
+    draws: int
+    runner: Host
+
+
+R = TypeVar("R", bound=Call)
+
+
 class Task(greenlet.greenlet):
     """The greenlet that runs one request."""
 
-    __slots__ = ("kernel", "request")
-    kernel: Kernel
-    request: Request
+    __slots__ = ("runner", "request")
+    runner: Host
+    request: Call
 
 
 def current_task() -> Task:
@@ -80,10 +108,10 @@ def current_task() -> Task:
 
 # -- the primitive ------------------------------------------------------------------------------
 
-class Waiter:
+class Waiter(Generic[R]):
     __slots__ = ("request", "semaphore", "deadline", "order", "live")
 
-    def __init__(self, request: Request, semaphore: Semaphore, deadline: float | None,
+    def __init__(self, request: R, semaphore: Semaphore, deadline: float | None,
                  order: int) -> None:
         self.request = request
         self.semaphore = semaphore
@@ -91,7 +119,7 @@ class Waiter:
         self.order = order      # kernel-wide block sequence number: who blocked first
         self.live = True
 
-    def __lt__(self, other: Waiter) -> bool:  # deadline-heap tie-break
+    def __lt__(self, other: Waiter[Any]) -> bool:  # deadline-heap tie-break
         return self.order < other.order
 
 
@@ -112,7 +140,7 @@ class Semaphore:
         if type(value) is not int or value < 0:
             raise ValueError(f"semaphore value must be an int >= 0, not {value!r}")
         self._value = value
-        self._queue: deque[Waiter] = deque()   # may hold dead waiters, skipped lazily
+        self._queue: deque[Waiter[Any]] = deque()   # may hold dead waiters, skipped lazily
         self._live = 0
 
     @property
@@ -134,7 +162,7 @@ class Semaphore:
             self._value -= 1
             return True
         task = current_task()
-        return task.kernel._block(task.request, self, timeout)
+        return task.runner.block(task.request, self, timeout)
 
     def release(self, n: int = 1) -> None:
         if type(n) is not int or n < 1:
@@ -148,22 +176,22 @@ class Semaphore:
             self._value -= 1
             self._live -= 1
             w.live = False
-            w.request.kernel._wake(w)
+            w.request.runner.wake(w)
 
     # kernel side -------------------------------------------------------------------------------
 
-    def _enqueue(self, w: Waiter) -> None:
+    def _enqueue(self, w: Waiter[Any]) -> None:
         self._queue.append(w)
         self._live += 1
 
-    def _drop(self, w: Waiter) -> None:
+    def _drop(self, w: Waiter[Any]) -> None:
         """Remove a live waiter that leaves without a permit (timeout, abort, interrupt)."""
         w.live = False
         self._live -= 1
         if len(self._queue) > 32 and len(self._queue) > 2 * self._live:
             self._queue = deque(x for x in self._queue if x.live)
 
-    def _live_waiters(self) -> list[Waiter]:
+    def _live_waiters(self) -> list[Waiter[Any]]:
         return [w for w in self._queue if w.live]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -212,10 +240,10 @@ class Context:
 
     @property
     def index(self) -> int:
-        return self._task.kernel.index
+        return self._task.runner.index
 
     def now(self) -> float:
-        return self._task.kernel.now
+        return self._task.runner.now
 
     def random(self) -> float:
         req = self._task.request

@@ -1,0 +1,319 @@
+"""Running requests: each in a greenlet of its own, until it returns or blocks (GESMAS
+Algorithm 1, DESIGN §3.4).
+
+Theory of operation
+-------------------
+`spawn` starts a request (a call, a constructor or a session hook) in a `sched.Task` and runs
+it until it returns or blocks in `Semaphore.acquire`, which calls `block`: the request's
+waiter joins the semaphore's FIFO queue (and the deadline heap when it has a deadline) and
+the greenlet switches back here. `Semaphore.release` calls `wake`, which only moves the woken
+request to the tail of the ready queue; `drain` runs the ready requests in FIFO order, and the
+kernel drains after every command, so at every command boundary each request in flight is
+blocked on exactly one semaphore. `abort` takes a waiter out of its queue and readies it with
+the exception its `acquire` raises (Timeout, SessionEnded, Aborted); `detach` takes it out
+without readying it (a checkpoint then unwinds it with `Interrupted`, see checkpoint.py).
+A finished call's result is stored in its session (exactly-once) and sent to every tag that
+waits for it; a call unwound by a checkpoint lands in `pending` instead.
+
+Interface: the kernel's other parts call `spawn`, `drain`, `abort`, `detach`, `blocked`,
+`deadline`, `complete`, `finish_error`, `expire_due`, `next_deadline`; the semaphores call
+`block` and `wake` (the `sched.Host` protocol). The runner owns the ready queue, the deadline
+heap, the count of live waiters (`waiting`), the block numbers (`order`, saved by a checkpoint),
+the completions of the command being applied (`out`) and the budget of the running request.
+It reads the shared `State` (sessions and objects, the clock) and writes the sessions' results
+and in-flight tables and the users' waiter counts. After a run it charges the steps spent to
+the object run on, and calls `grown(record)` when they may have grown it by a quarter of
+max_object_bytes (lifecycle.py measures it again).
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+from typing import Any, Callable
+
+import greenlet
+
+from . import codec
+from .budget import Budget, ResourceLimit
+from .errors import Code, Error, KernelError
+from .records import Completion, Config, Kind, ObjectRecord, PendingCall, Request, State
+from .registry import safe_str, type_name
+from .sched import (Aborted, BudgetExceeded, Interrupted, Semaphore, SessionEnded, Task,
+                    Timeout, Waiter)
+
+log = logging.getLogger("gesmas.server.kernel.kernel")
+
+INTERRUPTED = object()          # a request's outcome: interrupted by a checkpoint
+
+
+class Runner:
+    def __init__(self, state: State, config: Config, budget: Budget,
+                 grown: Callable[[ObjectRecord], None]) -> None:
+        self.state = state
+        self.config = config
+        self.budget = budget
+        self.grown = grown
+        self.measure_every = (config.max_object_bytes >> 2) // 64   # steps between measures
+        self.order = 0                   # block sequence number
+        self.waiting = 0                 # live waiters
+        self.deadlines: list[tuple[float, int, Waiter[Request]]] = []
+        self.ready: deque[tuple[Request, BaseException | None]] = deque()
+        self.out: list[Completion] = []  # completions of the command being applied
+        self.pending: list[PendingCall] = []   # calls unwound by a checkpoint, to re-run
+
+    # -- the log's position and time (sched.Host) -----------------------------------------------
+
+    @property
+    def index(self) -> int:
+        return self.state.index
+
+    @property
+    def now(self) -> float:
+        return self.state.now
+
+    # -- running a request ---------------------------------------------------------------------
+
+    def _body(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        """Runs inside the request's greenlet; returns (value, error) or INTERRUPTED.
+        Whatever the method raises, BaseException included, is the caller's error."""
+        budget = self.budget
+        try:
+            value = fn(*args, **kwargs)
+            if budget.steps > budget.limit:
+                raise BudgetExceeded(budget.limit)
+            value = codec.plain_copy(value, "result")
+            if codec.may_exceed(value, self.config.max_result_bytes) and \
+                    codec.encoded_size(value) > self.config.max_result_bytes:
+                return None, Error(Code.RESOURCE_EXHAUSTED,
+                                   f"{req.label} returned more than "
+                                   f"{self.config.max_result_bytes} bytes", "ResourceLimit")
+            return value, None
+        except BudgetExceeded:
+            return None, Error(Code.RESOURCE_EXHAUSTED,
+                               f"{req.label} exceeded its budget of {budget.limit} steps",
+                               "BudgetExceeded")
+        except Interrupted:
+            if req.interrupting:
+                return INTERRUPTED
+            return None, Error(Code.APPLICATION, f"{req.label} raised Interrupted itself "
+                               "(only a checkpoint may)", "Interrupted")
+        except Timeout as e:
+            return None, Error(Code.TIMEOUT, f"{req.label}: {safe_str(e) or 'timed out'}",
+                               "Timeout")
+        except SessionEnded as e:
+            return None, Error(Code.ABORTED, f"{req.label}: {safe_str(e)}", "SessionExpired")
+        except Aborted as e:
+            return None, Error(Code.ABORTED, f"{req.label}: {safe_str(e)}", "Aborted")
+        except KernelError as e:
+            return None, e.error
+        except codec.NotPlainValue as e:
+            return None, Error(Code.APPLICATION, f"{req.label} returned {e}", "TypeError")
+        except (ResourceLimit, codec.TooLarge) as e:
+            return None, Error(Code.RESOURCE_EXHAUSTED, f"{req.label}: {safe_str(e)}",
+                               "ResourceLimit")
+        except MemoryError:
+            return None, Error(Code.RESOURCE_EXHAUSTED, f"{req.label}: out of memory",
+                               "MemoryError")
+        except greenlet.GreenletExit:
+            raise                            # the kernel ends this greenlet (checkpoint._end)
+        except BaseException as e:
+            return None, Error(Code.APPLICATION, safe_str(e), type_name(e))
+
+    def spawn(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> None:
+        """Start `req` in a greenlet of its own that runs `fn(*args, **kwargs)`."""
+        task = req.task = Task(lambda: self._body(req, fn, args, kwargs))
+        task.runner = self
+        task.request = req
+        self.run(req)
+
+    def run(self, req: Request, throw: BaseException | None = None,
+            woken: bool = False) -> None:
+        """Run `req` until it blocks or ends: start it, wake it (`woken`: its acquire returns
+        True) or raise `throw` at its blocking point."""
+        task = req.task
+        assert task is not None
+        self.budget.steps = 0
+        if throw is None:
+            outcome = task.switch(True) if woken else task.switch()
+        else:
+            req.interrupting = isinstance(throw, Interrupted)
+            outcome = task.throw(throw)
+            req.interrupting = False
+        rec = self.state.objects.get(req.obj)     # charge the run's steps to its object
+        if rec is not None:
+            rec.steps += self.budget.steps
+            if rec.steps > self.measure_every:
+                self.grown(rec)
+        if task.dead:
+            self._finish(req, outcome)
+
+    def _finish(self, req: Request, outcome: Any) -> None:
+        req.task = None
+        s = self.state.sessions.get(req.session)
+        call = req.kind is Kind.CALL
+        if s is not None and call:
+            s.inflight.pop(req.seq, None)
+        if outcome is INTERRUPTED:
+            assert call and req.cmd is not None   # only waiters are interrupted; calls alone wait
+            # the re-run waits again where it was waiting, until the same deadline
+            self.pending.append(PendingCall(req.index, req.cmd, tuple(req.tags),
+                                            req.deadline, tuple(req.deadlines[-1:]),
+                                            req.raw))
+            return
+        req.outcome = outcome
+        value, error = outcome
+        if call:
+            if s is not None:
+                s.results[req.seq] = (value, error)
+                if len(s.results) > self.config.max_results:
+                    old = next(iter(s.results))
+                    del s.results[old]
+                    s.dropped = max(s.dropped, old)
+        elif error is not None and req.kind is Kind.HOOK:
+            log.warning("%s failed: %s", req.label, error)
+        for tag in req.tags:
+            self.out.append(Completion(tag, value, error))
+
+    def finish_error(self, req: Request, error: Error) -> None:
+        """End a call that is no longer run with `error`, stored as its result."""
+        s = self.state.sessions.get(req.session)
+        if s is not None and req.kind is Kind.CALL:
+            s.results[req.seq] = (None, error)
+        for tag in req.tags:
+            self.out.append(Completion(tag, None, error))
+
+    def complete(self, tag: str, value: Any, error: Error | None = None) -> None:
+        """Answer the command tagged `tag` (nobody waits for an empty tag)."""
+        if tag:
+            self.out.append(Completion(tag, value, error))
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def block(self, req: Request, sem: Semaphore, timeout: float | None) -> bool:
+        """Called by Semaphore.acquire inside `req`'s greenlet: wait for a permit."""
+        if req.kind is not Kind.CALL:
+            raise RuntimeError(f"a {req.kind.value} may not wait")
+        if req.session not in self.state.sessions:
+            raise SessionEnded(f"session {req.session} has ended")
+        if req.replay:                                  # re-run after a checkpoint
+            deadline = req.replay.pop(0)
+        else:
+            if req.nowait:
+                raise Timeout(req.nowait)
+            if timeout == 0:
+                raise Timeout("would wait, and acquire's timeout is 0")
+            deadline = req.deadline
+            own = self.deadline(timeout, ValueError)
+            if own is not None:
+                deadline = own if deadline is None else min(deadline, own)
+            if deadline is not None and deadline <= self.state.now:
+                raise Timeout("deadline passed")
+            if self.waiting >= self.config.max_waiters:
+                raise KernelError(Code.RESOURCE_EXHAUSTED,
+                                  f"too many waiting requests ({self.waiting})")
+            self.state.within(req.user, "waiters")
+        req.deadlines.append(deadline)
+        self.order += 1
+        w = Waiter(req, sem, deadline, self.order)
+        sem._enqueue(w)
+        req.waiter = w
+        self.waiting += 1
+        self.state.usage.add(req.user, "waiters", 1)
+        if deadline is not None:
+            heapq.heappush(self.deadlines, (deadline, w.order, w))
+        assert req.task is not None and req.task.parent is not None
+        return req.task.parent.switch()
+
+    def deadline(self, timeout: Any, error: type[Exception]) -> float | None:
+        """The kernel time at which a wait of `timeout` seconds ends; None for no timeout or
+        an infinite one. The one place where timeouts (a call's, or acquire's) are checked:
+        NaN, negative or non-numbers are refused with `error`."""
+        if timeout is None:
+            return None
+        if type(timeout) not in (int, float) or not timeout >= 0:     # NaN fails `>= 0`
+            message = f"timeout must be a number of seconds >= 0, not {timeout!r}"
+            if error is KernelError:
+                raise KernelError(Code.INVALID_ARGUMENT, message)
+            raise error(message)
+        deadline = self.state.now + timeout
+        return deadline if deadline < 1e15 else None    # inf or astronomically far: no limit
+
+    def wake(self, w: Waiter[Request]) -> None:
+        """Semaphore.release handed a permit to `w`: run it after the current request."""
+        req = w.request
+        req.waiter = None
+        self.waiting -= 1
+        self.state.usage.add(req.user, "waiters", -1)
+        self.ready.append((req, None))
+
+    def abort(self, req: Request, exc: BaseException) -> None:
+        """Take `req` out of its wait; its acquire raises `exc` when the ready queue runs it."""
+        w = req.waiter
+        if w is not None and w.live:
+            w.semaphore._drop(w)
+            req.waiter = None
+            self.waiting -= 1
+            self.state.usage.add(req.user, "waiters", -1)
+            self.ready.append((req, exc))
+
+    def detach(self, req: Request) -> None:
+        """Take `req` out of its wait without readying it (a checkpoint unwinds it)."""
+        w = req.waiter
+        if w is not None and w.live:
+            w.semaphore._drop(w)
+            self.waiting -= 1
+            self.state.usage.add(req.user, "waiters", -1)
+        req.waiter = None
+
+    def expire_due(self) -> None:
+        """Time out the waits whose deadline is not after kernel time."""
+        dl = self.deadlines
+        while dl and dl[0][0] <= self.state.now:
+            _, _, w = heapq.heappop(dl)
+            if w.live:
+                self.abort(w.request, Timeout("no result within the timeout"))
+        if len(dl) > 64 and len(dl) > 2 * self.waiting:
+            self.prune_deadlines()
+
+    def prune_deadlines(self) -> None:
+        """Forget the deadlines of waits that ended."""
+        self.deadlines = [e for e in self.deadlines if e[2].live]
+        heapq.heapify(self.deadlines)
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which a wait times out (the leader proposes a Tick then)."""
+        while self.deadlines and not self.deadlines[0][2].live:
+            heapq.heappop(self.deadlines)
+        return self.deadlines[0][0] if self.deadlines else None
+
+    def renumber(self, req: Request) -> None:
+        """Give the waiting `req` the next block number, as if it had blocked again now (its
+        place in its session's in-flight table moves to the end too). Call `reorder_deadlines`
+        after: the deadline heap is ordered by these numbers."""
+        assert req.waiter is not None
+        self.order += 1
+        req.waiter.order = self.order
+        inflight = self.state.sessions[req.session].inflight
+        inflight[req.seq] = inflight.pop(req.seq)
+
+    def reorder_deadlines(self) -> None:
+        self.deadlines = [(w.deadline, w.order, w) for w in (r.waiter for r in
+                          self.blocked()) if w is not None and w.deadline is not None]
+        heapq.heapify(self.deadlines)
+
+    def drain(self) -> None:
+        """Run the ready requests, in FIFO order, until none is ready."""
+        ready = self.ready
+        while ready:
+            req, exc = ready.popleft()
+            self.run(req, exc, woken=exc is None)
+
+    def blocked(self, pred: Callable[[Request], bool] = lambda r: True) -> list[Request]:
+        """Requests in flight that satisfy `pred`, oldest block first."""
+        reqs = [r for s in self.state.sessions.values() for r in s.inflight.values()
+                if r.waiter is not None and pred(r)]
+        reqs.sort(key=lambda r: r.waiter.order)  # type: ignore[union-attr]
+        return reqs
