@@ -105,11 +105,7 @@ g = __import__("grpc_tools")
 # -- the kernel's own import graph runs one way --------------------------------------------------
 
 KERNEL = ROOT / "server/gesmas/server/kernel"
-# Modules whose import cycles among themselves are tolerated for now: they were being changed
-# elsewhere when the kernel's parts were untangled (issue 22). Remove the exclusion once
-# their cycles (limits <-> modules, natives) are gone.
-CYCLES_TOLERATED_AMONG = frozenset({"charge", "natives", "hashing", "limits", "sandbox",
-                                    "dialect", "modules", "measure", "budget", "registry"})
+CYCLES_TOLERATED_AMONG: frozenset[str] = frozenset()    # none
 
 
 def relative_imports(source: str) -> set[str]:

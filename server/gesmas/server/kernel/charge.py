@@ -38,7 +38,7 @@ import operator as _op
 from itertools import compress as _compress
 from typing import Any, Callable, Iterable
 
-from .budget import MAX_SIZE, ResourceLimit, _charge
+from .budget import MAX_SIZE, ResourceLimit, _charge, _cost
 
 MAX_UNFOLD = MAX_SIZE       # items an operation may walk, shared parts counted each time
 MAX_DEPTH = 200             # nesting a walked value may have (CPython recurses in C per level)
@@ -322,6 +322,13 @@ def consume(items: Any, each: Callable[[Any], Any] | None = None) -> Any:
     if each is None and type(items) in SELF_COUNTED:
         return items
     return Counted(items, each)
+
+
+def _cost_of(item: Any) -> None:
+    """The charge for an item handed out that may be big (an element of a Counter)."""
+    n = _cost(item)
+    if n:
+        _charge(n)
 
 
 def compared(items: Any) -> Any:

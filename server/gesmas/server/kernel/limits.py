@@ -18,6 +18,7 @@ from typing import Any, Callable
 from .budget import (_IDENTITY, _SEQ_ALL, _SIZED_BASES, MAX_BITS, MAX_SIZE, MAX_WIDTH, Budget,
                      ResourceLimit, _bits, _charge, _charge_scan, _cost, _deque, _rlen, _sized)
 from . import charge as _charge_mod
+from .hashing import stable_hash
 from .measure import (members, _ordered_set, _set_args, _set_iter, _stable_hash,
                       _walkable, state_size)
 
@@ -253,7 +254,6 @@ def _setslice_(obj: Any, lower: Any, upper: Any, step: Any, value: Any) -> None:
 
 def _hash_(obj: Any) -> int:
     """`hash()` in uploaded code: the dialect's own hash (hashing.py)."""
-    from .hashing import stable_hash
     return stable_hash(obj)
 
 
@@ -389,8 +389,7 @@ def _extending(name: str) -> Callable[[Any], Any]:
 
 
 def _elements(obj: Any) -> Any:
-    from .modules import _Counted
-    return lambda: _Counted(obj.elements())
+    return lambda: _charge_mod.Counted(obj.elements(), _charge_mod._cost_of)
 
 
 _GUARDED_METHODS: dict[str, Callable[[Any], Any]] = {

@@ -19,7 +19,8 @@ from .charge import (_ATOMS, _STRS, ATOM, EXC, ITEMS, KEYS, MAP, RECORD, SEQ, SE
                      _key_, _lt_, _strs, charge_items, charge_value, consume, keys, kind,
                      unfold)
 
-from .measure import _member_, members
+from .limits import _guarded_method
+from .measure import _member_, _ordered_set, members
 
 OK = None          # a method handed out as it is: bounded work
 
@@ -57,7 +58,6 @@ def sort(items: list[Any], key: Any = None, reverse: bool = False) -> None:
 
 
 def sorted_(iterable: Any, /, *, key: Any = None, reverse: bool = False) -> list[Any]:
-    from .measure import _ordered_set
     if isinstance(iterable, (set, frozenset)):
         _ordered_set(iterable)          # ties keep the set's order: the same on every replica
     items = list(consume(iterable))
@@ -66,7 +66,6 @@ def sorted_(iterable: Any, /, *, key: Any = None, reverse: bool = False) -> list
 
 
 def _choose(fn: Callable[..., Any], args: tuple[Any, ...], key: Any, default: Any) -> Any:
-    from .measure import _ordered_set
     if not args:
         raise TypeError(f"{fn.__name__} expected at least 1 argument, got 0")
     source = args[0] if len(args) == 1 else args
@@ -341,8 +340,7 @@ def _pop(obj: Any, name: str) -> Any:
     if k == MAP:
         return _keyed(obj, name)
     if k == SET:
-        from .measure import _ordered_set
-        return _ordered_set(obj).pop
+            return _ordered_set(obj).pop
     if type(obj) is list or type(obj) is bytearray:
         return _scan(6, sized=False)(obj, name)      # pop(i) moves the items after i
     return obj.pop
@@ -360,7 +358,6 @@ def _fromhex(obj: Any, name: str) -> Any:
 
 def _guarded(obj: Any, name: str) -> Any:
     """The checks that limits.py already had for growing and formatting methods."""
-    from .limits import _guarded_method
     return _guarded_method(obj, name)
 
 
