@@ -169,6 +169,9 @@ ATTACKS = {
     "Counter subtract": "import collections\nc = collections.Counter(range(100000))\nn = 0\nfor i in range(3000):\n    n += len(c - c)\nreturn n",
     "list.pop(0)": "x = [0] * 4000000\nfor i in range(3000):\n    x.pop(0)\n    x.append(0)\nreturn 1",
     "deque.rotate": "import collections\nd = collections.deque(range(1000000))\nfor i in range(3000):\n    d.rotate(500000)\nreturn 1",
+    "except tuple": "t = (KeyError,) * 400000\nn = 0\nfor i in range(3000):\n    try:\n        raise ValueError()\n    except t:\n        pass\n    except ValueError:\n        n += 1\nreturn n",
+    "partial of a native": "import functools, math\nx = [1.0] * 100000\np = functools.partial(math.hypot, *x)\nn = 0\nfor i in range(3000):\n    n += p() > 0\nreturn n",
+    "permutations pool": "import itertools\nx = [0] * 100000\nn = 0\nfor i in range(3000):\n    n += len(list(itertools.islice(itertools.permutations(x, 1), 1)))\nreturn n",
 }
 
 _CHILD = r"""
@@ -237,6 +240,25 @@ return [d, sorted(s), list(q), popped, l, c.most_common(2), bisect.bisect([1, 2,
         {"a": 1, "b": 2, "c": 3}, [1, 2, 3, 4], [4, 3, 1, 2], [1, 2, 3, 4, 5], [3, 2, 1],
         [["a", 5], ["b", 2]], 2, 5, 3, 0, [1, 3], True, "x", [2, 3, 4], ["a", "b"], 9,
         {"x": 0}, True, 1.5, 3, True, True, True, [3, 2], [1, 2, 3], True]
+
+
+def test_enum_lookups_hash_their_argument_charged():
+    from test_hostile import call_m
+    body = "a = ()\nfor i in range(40):\n    a = (a, a)\nreturn Color(a)"
+    h, s, err = call_m(body, prelude="import enum\nclass Color(enum.Enum):\n    RED = 1\n")
+    assert err is not None and err.code == Code.RESOURCE_EXHAUSTED, err
+    h, s, err = call_m("return [Color(1).name, Color['RED'].value, Color.RED in Color]",
+                       prelude="import enum\nclass Color(enum.Enum):\n    RED = 1\n")
+    assert err is None and h.last[:2] == ["RED", 1], err
+
+
+def test_classes_are_made_only_while_the_source_loads():
+    from test_hostile import call_m
+    h, s, err = call_m("import collections\nreturn collections.namedtuple('P', 'a b')(1, 2)")
+    assert err is not None and "while it loads" in err.message
+    h, s, err = call_m("return P(1, 2).b", prelude="import collections\nP = "
+                       "collections.namedtuple('P', 'a b')\n")
+    assert err is None and h.last == 2
 
 
 def test_unlisted_native_methods_are_not_available():

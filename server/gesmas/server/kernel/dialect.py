@@ -244,6 +244,13 @@ class _Policy(RestrictingNodeTransformer):
                     kw.value = _call("_consume_", [kw.value], kw.value)
         return out
 
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> Any:
+        node = super().visit_ExceptHandler(node)  # type: ignore[assignment]
+        if node.type is not None:
+            # `except (A, B):` a tuple that could be long, matched natively at every raise
+            node.type = _call("_excepts_", [node.type], node.type)
+        return node
+
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         node = self.node_contents_visit(node)
         if isinstance(node.op, ast.Not) or isinstance(node.operand, ast.Constant):
@@ -488,6 +495,11 @@ def _types_arg(types: Any) -> None:
                 raise TypeError("nested tuples of classes are not allowed in gesmas classes")
 
 
+def _excepts_(types: Any) -> Any:
+    _types_arg(types)
+    return types
+
+
 def _isinstance_(obj: Any, types: Any) -> bool:
     _types_arg(types)
     return isinstance(obj, types)
@@ -540,7 +552,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "_key_": charge._key_, "_member_": measure._member_,
         "_members_": lambda items: charge.consume(items, measure._member_), "_cmp_": charge._cmp_,
         "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
-        "_consume_": charge.consume,
+        "_consume_": charge.consume, "_excepts_": _excepts_,
         "_print_": PrintCollector,
         # the dialect's own names
         "Semaphore": sched.Semaphore,

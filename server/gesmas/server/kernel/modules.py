@@ -17,11 +17,12 @@ import functools as _functools
 import heapq as _heapq
 import itertools as _itertools
 import math as _math
+import sys as _sys
 import typing as _typing
 from typing import Any, Callable
 
 from .budget import MAX_BITS, MAX_SIZE, ResourceLimit, _charge, _cost, _sized
-from .charge import SELF_COUNTED, Counted, charge_value, consume, keys
+from .charge import SELF_COUNTED, Counted, _key_, charge_value, consume, keys
 from .limits import _mul_
 from .natives import BISECT, HEAPQ
 
@@ -132,23 +133,39 @@ def _no_functional_api(cls: Any, *args: Any, **kwargs: Any) -> Any:
                     "use a class statement")
 
 
-class _Enum_Enum(_enum.Enum):
+class _EnumType(_enum.EnumType):
+    """The metaclass of uploaded enums: a lookup by value (`E(v)`), by name (`E[n]`) or a
+    membership test hashes its argument, charged first."""
+
+    def __call__(cls, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            _key_(value)
+        return super().__call__(value, *args, **kwargs)
+
+    def __getitem__(cls, name: Any) -> Any:
+        return super().__getitem__(_key_(name))
+
+    def __contains__(cls, value: Any) -> bool:
+        return super().__contains__(_key_(value))
+
+
+class _Enum_Enum(_enum.Enum, metaclass=_EnumType):
     pass
 
 
-class _Enum_IntEnum(_enum.IntEnum):
+class _Enum_IntEnum(_enum.IntEnum, metaclass=_EnumType):
     pass
 
 
-class _Enum_Flag(_enum.Flag):
+class _Enum_Flag(_enum.Flag, metaclass=_EnumType):
     pass
 
 
-class _Enum_IntFlag(_enum.IntFlag):
+class _Enum_IntFlag(_enum.IntFlag, metaclass=_EnumType):
     pass
 
 
-class _Enum_StrEnum(_enum.StrEnum):
+class _Enum_StrEnum(_enum.StrEnum, metaclass=_EnumType):
     pass
 
 
@@ -178,6 +195,50 @@ def _at_load(decorator: Callable[..., Any]) -> Callable[..., Any]:
             return lambda c: decorator(check(c), **kwargs)
         return decorator(check(cls), **kwargs)
     return wrapper
+
+
+MAX_FIELDS = 1000
+
+
+def _namedtuple(typename: Any, field_names: Any, **kwargs: Any) -> Any:
+    """collections.namedtuple while the source loads (it compiles a class), at most
+    MAX_FIELDS fields."""
+    if LOADING[0] is None:
+        raise TypeError("namedtuple() makes a class: only at the top of the source, while it "
+                        "loads, not inside a call")
+    if isinstance(field_names, str):
+        field_names = field_names.replace(",", " ").split()
+    names = list(consume(field_names))
+    if len(names) > MAX_FIELDS:
+        raise ResourceLimit(f"a namedtuple of more than {MAX_FIELDS} fields")
+    if "defaults" in kwargs and kwargs["defaults"] is not None:
+        kwargs["defaults"] = list(consume(kwargs["defaults"]))
+    kwargs["module"] = _sys._getframe(1).f_globals.get("__name__")   # the uploaded source's
+    return _collections.namedtuple(typename, names, **kwargs)
+
+
+class _Partial(_functools.partial):
+    """functools.partial whose every call is charged for the arguments it passes on (a
+    partial of a native function would copy them each time for free)."""
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        n = len(self.args) + len(self.keywords)
+        if n >= 8:
+            _charge(n >> 3)
+        return super().__call__(*args, **kwargs)
+
+
+def _pooled(fn: Callable[..., Any], check: Callable[..., None] | None = None
+            ) -> Callable[..., Any]:
+    """An itertools function that copies its inputs into tuples first (product,
+    permutations, combinations): the copies are charged, then each output item."""
+    @_functools.wraps(fn)
+    def make(*args: Any, **kwargs: Any) -> Any:
+        if check is not None:
+            check(*args, **kwargs)
+        return _Counted(fn(*(consume(a) if not isinstance(a, int) else a for a in args),
+                           **kwargs))
+    return make
 
 
 def _pick(module: Any, names: str) -> dict[str, Any]:
@@ -277,7 +338,7 @@ MODULES: dict[str, ModuleProxy] = {
         "OrderedDict": _wrapped(_collections.OrderedDict,
                                 _hashed_container(_collections.OrderedDict)),
         "Counter": _wrapped(_collections.Counter, _hashed_container(_collections.Counter)),
-        "namedtuple": _collections.namedtuple}),
+        "namedtuple": _namedtuple}),
     "heapq": ModuleProxy("heapq", dict(HEAPQ)),
     "bisect": ModuleProxy("bisect", dict(BISECT)),
     "math": ModuleProxy("math", {
@@ -295,14 +356,15 @@ MODULES: dict[str, ModuleProxy] = {
         "filterfalse": _skipping(_itertools.filterfalse, 1),
         "compress": _skipping(_itertools.compress, -1),
         "groupby": _skipping(_itertools.groupby, 0, charge_value),   # compares neighbours
-        "product": _counted(_itertools.product, _check_product),
-        "permutations": _counted(_itertools.permutations, _check_r),
-        "combinations": _counted(_itertools.combinations, _check_r),
-        "combinations_with_replacement": _counted(_itertools.combinations_with_replacement,
-                                                  _check_r),
+        "product": _pooled(_itertools.product, _check_product),
+        "permutations": _pooled(_itertools.permutations, _check_r),
+        "combinations": _pooled(_itertools.combinations, _check_r),
+        "combinations_with_replacement": _pooled(_itertools.combinations_with_replacement,
+                                                 _check_r),
         "tee": _tee}),
     "functools": ModuleProxy("functools", {
-        **_pick(_functools, "partial partialmethod cmp_to_key"), "reduce": _reduce,
+        **_pick(_functools, "partialmethod cmp_to_key"), "reduce": _reduce,
+        "partial": _Partial,
         "total_ordering": _at_load(_functools.total_ordering)}),
     "dataclasses": ModuleProxy("dataclasses", {**_pick(
         _dataclasses, "field fields replace is_dataclass "

@@ -42,7 +42,7 @@ from .limits import (_charge_scan, _INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED
                      _guarded_method, _in_, _inplace, _lshift_, _mod_, _mul_, _no_hash,
                      _ordered_set, _plain_repr, _pow_, _scrub, _setslice_, _sized, _slice_,
                      _walkable)
-from .modules import (_Enum_Enum, _Enum_Flag, _Enum_IntEnum, _Enum_IntFlag, _Enum_StrEnum,
+from .modules import (_EnumType, _Enum_Enum, _Enum_Flag, _Enum_IntEnum, _Enum_IntFlag, _Enum_StrEnum,
                       ModuleProxy)
 
 # Not the builtin containers and scalars: a subclass can override the methods that pickle,
@@ -51,7 +51,8 @@ from .modules import (_Enum_Enum, _Enum_Flag, _Enum_IntEnum, _Enum_IntFlag, _Enu
 _ALLOWED_BASES = frozenset({Object, SyncObject, _Enum_Enum, _Enum_IntEnum, _Enum_Flag,
                             _Enum_IntFlag, _Enum_StrEnum, _typing.Generic})
 _ALLOWED_BASES |= {getattr(_typing, "_NamedTuple")}
-_ALLOWED_META = frozenset({type, _enum.EnumType, getattr(_typing, "NamedTupleMeta")})
+_ALLOWED_META = frozenset({type, _enum.EnumType, _EnumType,
+                           getattr(_typing, "NamedTupleMeta")})
 
 
 # -- the guards that know which classes are uploaded ---------------------------------------------
