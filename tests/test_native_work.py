@@ -171,6 +171,7 @@ ATTACKS = {
     "deque.rotate": "import collections\nd = collections.deque(range(1000000))\nfor i in range(3000):\n    d.rotate(500000)\nreturn 1",
     "except tuple": "t = (KeyError,) * 400000\nn = 0\nfor i in range(3000):\n    try:\n        raise ValueError()\n    except t:\n        pass\n    except ValueError:\n        n += 1\nreturn n",
     "partial of a native": "import functools, math\nx = [1.0] * 100000\np = functools.partial(math.hypot, *x)\nn = 0\nfor i in range(3000):\n    n += p() > 0\nreturn n",
+    "type() of a deque": "import collections\nq = collections.deque()\nx = bytes(4000000)\nfor i in range(300):\n    type(q)(x, maxlen=0)\nreturn 1",
     "permutations pool": "import itertools\nx = [0] * 100000\nn = 0\nfor i in range(3000):\n    n += len(list(itertools.islice(itertools.permutations(x, 1), 1)))\nreturn n",
 }
 
@@ -250,6 +251,16 @@ def test_enum_lookups_hash_their_argument_charged():
     h, s, err = call_m("return [Color(1).name, Color['RED'].value, Color.RED in Color]",
                        prelude="import enum\nclass Color(enum.Enum):\n    RED = 1\n")
     assert err is None and h.last[:2] == ["RED", 1], err
+
+
+def test_type_never_hands_out_an_unchecked_constructor():
+    from test_hostile import call_m
+    h, s, err = call_m("return list(type(filter(None, []))(None, [0, 1]))")
+    assert err is not None and "type() of a filter is not available" in err.message
+    h, s, err = call_m("import collections\nq = collections.deque([1])\n"
+                       "return [type(q) is collections.deque, list(type(q)([2, 3])),"
+                       " type(ValueError()) is ValueError, type(None) is type(None)]")
+    assert err is None and h.last == [True, [2, 3], True, True], err
 
 
 def test_classes_are_made_only_while_the_source_loads():

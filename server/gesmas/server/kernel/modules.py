@@ -382,4 +382,12 @@ MODULES: dict[str, ModuleProxy] = {
         "TYPE_CHECKING": False}),
 }
 ALLOWED_IMPORTS = tuple(MODULES)
+#: what `type(x)` answers for values of these native classes: the dialect's checked ones
+STAND_INS: dict[type, Any] = {
+    _collections.deque: MODULES["collections"].deque,
+    _collections.defaultdict: MODULES["collections"].defaultdict,
+    _collections.OrderedDict: MODULES["collections"].OrderedDict,
+    _collections.Counter: MODULES["collections"].Counter,
+    _Partial: _Partial, _Counted: _Counted, Counted: Counted,
+}
 # classes from the proxies above that uploaded classes may derive from (with their metaclass)

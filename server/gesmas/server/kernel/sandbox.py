@@ -30,11 +30,12 @@ import collections as _collections
 import dataclasses as _dataclasses
 import enum as _enum
 import functools as _functools
+import itertools as _itertools
 import types as _types
 import typing as _typing
 from typing import Any
 
-from . import natives, sched
+from . import modules, natives, sched
 from .charge import ATOM, consume, keys, kind
 from .measure import members
 from .limits import (_charge_scan, _INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
@@ -234,7 +235,14 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         if isinstance(obj, type):
             raise TypeError("type() of a class is not available in gesmas classes")
         t = type(obj)
-        return _STANDIN.get(t, t)
+        if t in _STANDIN:
+            return _STANDIN[t]
+        wrapped = modules.STAND_INS.get(t)
+        if wrapped is not None:
+            return wrapped
+        if t in _REFUSED_TYPES:        # calling it would skip the dialect's charges
+            raise TypeError(f"type() of a {t.__name__} is not available in gesmas classes")
+        return t
 
     maker = ClassMaker(types)
     return {
@@ -256,6 +264,9 @@ _CLASS_CALLS = {"fromkeys": lambda real: lambda items, *value: _sized(
                 "from_bytes": lambda real: _from_bytes}
 
 
+# native classes that consume an iterable when called, without the dialect's charges
+_REFUSED_TYPES = frozenset({filter, _functools.partial, _functools.partialmethod} | {
+    v for v in vars(_itertools).values() if isinstance(v, type)})
 _NATIVE_METHODS = (_types.BuiltinMethodType, _types.MethodWrapperType,
                    _types.MethodDescriptorType, _types.WrapperDescriptorType)
 
