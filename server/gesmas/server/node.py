@@ -94,7 +94,7 @@ class Node(Membership):
                                           standard_sources, root_hash)
         self._leader_ready = False        # leader, and its state machine is up to date
         self.replica: Any = None
-        self.kernel: Kernel | None = None  # the state machine's, for local reads of auth state
+        self._kernel: Kernel | None = None  # the last state machine made, before the replica
         self.metrics: Any = None           # metrics.Metrics with --metrics-addr
         self._membership_busy = False
         self._catching_up: asyncio.Future[None] | None = None   # catch_up's shared poll
@@ -104,8 +104,17 @@ class Node(Membership):
     def make_state_machine(self, kernel: Kernel | None = None) -> StateMachine:
         kernel = kernel or Kernel(self._kernel_config())
         self.leader_duties.reset(kernel, time.monotonic())
-        self.kernel = kernel
+        if self.replica is None:
+            self._kernel = kernel
         return StateMachine(self, kernel)
+
+    @property
+    def kernel(self) -> Kernel | None:
+        """The kernel of the state machine the replica applies to, for local reads (auth state,
+        stats, metrics). A state machine being rebuilt from a snapshot is not it until the
+        replica installs it: its auth state would be the checkpoint's, not the log's."""
+        sm = getattr(self.replica, "_sm", None)
+        return sm.kernel if isinstance(sm, StateMachine) else self._kernel
 
     def restore_state_machine(self, blob: bytes) -> StateMachine:
         return self.make_state_machine(Kernel.restore(blob, self._kernel_config()))
