@@ -62,7 +62,8 @@ class Kernel:
         self.sessions: dict[int, Session] = {}
         self.objects: dict[str, ObjectRecord] = {}
         self._budget = Budget(config.step_budget)
-        self.registry = Registry(self._budget, config.max_source)
+        self.registry = Registry(self._budget, config.max_source,
+                                 failpoints=config.failpoint_native_stall)
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
         # output besides completions, for the host (the leader's duties): sessions opened
         # (id, ttl, secret) and ended (id, None, "") by the last apply
@@ -135,6 +136,36 @@ class Kernel:
             self._complete(cmd.tag, None, Error(
                 Code.INTERNAL, f"the server failed applying this command: "
                                f"{type(e).__name__}", type(e).__name__))
+        return out
+
+    def abort(self, index: int, command: bytes, message: str) -> list[Completion]:
+        """Take the committed entry at `index` without running it: the cluster aborted it
+        (it ran native code past the replicas' runaway limit, replication/applier.py).
+        Its caller gets RESOURCE_EXHAUSTED with `message` (the same on every replica); an
+        invoke's (session, seq) keeps that error as its result, so that a retry gets it
+        instead of running the call again. Like `apply`: deterministic, never raises (but
+        for an `index` that is not after the last one)."""
+        if index <= self.index:
+            raise ValueError(f"log index {index} is not after {self.index}")
+        self.index = index
+        out = self._out = []
+        if self.session_changes:
+            self.session_changes = []
+        try:
+            cmd = codec.decode(command)
+        except BaseException:
+            return out
+        error = Error(Code.RESOURCE_EXHAUSTED, message, "RunawayAborted")
+        if type(cmd) is codec.Invoke and type(cmd.seq) is int and type(cmd.session) is int:
+            s = self.sessions.get(cmd.session)
+            if s is not None and self._owns(s, cmd) and cmd.seq > s.acked and \
+                    cmd.seq not in s.results and cmd.seq not in s.inflight:
+                s.results[cmd.seq] = (None, error)
+                if len(s.results) > self.config.max_results:
+                    old = next(iter(s.results))
+                    del s.results[old]
+                    s.dropped = max(s.dropped, old)
+        self._complete(cmd.tag, None, error)
         return out
 
     def _apply(self, cmd: Command) -> None:
