@@ -68,6 +68,8 @@ _BEGIN = struct.Struct("<QQQII")        # at 16: sequence, index, thread id, crc
 _U64 = struct.Struct("<Q")
 _INDEX_AT, _POLLS_AT, _WATCHDOG_PID_AT = 24, 48, 56
 _PR_SET_PDEATHSIG = 1
+_pack_begin, _pack_u64 = _BEGIN.pack_into, _U64.pack_into      # the apply path's two writes
+_native_id, _crc32 = threading.get_native_id, zlib.crc32
 
 
 # ------------------------------------------------------------------------- the runaway record
@@ -153,12 +155,12 @@ class ApplyMonitor:
 
     def begin(self, index: int, data: bytes, guarded: bool = True) -> None:
         """The apply thread starts applying entry `index` (`data`: its bytes)."""
-        self._seq += 1
-        _BEGIN.pack_into(self._page, 16, self._seq, index, threading.get_native_id(),
-                         zlib.crc32(data), 0 if guarded else UNGUARDED)
+        self._seq = seq = self._seq + 1
+        _pack_begin(self._page, 16, seq, index, _native_id(), _crc32(data),
+                    0 if guarded else UNGUARDED)
 
     def end(self) -> None:
-        _U64.pack_into(self._page, _INDEX_AT, 0)
+        _pack_u64(self._page, _INDEX_AT, 0)
 
     def polls(self) -> int:
         """How many times the watchdog has looked at the page (tests)."""
