@@ -21,7 +21,7 @@ import zlib
 
 import pytest
 
-from gesmas.server.kernel import Code, Config, Invoke, encode
+from gesmas.server.kernel import Checkpoint, Code, Config, Invoke, Kernel, codec, encode
 from gesmas.server.replication import Replica
 from gesmas.server.replication.applier import (Applier, ApplyFailed, decode_abort,
                                                encode_abort)
@@ -270,6 +270,60 @@ def test_snapshots_keep_an_aborted_entry_aborted_and_are_refused_while_holding()
     _same_state(r, loaded)
     loaded.a.apply(5, encode_abort(x, crc(b"X"), 1.0))   # a late duplicate: still a no-op
     assert loaded.items == r.items
+
+
+class KernelSM:
+    """The kernel as the Replica drives it (node.StateMachine without the node)."""
+
+    def __init__(self, kernel=None):
+        self.kernel = kernel or Kernel(Config())
+
+    checkpoint_index = property(lambda self: self.kernel.checkpoint_index)
+    checkpoint_blob = property(lambda self: self.kernel.checkpoint_blob)
+
+    def apply(self, index, data):
+        return self.kernel.apply(index, data)
+
+    def abort(self, index, data, message):
+        return self.kernel.abort(index, data, message)
+
+    @staticmethod
+    def is_checkpoint(data):
+        return codec.is_checkpoint(data)
+
+
+def test_with_the_kernel_a_rollback_ends_where_holding_does():
+    """A replica that applied X and took a checkpoint after it restores the checkpoint
+    before X: the same digest as one that held X, the caller's error kept in the session."""
+    h = H()
+    s = h.open_session()
+    h.register(COUNTER)
+    h.create("C", "c")
+    secret = h.kernel.sessions[s].secret
+    log = [encode(cmd) for _, cmd in h.log]
+
+    def add(seq):
+        return encode(Invoke(ts=1.0, tag=f"t{seq}", session=s, seq=seq, name="c",
+                             method="add", secret=secret))
+    ckpt = encode(Checkpoint(ts=1.0))
+    log += [ckpt, add(1), add(2), add(3), ckpt, add(4)]
+    x = len(h.log) + 3                                  # the entry of add(2)
+    log += [encode_abort(x, crc(log[x - 1]), 2.0), add(5)]
+
+    def replica(**kw):
+        out = []
+        a = Applier(KernelSM, lambda blob: KernelSM(Kernel.restore(blob, Config())),
+                    out.extend, **kw)
+        for index, data in enumerate(log, start=1):
+            a.apply(index, data)
+        return a, out
+    held, _ = replica(record=Record(x, crc(log[x - 1]), 2.0))
+    fast, out = replica()
+    replay, _ = replica(pending_abort=lambda index: index == x)
+    digests = {r.sm.kernel.state_digest() for r in (held, fast, replay)}
+    assert len(digests) == 1 and fast.aborts == 1
+    assert fast.sm.kernel.sessions[s].results[2][1].type == "RunawayAborted"
+    assert [c.value for c in out if c.tag == "t5"] == [4]     # add(2) never counted
 
 
 # ---------------------------------------------------- a Replica with its journal and record
