@@ -418,7 +418,8 @@ class _RaftNode(SyncObj):
                  conf: SyncObjConf, journal: DurableJournal):
         self._gesmas_replica = replica
         self._gesmas_journal = journal
-        replica._raft = self    # its tick thread may apply entries before __init__ returns
+        if replica is not None:  # its tick thread may apply entries before __init__ returns
+            replica._raft = self
         _install_wire()
         _raise_frame_cap(conf.appendEntriesBatchSizeBytes, conf.logCompactionBatchSize)
         if conf.password is not None and not isinstance(conf.password, _ClusterSecret):
