@@ -349,9 +349,9 @@ class Replica:
             if self._journal.fsync_enabled:
                 fsync_dir(os.path.dirname(os.path.abspath(filename)))
             if payload.get("format") not in _SNAPSHOT_FORMATS:
-                raise ValueError(f"snapshot format {payload.get('format')!r} is not one "
-                                 f"this gesmas reads {_SNAPSHOT_FORMATS}: run the gesmas "
-                                 "version that wrote it, or a newer one")
+                raise ValueError(f"snapshot format {payload.get('format')!r} is not the one "
+                                 "this gesmas reads (1, or 2 with aborted entries): run the "
+                                 "gesmas version that wrote it, or a newer one")
             self._applier.load(payload, payload["last_entry"][1])
             if self._startup_snapshot:
                 self._startup_snapshot = False
