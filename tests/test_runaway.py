@@ -128,8 +128,9 @@ def test_the_watchdog_spares_a_stopped_process(tmp_path):
         assert p.stdout.readline() == "spinning\n"
         os.kill(p.pid, signal.SIGSTOP)
         page = os.path.join(tmp_path, PAGE_NAME)
-        polls = read_page(page)[-1]
+        polls, deadline = read_page(page)[-1], time.monotonic() + 60
         while read_page(page)[-1] < polls + 3 * limit / poll:   # the watchdog looked on
+            assert time.monotonic() < deadline, "the watchdog stopped polling"
             time.sleep(poll)
         assert read_page(page)[2] == 42 and p.poll() is None
         os.kill(p.pid, signal.SIGCONT)

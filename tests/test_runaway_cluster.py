@@ -129,8 +129,9 @@ def test_a_stopped_replica_in_the_middle_of_a_slow_entry_is_not_a_runaway(superv
         call = threading.Thread(target=lambda: result.append(
             c.object("Stall", "slow").run(2 * 10 ** 7)))        # ~0.4 s of CPU: legitimate
         call.start()
-        last = None
+        last, deadline = None, time.monotonic() + 60
         while True:              # the victim applies one entry for longer than two looks
+            assert time.monotonic() < deadline, "the slow entry was not seen in progress"
             _, seq, index, _, _, _, polls = read_page(page)
             if index and (seq, index) == last:
                 break
@@ -138,8 +139,8 @@ def test_a_stopped_replica_in_the_middle_of_a_slow_entry_is_not_a_runaway(superv
             time.sleep(0.02)
         os.kill(pid, signal.SIGSTOP)
         try:
-            stopped_at = polls
-            while read_page(page)[-1] < stopped_at + 3 * LIMIT / 0.1875:  # its watchdog looks
+            while read_page(page)[-1] < polls + 3 * LIMIT / 0.1875:   # its watchdog looks on
+                assert time.monotonic() < deadline, "the watchdog stopped polling"
                 time.sleep(0.1)
             assert read_page(page)[2] == index
         finally:

@@ -39,8 +39,8 @@ class Replica:
     ``on_completions(list)``, ``on_role_change(is_leader, leader)``, ``on_fatal(exc)``.
     The state machine (made by ``fresh()`` or ``restore(blob)``) is described in applier.py.
     ``watchdog``, if given, starts the runaway watchdog (``watchdog.ApplyMonitor``) once the
-    data dir is this replica's: a process of its own that kills this one when an entry runs
-    away; then this process must be the only Replica in its process.
+    data dir is this replica's: a process of its own that kills this whole process when an
+    entry runs away (so give it to one Replica per process only).
     ``on_role_change`` reports ``is_leader=True`` only once this leader has applied an entry
     of its own term, i.e. its state machine is up to date: start leader duties then, stop them
     on ``is_leader=False``. Construct the Replica on a thread that lives as long as it:
