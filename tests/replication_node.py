@@ -51,6 +51,15 @@ class ListSM:
             self.checkpoint_blob = pickle.dumps(self.items)
         return [Completion(bytes(data).decode(), index)]
 
+    def abort(self, index, data, message):
+        """The entry at `index` was aborted (replication/applier.py): recorded as such."""
+        self.items.append((index, b"aborted:" + bytes(data)))
+        return [Completion(bytes(data).decode(), -index)]
+
+    @staticmethod
+    def is_checkpoint(data):
+        return data.startswith(b"ckpt")
+
 
 def restore(blob):
     return ListSM(pickle.loads(blob))

@@ -48,6 +48,8 @@ def test_every_gesmas_command_line_parses(name):
         found += 1
     if name in ("Dockerfile",):
         entry = json.loads(re.search(r"ENTRYPOINT (\[.*\])", text(name)).group(1))
+        assert entry[:2] == ["tini", "--"]     # PID 1 that the watchdog's SIGKILL can reach
+        entry = entry[2:]
         assert entry[0] == "gesmas"
         parser.parse_args(entry[1:] + ["--id", "1"])
         found += 1

@@ -419,6 +419,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "it, a replica that starts empty is taken to have lost its disk and "
                         "does not vote until it has caught up (README 'A replica that lost its "
                         "disk'; env GESMAS_NEW_CLUSTER)")
+    p.add_argument("--runaway-limit", type=float, metavar="SECONDS",
+                   help="CPU seconds one log entry may burn on the apply thread before the "
+                        "watchdog kills this replica and the cluster aborts the entry "
+                        "(default 10; 0: no watchdog; README 'A call that runs away'; env "
+                        "GESMAS_RUNAWAY_LIMIT)")
     p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
                    dest="skip_entries",
                    help="recovery only: complete log entry INDEX with an INTERNAL error "

@@ -22,7 +22,7 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
         "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format",
-        "new_cluster")
+        "new_cluster", "runaway_limit")
 
 
 class ConfigError(ValueError):
@@ -51,6 +51,8 @@ class NodeConfig:
     metrics_addr: str | None = None        # host:port of the Prometheus metrics (off: None)
     log_format: str = "text"               # or "json" (logs.py)
     new_cluster: bool = False              # an empty data dir is a new cluster's (rejoin.py)
+    runaway_limit: float = 10.0            # CPU seconds one log entry may take; 0: no watchdog
+    failpoint_native_stall: bool = False   # test only: GESMAS_FAILPOINT_NATIVE_STALL=1
 
 
 def is_loopback(addr: str) -> bool:
@@ -106,6 +108,18 @@ def _peers(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{name} must be a number of seconds, not {value!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, not {value!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise ConfigError(f"{name} must be a number of seconds >= 0, not {value!r}")
+    return seconds
+
+
 def _int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(f"{name} must be an integer, not {value!r}")
@@ -118,6 +132,8 @@ def _int(name: str, value: Any) -> int:
 #: environment variable of each key: GESMAS_<KEY>, but for the secret's historic name
 ENV = {key: f"GESMAS_{key.upper()}" for key in KEYS} | {"secret": "GESMAS_CLUSTER_SECRET"}
 _TRUE = ("1", "true", "yes", "on")
+#: test-only failpoint (kernel/failpoints.py), read from the environment only
+FAILPOINT_NATIVE_STALL = "GESMAS_FAILPOINT_NATIVE_STALL"
 
 
 def _id(value: Any) -> int:
@@ -202,7 +218,10 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         root_password=root_password, insecure=insecure,
         metrics_addr=pick("metrics_addr") or None,
         log_format=str(pick("log_format") or "text"),
-        new_cluster=flag("new_cluster"))
+        new_cluster=flag("new_cluster"),
+        runaway_limit=_seconds("runaway_limit", pick("runaway_limit", 10.0)),
+        failpoint_native_stall=str(environ.get(FAILPOINT_NATIVE_STALL, "")).strip().lower()
+        in _TRUE)
 
 
 def _read_secret(name: str, path: Any, minimum: int) -> str:

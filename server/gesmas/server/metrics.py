@@ -9,6 +9,7 @@ increment when it fails.
     gesmas_raft_applied_index, gesmas_raft_peers_connected
     gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
     gesmas_checkpoint_index, gesmas_checkpoint_bytes, gesmas_rejoining
+    gesmas_runaway_aborts_total, gesmas_held_entries   (README "A call that runs away")
     gesmas_rpc_duration_seconds{method}   (histogram: every RPC served by this replica)
     gesmas_rpc_errors_total{method,code}
     gesmas_gc_pause_seconds{generation}   (histogram: the garbage collector's pauses)
@@ -20,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:  # pragma: no cover
     from .node import Node
@@ -35,7 +36,7 @@ class NodeCollector:
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         node = self.node
         st: dict[str, Any] = {}
         try:
@@ -75,6 +76,12 @@ class NodeCollector:
         yield gauge("gesmas_rejoining", "1 while this replica, started empty without "
                     "--new-cluster, has not caught up and gives no votes",
                     float(bool(st.get("rejoining"))))
+        aborts = CounterMetricFamily("gesmas_runaway_aborts", "log entries this replica "
+                                     "took as aborted by the cluster (they ran away)")
+        aborts.add_metric([], float(st.get("runaway_aborts") or 0))
+        yield aborts
+        yield gauge("gesmas_held_entries", "committed entries held back behind one that ran "
+                    "away, until the cluster aborts it", float(st.get("held_entries") or 0))
         journal = getattr(node.replica, "_journal", None)
         if journal is not None:
             yield gauge("gesmas_journal_bytes", "size of the Raft journal file",

@@ -81,6 +81,18 @@ class StateMachine:
         self.node._applied(index, cmd, out, self.kernel, self.deliver)
         return out
 
+    def abort(self, index: int, data: bytes, message: str) -> list[Completion]:
+        """The cluster aborted the entry at `index` (replication/applier.py)."""
+        out = self.kernel.abort(index, data, message)
+        self.node.leader_duties.applied(index, self.kernel, time.monotonic())
+        if self.deliver:
+            self.node.calls.applied(out, out[0].tag if out else "")
+        return out
+
+    @staticmethod
+    def is_checkpoint(data: bytes) -> bool:
+        return codec.is_checkpoint(data)
+
 
 class Node(Membership):
     def __init__(self, config: NodeConfig) -> None:
@@ -121,7 +133,8 @@ class Node(Membership):
 
     def _kernel_config(self) -> KernelConfig:
         return KernelConfig(skip_entries=self.config.skip_entries,
-                            reserved_classes=RESERVED_CLASSES)
+                            reserved_classes=RESERVED_CLASSES,
+                            failpoint_native_stall=self.config.failpoint_native_stall)
 
     def _applied(self, index: int, cmd: codec.Command, out: list[Completion], kernel: Kernel,
                  deliver: bool) -> None:
@@ -344,16 +357,27 @@ class Node(Membership):
             loop.call_soon_threadsafe(stop.set)
         return on_fatal
 
+    def _watchdog(self) -> Any:
+        """What starts the runaway watchdog (replication/watchdog.py), or None (limit 0)."""
+        c = self.config
+        if not c.runaway_limit:
+            return None
+        from .replication.watchdog import ApplyMonitor
+        return lambda: ApplyMonitor(c.data_dir, c.runaway_limit, c.node_id, c.log_format)
+
     async def serve(self, stop: asyncio.Event) -> None:
         from .replication import Replica
         self._loop = self.calls.loop = asyncio.get_running_loop()
         c = self.config
+        if c.failpoint_native_stall:
+            log.warning("test-only failpoint on: uploaded code may call native_stall(n), which "
+                        "holds the GIL until the runaway watchdog kills this replica")
         self.replica = Replica(
             self_addr=c.raft_addr, peer_addrs=[p[0] for p in c.peers], data_dir=c.data_dir,
             fresh=self.make_state_machine, restore=self.restore_state_machine,
             on_completions=lambda out: None, on_role_change=self._role_changed,
             on_fatal=self._fatal_handler(stop), password=c.secret, fsync=c.fsync,
-            new_cluster=c.new_cluster)
+            new_cluster=c.new_cluster, watchdog=self._watchdog())
         if c.metrics_addr:
             from .metrics import Metrics
             self.metrics = Metrics(self)

@@ -8,7 +8,9 @@ float, str, bytes, list and dict with str keys.
 Layout of a value: one tag byte, then
   N (None) F/T (bool) | I zigzag-varint | D 8-byte IEEE double | S varint length + UTF-8
   | B varint length + bytes | L varint count + values | M varint count + (str key, value)...
-A command: FORMAT_VERSION, then the list [type code, timestamp, tag, field...].
+A command: FORMAT_VERSION, then the list [type code, timestamp, tag, field...]. A first byte
+of 0xFF is reserved for the replication layer's own log entries (replication/applier.py,
+`Abort`): the kernel never sees one, and no command can start with it.
 
 Every command carries the proposer's wall-clock `ts` (made monotonic by the kernel) and a `tag`
 naming the pending call that waits for it on the accepting replica ("" for commands nobody
@@ -374,6 +376,18 @@ def encode(cmd: Command) -> bytes:
     out = bytearray((FORMAT_VERSION,))
     _encode(items, out)
     return bytes(out)
+
+
+_CHECKPOINT_HEADS = (bytes((FORMAT_VERSION, 0x4C, 3 + len(_FIELDS[Checkpoint]), 0x49,
+                            Checkpoint.CODE << 1)),
+                     bytes((1, 0x4C, 3 + len(_FIELDS_V1[Checkpoint]), 0x49,
+                            Checkpoint.CODE << 1)))
+
+
+def is_checkpoint(data: bytes) -> bool:
+    """Whether `data` encodes a `Checkpoint` command (from its first 5 bytes: the version,
+    the list tag and length, the type code), without decoding it."""
+    return data[:5] in _CHECKPOINT_HEADS
 
 
 def decode(data: bytes) -> Command:

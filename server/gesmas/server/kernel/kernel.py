@@ -66,7 +66,8 @@ class Kernel:
         self.config = config
         self.state = state = State(config)
         self._budget = budget = Budget(config.step_budget)
-        self.registry = Registry(budget, config.max_source)
+        self.registry = Registry(budget, config.max_source,
+                                 failpoints=config.failpoint_native_stall)
         self._raw: bytes | None = None   # the command being applied, as the log holds it
         # the runner measures an object again when its runs may have grown it (lifecycle)
         self.runner = runner = Runner(state, config, budget,
@@ -137,6 +138,31 @@ class Kernel:
         out = self.runner.out = []
         if self.state.session_changes:
             self.state.session_changes = []
+        return out
+
+    def abort(self, index: int, command: bytes, message: str) -> list[Completion]:
+        """Take the committed entry at `index` without running it: the cluster aborted it
+        (it ran native code past the replicas' runaway limit, replication/applier.py).
+        Its caller gets RESOURCE_EXHAUSTED with `message` (the same on every replica); an
+        invoke's (session, seq) keeps that error as its result, so that a retry gets it
+        instead of running the call again. Like `apply`: deterministic, never raises (but
+        for an `index` that is not after the last one)."""
+        out = self._begin(index)
+        try:
+            cmd = codec.decode(command)
+        except BaseException:
+            return out
+        error = Error(Code.RESOURCE_EXHAUSTED, message, "RunawayAborted")
+        if type(cmd) is codec.Invoke and type(cmd.seq) is int and type(cmd.session) is int:
+            s = self.state.sessions.get(cmd.session)
+            if s is not None and self.keeper.owns(s, cmd) and cmd.seq > s.acked and \
+                    cmd.seq not in s.results and cmd.seq not in s.inflight:
+                s.results[cmd.seq] = (None, error)
+                if len(s.results) > self.config.max_results:
+                    old = next(iter(s.results))
+                    del s.results[old]
+                    s.dropped = max(s.dropped, old)
+        self.runner.complete(cmd.tag, None, error)
         return out
 
     def _apply(self, cmd: Command) -> None:

@@ -40,6 +40,9 @@ class Config:
     # Log indices the operator declared poison (a command that kills the process whatever the
     # kernel does): they complete with INTERNAL without running. Same list on every replica.
     skip_entries: frozenset[int] = frozenset()
+    # Test-only failpoint (kernel/failpoints.py): the dialect gets `native_stall(n)`, one C
+    # call that holds the GIL for a long time. The server sets it from the environment.
+    failpoint_native_stall: bool = False
 
 
 class State:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any, Callable
 
-from . import dialect, limits, sandbox
+from . import dialect, failpoints, limits, sandbox
 from .modules import LOADING as _LOADING
 from .errors import Code, KernelError
 
@@ -56,9 +56,11 @@ class ClassVersion:
 
 
 class Registry:
-    def __init__(self, budget: limits.Budget, max_source: int = 256 * 1024) -> None:
+    def __init__(self, budget: limits.Budget, max_source: int = 256 * 1024,
+                 failpoints: bool = False) -> None:
         self._budget = budget
         self._max_source = max_source
+        self._failpoints = failpoints      # the test-only builtins of failpoints.py
         self.types = sandbox.UserTypes()
         self.sources: list[str] = []
         self._by_hash: dict[str, int] = {}
@@ -118,6 +120,8 @@ class Registry:
             raise KernelError(Code.INVALID_ARGUMENT, f"bad class source: cannot compile it: "
                               f"{type(e).__name__}") from None
         ns = dialect.make_globals(self._budget, f"{_MODULE_PREFIX}{module}", self.types)
+        if self._failpoints:
+            ns["__builtins__"].update(failpoints.BUILTINS)
         budget, types = self._budget, self.types
         budget.steps = 0
         made: list[type] = []

@@ -43,6 +43,12 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
      ``new_cluster`` ignores vote requests from candidates with a log and does not stand for
      election until it has caught up (``_DurableTransport._onMessageReceived``,
      ``_RaftNode._onTick``, ``Replica._on_tick``).
+  11. ``_RaftNode._SyncObj__tryLogCompaction``: no snapshot is taken while entries are held
+     back behind one that ran away (applier.py): the state machine has not applied them.
+
+The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
+(watchdog.py); restarted, the replica holds that entry back and the cluster aborts it
+(applier.py).
 
 Measurements of this layer are in docs/performance.md ("Replication alone").
 """

@@ -29,6 +29,9 @@ command``; the CRC covers index, term and command. The file starts with ``MAGIC`
 ``fsync=False`` (``--unsafe-no-fsync``) keeps every write and ordering rule and skips only the
 fsync calls: data then survives a process crash but not an OS crash or power loss.
 
+``marked`` indexes the entries whose command contains ``mark`` (the replication layer's own
+entries, applier.py ``ABORT_PREFIX``): they are few, and the replica looks ahead for them.
+
 Threading: every mutating method runs on pysyncobj's tick thread. Readers on other threads
 (status) only take ``len()``.
 """
@@ -40,7 +43,7 @@ import os
 import struct
 import time
 import zlib
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from pysyncobj.journal import Journal
 
@@ -87,9 +90,12 @@ def _write_all(fd: int, data: bytes) -> None:
 class DurableJournal(Journal):
     """pysyncobj ``Journal`` that fsyncs in groups; see the module docstring."""
 
-    def __init__(self, directory: str, fsync: bool = True) -> None:
+    def __init__(self, directory: str, fsync: bool = True,
+                 mark: Optional[bytes] = None) -> None:
         self.directory = directory
         self.fsync_enabled = fsync
+        self.mark = mark
+        self.marked: Dict[int, bytes] = {}  # index -> command, for commands containing mark
         self._path = os.path.join(directory, LOG_NAME)
         self._meta_path = os.path.join(directory, META_NAME)
         os.makedirs(directory, exist_ok=True)
@@ -152,6 +158,8 @@ class DurableJournal(Journal):
                 break
             self._entries.append((command, idx, term))
             self._offsets.append(pos)
+            if self.mark is not None and self.mark in command:
+                self.marked[idx] = command
             pos = end
         if pos != len(data):
             log.warning("%s: dropping %d bytes of torn/corrupt tail after index %s",
@@ -236,6 +244,8 @@ class DurableJournal(Journal):
             raise JournalError(f"non-contiguous append: {idx} after {self._entries[-1][1]}")
         rec = _encode(command, idx, term)
         self._entries.append((command, idx, term))
+        if self.mark is not None and self.mark in command:
+            self.marked[idx] = command
         self._offsets.append(self._end)
         self._pending += rec
         self._pending_records += 1
@@ -243,6 +253,7 @@ class DurableJournal(Journal):
 
     def clear(self):
         self._entries, self._offsets = [], []
+        self.marked.clear()
         self._pending.clear()
         self._pending_records = 0
         os.ftruncate(self._fd, len(MAGIC))
@@ -255,6 +266,9 @@ class DurableJournal(Journal):
             return
         cut = self._offsets[entryFrom]
         removed = len(self._entries) - entryFrom
+        if self.marked:
+            first_cut = self._entries[entryFrom][1]
+            self.marked = {i: c for i, c in self.marked.items() if i < first_cut}
         del self._entries[entryFrom:]
         del self._offsets[entryFrom:]
         if cut >= self._written_end:
@@ -275,6 +289,9 @@ class DurableJournal(Journal):
         if self.fsync_enabled:
             fsync_dir(self.directory)  # make the snapshot's rename durable first
         kept = self._entries[entryTo:]
+        if self.marked:
+            first_kept = kept[0][1] if kept else self._entries[-1][1] + 1
+            self.marked = {i: c for i, c in self.marked.items() if i >= first_kept}
         tmp = self._path + ".tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         offsets, buf = [], bytearray(MAGIC)

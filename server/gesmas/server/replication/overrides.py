@@ -418,6 +418,8 @@ class _RaftNode(SyncObj):
                  conf: SyncObjConf, journal: DurableJournal):
         self._gesmas_replica = replica
         self._gesmas_journal = journal
+        if replica is not None:  # its tick thread may apply entries before __init__ returns
+            replica._raft = self
         _install_wire()
         _raise_frame_cap(conf.appendEntriesBatchSizeBytes, conf.logCompactionBatchSize)
         if conf.password is not None and not isinstance(conf.password, _ClusterSecret):
@@ -437,6 +439,12 @@ class _RaftNode(SyncObj):
     def _gesmas_apply(self, data):
         # pysyncobj applies entry raftLastApplied + 1 and increments the counter afterwards.
         self._gesmas_replica._apply_committed(self.raftLastApplied + 1, data)
+
+    def _SyncObj__tryLogCompaction(self):
+        replica = self._gesmas_replica
+        if replica is not None and replica._applier.held:
+            return  # override 11: no snapshot while entries are held back (applier.py)
+        super()._SyncObj__tryLogCompaction()
 
     def _onTick(self, timeToWait=0.0):
         replica = self._gesmas_replica

@@ -1,5 +1,7 @@
 """`Replica`: one Raft replica driving a deterministic state machine, with its snapshots
-(the state machine's checkpoint plus the commands applied since) and membership changes."""
+(the state machine's checkpoint plus the commands applied since) and membership changes.
+What happens on the apply thread (generations, entries held back, aborts) is applier.py's;
+the runaway watchdog that guards it is watchdog.py's."""
 from __future__ import annotations
 
 import logging
@@ -7,24 +9,27 @@ import os
 import pickle
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from pysyncobj import SyncObjConf
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
+from .applier import ABORT_PREFIX, Applier, ApplyFailed, decode_abort
 from .journal import DurableJournal, fsync_dir
 from .rejoin import RejoinGuard
 from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
+from .watchdog import ApplyMonitor, read_record, remove_record
 
 log = logging.getLogger(__name__)
 
 
 SNAPSHOT_NAME = "snapshot.bin"
-_SNAPSHOT_FORMAT = 1
+_SNAPSHOT_FORMAT = 1        # 2: its commands hold an aborted entry (an older gesmas would run it)
+_SNAPSHOT_FORMATS = (1, 2)
 
 
 class Replica:
@@ -32,6 +37,10 @@ class Replica:
 
     Callbacks run on pysyncobj's tick thread (the apply thread) and must not block:
     ``on_completions(list)``, ``on_role_change(is_leader, leader)``, ``on_fatal(exc)``.
+    The state machine (made by ``fresh()`` or ``restore(blob)``) is described in applier.py.
+    ``watchdog``, if given, starts the runaway watchdog (``watchdog.ApplyMonitor``) once the
+    data dir is this replica's: a process of its own that kills this whole process when an
+    entry runs away (so give it to one Replica per process only).
     ``on_role_change`` reports ``is_leader=True`` only once this leader has applied an entry
     of its own term, i.e. its state machine is up to date: start leader duties then, stop them
     on ``is_leader=False``. Construct the Replica on a thread that lives as long as it:
@@ -45,7 +54,8 @@ class Replica:
                  on_fatal: Optional[Callable[[BaseException], None]] = None,
                  password: Optional[str] = None, fsync: bool = True,
                  bind_addr: Optional[str] = None, tuning: RaftTuning = RaftTuning(),
-                 new_cluster: bool = False):
+                 new_cluster: bool = False,
+                 watchdog: Optional[Callable[[], ApplyMonitor]] = None):
         # Always, loopback too: peers exchange pickles, and only the secret's AEAD tag on each
         # frame (overrides.py, override 7) keeps a stranger's pickle from being loaded.
         if not password:
@@ -57,22 +67,25 @@ class Replica:
         self.self_addr = self_addr
         self.data_dir = data_dir
         self.tuning = tuning
-        self._fresh, self._restore = fresh, restore
         self._on_completions, self._on_role_change = on_completions, on_role_change
         self._on_fatal = on_fatal
         self.fatal: Optional[BaseException] = None
         self._ready = threading.Event()
         self._role: Optional[Tuple[bool, Optional[str]]] = None
-        # Apply-thread state: the state machine and what a snapshot needs (DESIGN §5).
-        self._sm = fresh()
-        self._ckpt_index: Optional[int] = None
-        self._ckpt_blob: Optional[bytes] = None
-        self._since: List[Tuple[int, bytes]] = []
         self.snapshots_loaded = 0
         os.makedirs(data_dir, exist_ok=True)
         # an empty data dir that is not a new cluster's: no vote until caught up (rejoin.py)
         self.rejoin = RejoinGuard.open(data_dir, SNAPSHOT_NAME, bool(peers), new_cluster, fsync)
-        self._journal = DurableJournal(data_dir, fsync=fsync)
+        self._journal = DurableJournal(data_dir, fsync=fsync, mark=ABORT_PREFIX)
+        self._abort_targets: Dict[Tuple[int, bytes], int] = {}
+        self._raft: Optional[_RaftNode] = None          # set by _RaftNode.__init__
+        # the data dir is ours (the journal's lock): the watchdog may write its page there
+        self.monitor = watchdog() if watchdog is not None else None
+        # Apply-thread state: the state machine and what a snapshot needs (DESIGN §5)
+        self._applier = Applier(fresh, restore, self._deliver, monitor=self.monitor,
+                                record=read_record(data_dir),
+                                forget_record=lambda: remove_record(data_dir),
+                                pending_abort=self._pending_abort)
         self._startup_snapshot = os.path.isfile(os.path.join(data_dir, SNAPSHOT_NAME))
         _install_journal_factory()
         t = tuning
@@ -152,21 +165,27 @@ class Replica:
                                "match_index": raw.get("match_idx_server_" + addr),
                                "next_index": raw.get("next_node_idx_server_" + addr)}
         leader = raw.get("leader")
+        applier = self._applier
+        held = applier.held
+        holding = held[0][0] if held else None
         return {
             "self": self.self_addr,
             "state": {0: "follower", 1: "candidate", 2: "leader"}.get(raw.get("state"), "?"),
             "leader": leader.id if leader is not None else None,
             "term": raw.get("raft_term"),
             "commit_index": raw.get("commit_idx"),
-            "last_applied": raw.get("last_applied"),
+            "last_applied": raw.get("last_applied") if holding is None else holding - 1,
             "leader_commit_index": raw.get("leader_commit_idx"),
             "log_len": raw.get("log_len"),
             "log_last_index": self._journal_last_index(),
             "has_quorum": raw.get("has_quorum"),
             "peers": peers,
             "ready": self._ready.is_set(),
-            "checkpoint_index": self._ckpt_index,
-            "commands_since_checkpoint": len(self._since),
+            "checkpoint_index": applier.gens[-1].index or None,
+            "commands_since_checkpoint": len(applier.gens[-1].entries),
+            "holding": holding,                       # entry held back (applier.py), or None
+            "held_entries": len(held),
+            "runaway_aborts": applier.aborts,
             "journal_syncs": self._journal.syncs,
             "journal_synced_records": self._journal.synced_records,
             "fsync": self._journal.fsync_enabled,
@@ -201,6 +220,8 @@ class Replica:
         thread = self._tick_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if self.monitor is not None:
+            self.monitor.stop()
 
     # ------------------------------------------------------------- apply thread
     def _live_node(self) -> _RaftNode:
@@ -210,26 +231,43 @@ class Replica:
                                  "replica destroyed")
         return node
 
+    @property
+    def _sm(self) -> Any:
+        return self._applier.sm
+
     def _apply_committed(self, index: int, data: bytes) -> None:
         if self.fatal is not None:
             return
-        sm = self._sm
         log.debug("applying log entry %d", index)
         try:
-            completions = sm.apply(index, data)
-        except BaseException as exc:  # the state machine may be half-updated: fail-stop
-            self._fail(exc, f"state machine failed applying index {index}")
-            return
-        self._since.append((index, data))
-        ckpt = sm.checkpoint_index
-        if ckpt is not None and ckpt != self._ckpt_index:
-            self._ckpt_index, self._ckpt_blob = ckpt, sm.checkpoint_blob
-            self._since = [(i, d) for i, d in self._since if i > ckpt]
-        if completions:
-            try:
-                self._on_completions(completions)
-            except Exception:
-                log.exception("on_completions raised (ignored)")
+            self._applier.apply(index, data)
+        except ApplyFailed as e:
+            self._fail(e.cause, e.what)
+
+    def _deliver(self, completions: list) -> None:
+        try:
+            self._on_completions(completions)
+        except Exception:
+            log.exception("on_completions raised (ignored)")
+
+    def _pending_abort(self, index: int) -> bool:
+        """Whether a committed Abort of entry `index` is in the journal (applier.py)."""
+        marked, node = self._journal.marked, self._raft
+        if not marked or node is None:
+            return False
+        commit, targets = node.raftCommitIndex, self._abort_targets
+        for at, command in marked.items():
+            if at > commit:
+                continue
+            target = targets.get((at, command))
+            if target is None:
+                if len(targets) > 2 * len(marked):
+                    targets.clear()
+                parsed = decode_abort(_entry_data(command))
+                target = targets[(at, command)] = parsed[0] if parsed else 0
+            if target == index:
+                return True
+        return False
 
     def _fail(self, exc: BaseException, what: str) -> None:
         log.critical("%s: %r; this replica stops", what, exc, exc_info=exc)
@@ -257,12 +295,20 @@ class Replica:
                 self.rejoin = None
                 log.warning("rejoining replica caught up (index %d, term %d): it votes again",
                             applied, node.raftCurrentTerm)
+        applier = self._applier
+        if applier.held:
+            abort = applier.due_proposal(time.monotonic())
+            if abort is not None and self.fatal is None:
+                try:
+                    self.propose(abort)
+                except (NotLeader, Overloaded, ReplicaStopped):
+                    pass                                  # proposed again in PROPOSE_EVERY
         if self._on_role_change is None:
             return
         leader = node._getLeader()
         # A leader is 'ready' once it applied an entry of its own term (its no-op): its state
-        # machine then reflects every earlier committed entry.
-        ready_leader = node._isLeader() and \
+        # machine then reflects every earlier committed entry. Not while it holds entries.
+        ready_leader = node._isLeader() and not applier.held and \
             self._journal.term_at(node.raftLastApplied) == node.raftCurrentTerm
         role = (ready_leader, leader.id if leader is not None else None)
         if role != self._role:
@@ -279,12 +325,11 @@ class Replica:
         if self.fatal is not None:
             raise ReplicaStopped("not snapshotting a failed state machine")
         last_entry, prev_entry, cluster = raft_data
+        state, has_aborted = self._applier.snapshot(last_entry[1])
         payload = {
-            "format": _SNAPSHOT_FORMAT,
+            "format": 2 if has_aborted else _SNAPSHOT_FORMAT,
             "last_entry": last_entry, "prev_entry": prev_entry,
-            "cluster": sorted(n.id for n in cluster),
-            "checkpoint_index": self._ckpt_index, "checkpoint_blob": self._ckpt_blob,
-            "commands": [(i, d) for i, d in self._since if i <= last_entry[1]],
+            "cluster": sorted(n.id for n in cluster), **state,
         }
         with open(filename, "wb") as f:
             pickle.dump(payload, f, protocol=5)
@@ -303,24 +348,18 @@ class Replica:
                 payload = pickle.load(f)
             if self._journal.fsync_enabled:
                 fsync_dir(os.path.dirname(os.path.abspath(filename)))
-            if payload.get("format") != _SNAPSHOT_FORMAT:
+            if payload.get("format") not in _SNAPSHOT_FORMATS:
                 raise ValueError(f"snapshot format {payload.get('format')!r} is not the one "
-                                 f"this gesmas reads ({_SNAPSHOT_FORMAT}): run the gesmas "
-                                 "version that wrote it, or a newer one")
-            blob = payload["checkpoint_blob"]
-            sm = self._restore(blob) if blob is not None else self._fresh()
-            commands = list(payload["commands"])
-            for index, data in commands:  # completions suppressed: nobody waits for them
-                sm.apply(index, data)
+                                 "this gesmas reads (1, or 2 with aborted entries): run the "
+                                 "gesmas version that wrote it, or a newer one")
+            self._applier.load(payload, payload["last_entry"][1])
             if self._startup_snapshot:
                 self._startup_snapshot = False
                 self._align_journal(payload["prev_entry"], payload["last_entry"])
-            self._sm = sm
-            self._ckpt_index, self._ckpt_blob = payload["checkpoint_index"], blob
-            self._since = commands
             self.snapshots_loaded += 1
             log.info("loaded snapshot at index %d (checkpoint %s + %d commands)",
-                     payload["last_entry"][1], self._ckpt_index, len(commands))
+                     payload["last_entry"][1], payload["checkpoint_index"],
+                     len(payload["commands"]))
             return (payload["last_entry"], payload["prev_entry"],
                     {TCPNode(a) for a in payload["cluster"]})
         except BaseException as exc:
@@ -341,6 +380,15 @@ class Replica:
         if journal.entry_at(prev_entry[1]) == tuple(prev_entry) and \
                 journal.entry_at(last_entry[1]) == tuple(last_entry):
             journal.deleteEntriesTo(prev_entry[1] - journal.first_index)
+
+
+def _entry_data(command: bytes) -> bytes:
+    """The gesmas bytes of a journal entry (``_RaftNode._gesmas_submit``'s encoding)."""
+    try:
+        _, (data,) = pickle.loads(command[1:])
+        return data if isinstance(data, bytes) else b""
+    except Exception:
+        return b""
 
 
 class _Outcome:

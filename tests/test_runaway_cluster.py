@@ -1,0 +1,153 @@
+"""A call that runs away, on a real 3-process cluster (README "A call that runs away").
+
+The replicas run with the test-only failpoint GESMAS_FAILPOINT_NATIVE_STALL=1 (uploaded code
+may call `native_stall(n)`: one C call that holds the GIL) and a runaway limit of 1.5 s of
+CPU. `gesmas up`'s supervisor (`up.supervise`) restarts what the watchdog kills, as systemd
+or Kubernetes would.
+
+(a) A call that stalls every replica fails with RESOURCE_EXHAUSTED; the cluster serves again,
+    the replicas agree, and again after all three are killed with SIGKILL and restarted
+    (their logs hold the abort: the entry does not run again).
+(b) A replica SIGSTOPped in the middle of a slow but legitimate entry, for longer than the
+    limit, is not taken for a runaway.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from gesmas.client import Client, ResourceExhausted
+from gesmas.server import up
+from gesmas.server.cluster import LocalCluster, Member
+from gesmas.server.replication.watchdog import PAGE_NAME, RECORD_NAME, read_page
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+LIMIT = 1.5
+STALL = """
+class Stall:
+    def run(self, n):
+        native_stall(n)
+        return n
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(nodes=3, data_dir=str(tmp_path_factory.mktemp("runaway")),
+                     env={"GESMAS_FAILPOINT_NATIVE_STALL": "1",
+                          "GESMAS_RUNAWAY_LIMIT": str(LIMIT)})
+    try:
+        c.start(timeout=90)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def supervised(cluster, monkeypatch):
+    """`gesmas up`'s supervisor over the cluster while the test runs."""
+    monkeypatch.setattr(up, "RESTART_PAUSE", 0.1)
+    done = threading.Event()
+    t = threading.Thread(target=up.supervise, args=(cluster, 0.1, done.is_set), daemon=True)
+    t.start()
+    yield cluster
+    done.set()
+    t.join(10)
+
+
+def agree(cluster: LocalCluster, timeout: float = 60.0) -> str:
+    """Every replica answers, and all compute the same state digest."""
+    deadline = time.monotonic() + timeout
+    seen: list[object] = []
+    while time.monotonic() < deadline:
+        seen = [cluster.member_status(m, timeout=10.0, digest=True) for m in cluster.members]
+        digests = {st["state_digest"] if st else None for st in seen}
+        if None not in digests and len(digests) == 1:
+            return digests.pop()  # type: ignore[return-value]
+        time.sleep(0.2)
+    raise AssertionError(f"replicas disagree or do not answer: {seen}\n" +
+                         "\n".join(cluster.tail(m) for m in cluster.members))
+
+
+def serves(cluster: LocalCluster, name: str) -> None:
+    """Each replica serves a call through itself."""
+    for m in cluster.members:
+        with Client(m.client_addr, route="replica", retry_timeout=60) as c:
+            before = c.counter(name).get()
+            assert c.counter(name).add(1) == before + 1
+
+
+def log_text(m: Member) -> str:
+    with open(m.log_path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def test_a_call_that_runs_away_is_aborted_and_the_cluster_goes_on(supervised):
+    cluster = supervised
+    pids = [m.proc.pid for m in cluster.members]
+    with Client(cluster.addresses, retry_timeout=90, session_ttl=30) as c:
+        c.register_class(STALL)
+        assert c.counter("runaway").add(1) == 1
+        with pytest.raises(ResourceExhausted, match="runaway limit") as e:
+            c.object("Stall", "stall").run(10 ** 13)      # hours of CPU in one C call
+        assert e.value.type == "RunawayAborted"
+        assert c.counter("runaway").add(1) == 2
+    serves(cluster, "runaway")          # each replica, the slowest too, is back and caught up
+    agree(cluster)
+    assert all(m.proc.pid != pid for m, pid in zip(cluster.members, pids))   # killed, back
+    logs = [log_text(m) for m in cluster.members]
+    assert all("CRITICAL" in t and "runaway limit" in t for t in logs)
+    assert all("aborted by the cluster" in t for t in logs)
+    for m in cluster.members:
+        assert not os.path.exists(os.path.join(m.data_dir, RECORD_NAME))
+    kills = sum(t.count("killing replica pid") for t in logs)
+
+    for m in cluster.members:                        # kill -9 of all three: the supervisor
+        cluster.kill(m)                              # starts them on their logs again
+    serves(cluster, "runaway")
+    agree(cluster)
+    with Client(cluster.addresses) as c:
+        assert c.counter("runaway").get() == 2 + 2 * len(cluster.members)
+    # the replay held the entry back behind its committed abort: it did not run again
+    assert sum(log_text(m).count("killing replica pid") for m in cluster.members) == kills
+
+
+def test_a_stopped_replica_in_the_middle_of_a_slow_entry_is_not_a_runaway(supervised):
+    cluster = supervised
+    leader = cluster.find_leader()
+    victim = next(m for m in cluster.members if m is not leader)
+    pid = victim.proc.pid
+    page = os.path.join(victim.data_dir, PAGE_NAME)
+    with Client(leader.client_addr, retry_timeout=60) as c:
+        c.register_class(STALL)
+        result: list[object] = []
+        call = threading.Thread(target=lambda: result.append(
+            c.object("Stall", "slow").run(2 * 10 ** 7)))        # ~0.4 s of CPU: legitimate
+        call.start()
+        last, deadline = None, time.monotonic() + 60
+        while True:              # the victim applies one entry for longer than two looks
+            assert time.monotonic() < deadline, "the slow entry was not seen in progress"
+            _, seq, index, _, _, _, polls = read_page(page)
+            if index and (seq, index) == last:
+                break
+            last = (seq, index) if index else None
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            while read_page(page)[-1] < polls + 3 * LIMIT / 0.1875:   # its watchdog looks on
+                assert time.monotonic() < deadline, "the watchdog stopped polling"
+                time.sleep(0.1)
+            assert read_page(page)[2] == index
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        call.join(60)
+        assert result == [2 * 10 ** 7]
+    assert victim.proc.pid == pid and cluster.alive(victim)
+    assert not os.path.exists(os.path.join(victim.data_dir, RECORD_NAME))
+    cluster.wait_caught_up(victim)
+    agree(cluster)
