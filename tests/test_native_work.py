@@ -263,6 +263,18 @@ def test_type_never_hands_out_an_unchecked_constructor():
     assert err is None and h.last == [True, [2, 3], True, True], err
 
 
+def test_identity_of_values_is_not_observable():
+    """`is` between two numbers, strings or tuples would answer differently on a replica
+    restored from a checkpoint (numbers are pickled without a memo): refused; `is` with None,
+    a bool, a mutable container, an object or a class works."""
+    from test_hostile import call_m
+    h, s, err = call_m("a = 1000\nb = a\nreturn a is b")
+    assert err is not None and err.type == "TypeError" and "use ==" in err.message
+    h, s, err = call_m("x = None\nl = []\nm = l\nreturn [x is None, l is m, type(l) is list, "
+                       "x is not l, True is not x]")
+    assert err is None and h.last == [True, True, True, True, True], err
+
+
 def test_classes_are_made_only_while_the_source_loads():
     from test_hostile import call_m
     h, s, err = call_m("import collections\nreturn collections.namedtuple('P', 'a b')(1, 2)")

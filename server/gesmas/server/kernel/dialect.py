@@ -184,6 +184,12 @@ class _Policy(RestrictingNodeTransformer):
             self.error(node, "write chained comparisons with `in` as separate tests")
             return node
         operands = [node.left, *node.comparators]
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)) and \
+                not any(isinstance(x, ast.Constant) for x in operands):
+            test = _call("_is_", [node.left, node.comparators[0]], node)
+            if isinstance(node.ops[0], ast.IsNot):
+                test = ast.copy_location(ast.UnaryOp(ast.Not(), test), node)
+            return test
         if len(node.ops) == 1:
             op = _CMP_TEXT.get(type(node.ops[0]))
             if op is None or any(isinstance(x, ast.Constant) for x in operands):
@@ -495,6 +501,23 @@ def _types_arg(types: Any) -> None:
                 raise TypeError("nested tuples of classes are not allowed in gesmas classes")
 
 
+# values whose identity is not kept by a checkpoint (a number is pickled without a memo, a
+# module-level constant held in state comes back as a copy), so `is` between two of them
+# could answer differently on a replica restored from a checkpoint
+_VALUE_TYPES = (int, float, complex, str, bytes, tuple, frozenset, range)
+
+
+def _is_(a: Any, b: Any) -> bool:
+    """`a is b` of two non-constants."""
+    if a is None or b is None or type(a) is bool or type(b) is bool:
+        return a is b
+    if isinstance(a, _VALUE_TYPES) and isinstance(b, _VALUE_TYPES):
+        raise TypeError(f"'is' between two {type(a).__name__}/{type(b).__name__} values "
+                        "depends on how they were made and is not the same on every replica "
+                        "(use ==)")
+    return a is b
+
+
 def _excepts_(types: Any) -> Any:
     _types_arg(types)
     return types
@@ -552,7 +575,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "_key_": charge._key_, "_member_": measure._member_,
         "_members_": lambda items: charge.consume(items, measure._member_), "_cmp_": charge._cmp_,
         "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
-        "_consume_": charge.consume, "_excepts_": _excepts_,
+        "_consume_": charge.consume, "_excepts_": _excepts_, "_is_": _is_,
         "_print_": PrintCollector,
         # the dialect's own names
         "Semaphore": sched.Semaphore,
