@@ -168,6 +168,12 @@ class Gateway(pb_grpc.GesmasServicer):
             await self.node.catch_up()
             newer = self.node.password_hash(name)
             if newer == stored or not await self._password_matches(password, newer):
+                if not self.node.is_current():
+                    # a replica that has not heard a leader or lags behind its commit index
+                    # (starting, electing, catching up) may not know this user yet
+                    raise CallFailed(Error(Code.UNAVAILABLE, "this replica is catching up "
+                                           "with the log and cannot check this login yet; "
+                                           "retry", "CatchingUp"))
                 raise _unauthenticated("wrong user name or password")
             stored = newer
         creds = await self._answer(context, self._cmd(

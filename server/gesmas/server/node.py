@@ -239,6 +239,17 @@ class Node(Membership):
         except TimeoutError:
             pass
 
+    def is_current(self) -> bool:
+        """Whether this replica knows a leader, has caught up with it once, and has applied
+        every entry it knows to be committed: its local reads of the users are the log's."""
+        try:
+            st = self.replica.status()
+        except Exception:
+            return False
+        target = max(int(st.get("commit_index") or 0), int(st.get("leader_commit_index") or 0))
+        return bool(st.get("leader") and st.get("ready")
+                    and int(st.get("last_applied") or 0) >= target)
+
     async def _poll_applied(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         try:
