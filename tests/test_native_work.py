@@ -45,6 +45,10 @@ OPS: list[tuple[str, int, bool]] = [
     ("collections.Counter([a, b])", 1, True), ("a in {b: 1}", 1, True),
     ("{b: 1}.keys() == {a: 1}.keys()", 1, True), ("len({x for x in [a, b]})", 1, True),
     ("{x: 1 for x in [a]}", 1, True),
+    ("[b].remove(a)", 1, False), ("collections.deque([b]).remove(a)", 1, False),
+    ("(a,).count(b)", 1, False), ("[b] != [a]", 1, False), ("max([a, b], key=lambda v: v)", 1, False),
+    ("a in {b}", 1, True), ("dict([(a, 1)])", 1, True), ("{a} | {b}", 1, True),
+    ("len(str(collections.Counter([a])))", 1, True),
 ]
 
 
