@@ -1,0 +1,217 @@
+"""What compiled uploaded code runs with: its builtins and the guards `dialect.py`'s rewrites
+call (`make_globals`).
+
+The builtins are Python's, minus the reflective and nondeterministic ones, with checked
+stand-ins where a builtin could do unbounded native work or show identity: containers and
+scalars (sandbox.py), sorted/min/max/any/all (natives.py), range and iter counted per item,
+sum, isinstance/issubclass over tuples of classes, `is` between values. The rewrites' names
+(`_key_`, `_cmp_`, `_consume_`...) are charge.py's and limits.py's functions.
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
+from RestrictedPython.PrintCollector import PrintCollector
+
+from . import charge, limits, measure, modules, natives, sandbox, sched
+from .limits import Budget
+from .modules import ALLOWED_IMPORTS
+
+
+_BUILTINS = ("""None False True Ellipsis NotImplemented abs bool callable chr complex divmod
+    float int isinstance issubclass len oct hex ord round slice str dict list set frozenset
+    tuple sorted min max any all enumerate zip map filter reversed iter next property
+    staticmethod classmethod super""".split()
+    + [n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
+       and issubclass(getattr(builtins, n), BaseException)])
+
+
+class _CountedRange:
+    """range() over more than 4096 numbers: each number handed out costs a step, also
+    inside builtins such as sum() or list()."""
+    __slots__ = ("_r",)
+
+    def __init__(self, r: range) -> None:
+        self._r = r
+
+    def __iter__(self) -> Any:
+        return modules._Counted(self._r)
+
+    def __reversed__(self) -> Any:
+        return modules._Counted(reversed(self._r))
+
+    def __len__(self) -> int:
+        return len(self._r)
+
+    def __getitem__(self, i: Any) -> Any:
+        return _range_wrap(self._r[i])        # a slice of a big range is counted too
+
+    def __contains__(self, x: Any) -> bool:
+        return x in self._r
+
+    def __repr__(self) -> str:
+        return repr(self._r)
+
+
+charge.SELF_COUNTED.add(_CountedRange)
+
+
+def _range_wrap(r: Any) -> Any:
+    return r if type(r) is not range or len(r) <= 4096 else _CountedRange(r)
+
+
+def _range_(*args: Any) -> Any:
+    return _range_wrap(range(*args))
+
+
+class _CallIter:
+    """iter(callable, sentinel): each value is compared with the sentinel, charged first."""
+    __slots__ = ("_f", "_end", "_done")
+
+    def __init__(self, f: Any, sentinel: Any) -> None:
+        if not callable(f):
+            raise TypeError("iter(v, w): v must be callable")
+        self._f, self._end, self._done = f, sentinel, False
+
+    def __iter__(self) -> _CallIter:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        limits._charge(1)
+        value = self._f()
+        if charge._cmp_(value, "==", self._end):
+            self._done = True
+            raise StopIteration
+        return value
+
+
+charge.SELF_COUNTED.add(_CallIter)
+
+
+def _iter_(*args: Any) -> Any:
+    """iter(x), or iter(callable, sentinel) counted per item (it has no end of its own)."""
+    if len(args) == 2:
+        return _CallIter(*args)
+    return iter(limits._set_iter(*args))
+
+
+def _sum_(iterable: Any, start: Any = 0) -> Any:
+    if type(start) in (int, float, bool, complex):
+        total = start
+        for x in iterable:
+            limits._charge(1)
+            total = limits._add_(total, x)
+        return total
+    raise TypeError("sum() takes numbers in gesmas classes (join or extend sequences instead)")
+
+
+def _unpack_sequence_(it: Any, spec: Any, _getiter_: Any) -> Any:
+    return guarded_unpack_sequence(it, spec, _unpack_getiter)
+
+
+def _iter_unpack_sequence_(it: Any, spec: Any, _getiter_: Any) -> Any:
+    return guarded_iter_unpack_sequence(it, spec, _unpack_getiter)
+
+
+def _unpack_getiter(it: Any) -> Any:
+    return charge.consume(limits._set_iter(it))
+
+
+def _types_arg(types: Any) -> None:
+    if type(types) is tuple:
+        charge.consume(types)
+        for t in types:
+            if type(t) is tuple:
+                raise TypeError("nested tuples of classes are not allowed in gesmas classes")
+
+
+# values whose identity is not kept by a checkpoint (a number is pickled without a memo, a
+# module-level constant held in state comes back as a copy), so `is` between two of them
+# could answer differently on a replica restored from a checkpoint
+_VALUE_TYPES = (int, float, complex, str, bytes, tuple, frozenset, range)
+
+
+def _is_(a: Any, b: Any) -> bool:
+    """`a is b` of two non-constants."""
+    if a is None or b is None or type(a) is bool or type(b) is bool:
+        return a is b
+    if isinstance(a, _VALUE_TYPES) and isinstance(b, _VALUE_TYPES):
+        raise TypeError(f"'is' between two {type(a).__name__}/{type(b).__name__} values "
+                        "depends on how they were made and is not the same on every replica "
+                        "(use ==)")
+    return a is b
+
+
+def _excepts_(types: Any) -> Any:
+    _types_arg(types)
+    return types
+
+
+def _isinstance_(obj: Any, types: Any) -> bool:
+    _types_arg(types)
+    return isinstance(obj, types)
+
+
+def _issubclass_(cls: Any, types: Any) -> bool:
+    _types_arg(types)
+    return issubclass(cls, types)
+
+
+def _import_(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
+             level: int = 0) -> Any:
+    proxy = modules.MODULES.get(name) if level == 0 else None
+    if proxy is None:
+        raise ImportError(f"import of {name!r} is not allowed in gesmas classes "
+                          f"(allowed: {', '.join(ALLOWED_IMPORTS)})")
+    return proxy
+
+
+def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> dict[str, Any]:
+    """Fresh globals for one compiled source, wired to the kernel's step budget."""
+    guards = sandbox.make_guards(types, budget)
+    b = {n: getattr(builtins, n) for n in _BUILTINS}
+    b.update(guards.pop("builtins"))
+    b.update({
+        "object": limits.Object, "bytes": sandbox.bytes_, "bytearray": sandbox.bytearray_,
+        "str": sandbox.str_, "list": sandbox.list_, "tuple": sandbox.tuple_,
+        "dict": sandbox.dict_, "set": sandbox.set_, "frozenset": sandbox.frozenset_,
+        "enumerate": limits._set_args(enumerate), "zip": limits._set_args(zip),
+        "map": limits._set_args(map), "filter": limits._set_args(filter),
+        "sorted": natives.sorted_, "min": natives.min_, "max": natives.max_,
+        "any": natives.any_, "all": natives.all_, "round": limits._round_,
+        "isinstance": _isinstance_, "issubclass": _issubclass_, "float": sandbox.float_,
+        "complex": sandbox.complex_,
+        "filter": limits._set_args(lambda f, it: filter(f, charge.consume(it))),
+        "range": _range_, "sum": _sum_, "iter": _iter_, "int": sandbox.int_, "pow": limits._pow_, "divmod": limits._divmod_,
+        "repr": limits._repr_, "hash": limits._hash_, "format": limits._format_,
+        "__import__": _import_, "__build_class__": builtins.__build_class__,
+        "ResourceLimit": limits.ResourceLimit,
+    })
+    return {
+        "__builtins__": b,
+        "__name__": module_name,
+        **guards,
+        "_getiter_": limits._set_iter,
+        "_apply_": lambda f, *a, **kw: f(*a, **kw),
+        "_unpack_sequence_": _unpack_sequence_,
+        "_iter_unpack_sequence_": _iter_unpack_sequence_,
+        # the charges of native work (charge.py)
+        "_key_": charge._key_, "_member_": measure._member_,
+        "_members_": lambda items: charge.consume(items, measure._member_), "_cmp_": charge._cmp_,
+        "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
+        "_consume_": charge.consume, "_excepts_": _excepts_, "_is_": _is_,
+        "_print_": PrintCollector,
+        # the dialect's own names
+        "Semaphore": sched.Semaphore,
+        "context": sched.context,
+        "Timeout": sched.Timeout,
+        "Aborted": sched.Aborted,
+        "SessionEnded": sched.SessionEnded,
+        "Interrupted": sched.Interrupted,
+        "WaitError": sched.WaitError,
+        "SyncObject": limits.SyncObject,
+    }
