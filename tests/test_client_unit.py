@@ -631,9 +631,9 @@ def test_hints_naming_a_hung_replica_are_not_followed():
     r.learn_leader("a")
     r.suspect("a", now=10.0)
     assert r.first(keepalive=True, now=10.0) == "b"
-    assert r.next("b", hint="a", keepalive=True, now=10.5) == "c"   # b still names a
-    assert r.next("c", hint="", keepalive=True, now=10.6) == "b"    # a is skipped
-    assert r.next("b", hint="a", keepalive=True, now=12.1) == "a"   # suspicion over
+    assert r.next("b", "a", keepalive=True, now=10.5) == "c"   # b still names a
+    assert r.next("c", "", keepalive=True, now=10.6) == "b"    # a is skipped
+    assert r.next("b", "a", keepalive=True, now=12.1) == "a"   # suspicion over
 
 
 def test_keepalive_moves_off_a_hung_leader_to_the_new_one(replicas):
@@ -716,3 +716,40 @@ def test_on_expiry_reopen_opens_a_new_session(replicas):
         assert heard == ["lost", "connected"]
     with pytest.raises(ValueError, match="on_expiry"):
         Client("127.0.0.1:1", on_expiry="retry", connect=False)
+
+
+def test_aio_session_lost_is_heard_and_the_lock_not_held(replicas):
+    import asyncio
+
+    from gesmas.aio import Client as AioClient
+    released = threading.Event()
+    for r in replicas:
+        r.fake.handlers["Invoke"] = fence_of(41)
+
+    async def main() -> None:
+        lost = asyncio.Event()
+        heard: list[str] = []
+
+        def listener(state):
+            heard.append(str(state))
+            if state == "lost":
+                lost.set()
+
+        async with AioClient(cluster(replicas), session_ttl=2.0) as c:
+            c.add_listener(listener)
+            lock = c.lock("l")
+            fence = await lock.acquire()
+            assert fence == 41 and lock.held and fence.held
+            for r in replicas:
+                r.fake.handlers["KeepAlive"] = hang(released)
+            await asyncio.wait_for(lost.wait(), WAIT)
+            assert not lock.held and c.state == "lost" and c.expired
+            with pytest.raises(SessionExpired):
+                await c.queue("q").size()
+            released.set()
+        assert heard == ["suspended", "lost"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        released.set()

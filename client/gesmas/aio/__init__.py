@@ -219,8 +219,9 @@ class Client:
     def remove_listener(self, fn: Any) -> None:
         self._listeners.remove(fn)
 
-    def _publish(self, lease: Lease) -> SessionState:
-        state = lease.state(time.monotonic())
+    def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
+        if state is None:
+            state = lease.state(time.monotonic())
         if lease is self._lease:
             for fn in self._listeners.changed(state):
                 try:
@@ -240,24 +241,26 @@ class Client:
     def _session_lost(self, lease: Lease) -> None:
         if lease is not self._lease or self._session != lease.session:
             return
-        self._publish(lease)
         log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
         if self._on_expiry == "reopen":
             self._session = 0
         elif self._expired is None:
             self._expired = SessionExpired(
                 f"session {lease.session} expired: {lease.reason}", "SessionExpired")
+        self._publish(lease)           # listeners hear it when calls already know
 
     async def _keepalive_loop(self, lease: Lease, schedule: core.KeepAlives) -> None:
         request = pb.KeepAliveRequest(session=lease.session,
                                       session_secret=self._session_secret)
         while not self._closed:
             now = time.monotonic()
-            if self._publish(lease) is SessionState.LOST:
+            state = lease.state(now)
+            if state is SessionState.LOST:
                 self._session_lost(lease)
                 if not lease.by_server and not self._closed:
                     await self._close_lost(lease)
                 return
+            self._publish(lease, state)
             wake = min(schedule.due, lease.next_change(now))
             await asyncio.sleep(max(0.0, wake - now))
             if self._closed:

@@ -319,9 +319,10 @@ class Client(AdminCalls, StandardObjects):
     def remove_listener(self, fn: Callable[[SessionState], object]) -> None:
         self._listeners.remove(fn)
 
-    def _publish(self, lease: Lease) -> SessionState:
+    def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
         """Tell the listeners the state of ``lease`` if it is the current one and news."""
-        state = lease.state(time.monotonic())
+        if state is None:
+            state = lease.state(time.monotonic())
         if lease is self._lease:
             for fn in self._listeners.changed(state):
                 try:
@@ -375,24 +376,26 @@ class Client(AdminCalls, StandardObjects):
         with self._session_lock:
             if lease is not self._lease or self._session != lease.session:
                 return                                   # handled already
-            self._publish(lease)
             log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
             if self._on_expiry == "reopen":
                 self._session = 0                        # the next call opens another
             elif self._expired is None:
                 self._expired = SessionExpired(
                     f"session {lease.session} expired: {lease.reason}", "SessionExpired")
+            self._publish(lease)       # listeners hear it when calls already know
 
     def _keepalive_loop(self, lease: Lease, schedule: core.KeepAlives) -> None:
         request = pb.KeepAliveRequest(session=lease.session,
                                       session_secret=self._session_secret)
         while not self._closed.is_set():
             now = time.monotonic()
-            if self._publish(lease) is SessionState.LOST:
+            state = lease.state(now)
+            if state is SessionState.LOST:
                 self._session_lost(lease)
                 if not lease.by_server and not self._closed.is_set():
                     self._close_lost(lease)
                 return
+            self._publish(lease, state)
             wake = min(schedule.due, lease.next_change(now))
             if self._closed.wait(max(0.0, wake - now)):
                 return

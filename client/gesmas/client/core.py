@@ -153,7 +153,7 @@ class Routing:
                 return candidate
         return self.addresses[(i + 1) % n]
 
-    def first(self, keepalive: bool, now: float = 0.0) -> str:
+    def first(self, keepalive: bool, now: float) -> str:
         with self.lock:
             if (keepalive or self.route_leader) and self.leader \
                     and not self.suspected(self.leader, now):
@@ -163,7 +163,7 @@ class Routing:
                 address = self._after(address, now)
             return address
 
-    def next(self, failed: str, hint: str, keepalive: bool = False, now: float = 0.0) -> str:
+    def next(self, failed: str, hint: str, keepalive: bool, now: float) -> str:
         """Where to go after ``failed`` answered ``hint`` (maybe empty). A hint names the
         leader; a call also makes the next address its preferred one, a keep-alive leaves the
         calls' routing alone."""
@@ -187,8 +187,7 @@ class Attempts:
     A failure that got no answer (``unresponsive``) makes the replica a suspect first."""
 
     def __init__(self, routing: Routing, budget: float, cap: float | None,
-                 keepalive: bool = False, now: float = 0.0,
-                 max_pause: float = BACKOFF_MAX) -> None:
+                 keepalive: bool, now: float, max_pause: float = BACKOFF_MAX) -> None:
         self.routing = routing
         self.budget = budget
         self.cap = cap
