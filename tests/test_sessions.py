@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gesmas.aio import Client as AioClient
-from gesmas.client import Client, SessionExpired, Unavailable, core
+from gesmas.client import Client, GesmasError, SessionExpired, Timeout, Unavailable, core
 
 WAIT = 30.0      # bound of every wait for an event: a failure, never a delay
 
@@ -144,3 +144,126 @@ def _poll(pred: Any, timeout: float = WAIT) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+class FencedStore:
+    """A resource that checks fencing tokens: a write with a fence older than the newest
+    it has seen is refused (the protection a user without ``lock.held`` relies on)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.top = 0
+        self.accepted: list[tuple[str, int]] = []
+        self.refused: list[tuple[str, int]] = []
+
+    def write(self, who: str, fence: int) -> bool:
+        with self._lock:
+            if fence < self.top:
+                self.refused.append((who, fence))
+                return False
+            self.top = fence
+            self.accepted.append((who, fence))
+            return True
+
+
+def _pause_keepalives(c: Client) -> None:
+    """From now on ``c``'s keep-alives do not get through (a client cut off or paused)."""
+    real = c._attempt
+
+    def attempt(address: str, method: str, *args: Any, **kw: Any) -> Any:
+        if method == "KeepAlive":
+            raise core.Failure(Unavailable(f"{address}: paused (test)"))
+        return real(address, method, *args, **kw)
+
+    c._attempt = attempt  # type: ignore[method-assign]
+
+
+def _holder(c: Client, who: str, lock_name: str, store: FencedStore, honour: bool,
+            stop: threading.Event, steps: int, out: dict[str, Any]) -> None:
+    """Take the lock in turns and write to the store while holding it; with ``honour``,
+    check ``fence.held`` before each write and stop when the hold is in doubt."""
+    lock = c.lock(lock_name)
+    try:
+        while not stop.is_set():
+            try:
+                fence = lock.acquire(timeout=2.0)
+            except Timeout:
+                continue
+            try:
+                for _ in range(steps):
+                    if stop.is_set() or (honour and not fence.held):
+                        break
+                    store.write(who, fence)
+                    stop.wait(0.05)                       # the work of one step
+            finally:
+                lock.release()
+    except GesmasError as e:     # its session was lost: its wait aborted, or the next call
+        out[who] = "expired" if c.expired else repr(e)
+    except BaseException as e:                                # the test reports it
+        out[who] = repr(e)
+    else:
+        out[who] = "ok"
+
+
+def test_holders_that_honour_held_never_write_stale_and_the_store_refuses_those_that_do(
+        cluster):
+    # 1. three holders honouring fence.held; one is cut off while the leader is stopped
+    store, stop, out = FencedStore(), threading.Event(), {}
+    clients = {f"h{i}": Client(cluster.addresses, session_ttl=4.0) for i in range(3)}
+    threads = [threading.Thread(target=_holder, args=(c, who, "sess-fenced", store, True,
+                                                      stop, 4, out), daemon=True)
+               for who, c in clients.items()]
+    leader = None
+    try:
+        for t in threads:
+            t.start()
+        assert _poll(lambda: len(store.accepted) >= 3)
+        leader = cluster.find_leader()
+        _pause_keepalives(clients["h0"])
+        os.kill(leader.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(4.0)                                   # the fault
+        finally:
+            os.kill(leader.proc.pid, signal.SIGCONT)
+        n = len(store.accepted)
+        assert _poll(lambda: len(store.accepted) >= n + 6)  # the others go on in turns
+        stop.set()
+        for t in threads:
+            t.join(WAIT)
+        assert store.refused == [], "a holder honouring fence.held wrote with a stale fence"
+        fences = [f for _, f in store.accepted]
+        assert fences == sorted(fences)
+        assert out["h0"] == "expired" and clients["h0"].state == "lost"
+        assert out["h1"] == out["h2"] == "ok", out
+    finally:
+        stop.set()
+        if leader is not None:
+            os.kill(leader.proc.pid, signal.SIGCONT)
+        for c in clients.values():
+            c.close()
+
+    # 2. a holder that ignores fence.held, cut off while it holds: the store refuses it
+    store, stop, out = FencedStore(), threading.Event(), {}
+    rogue = Client(cluster.addresses, session_ttl=3.0)
+    other = Client(cluster.addresses, session_ttl=10.0)
+    try:
+        fence = rogue.lock("sess-rogue").acquire()
+        _pause_keepalives(rogue)
+        thread = threading.Thread(target=_holder, args=(other, "other", "sess-rogue", store,
+                                                        True, stop, 4, out), daemon=True)
+        thread.start()
+        overlap = 0
+        deadline = time.monotonic() + WAIT
+        while not store.refused and time.monotonic() < deadline:
+            if store.accepted and not fence.held:
+                overlap += 1                  # it writes on although its hold is in doubt
+            store.write("rogue", fence)
+            time.sleep(0.05)
+        stop.set()
+        thread.join(WAIT)
+        assert store.refused and store.refused[0] == ("rogue", fence)
+        assert overlap >= 1 and out["other"] == "ok", out
+    finally:
+        stop.set()
+        rogue.close()
+        other.close()
