@@ -17,7 +17,15 @@ For each hang length (0.5x, 1x and 2x the TTL) on the same cluster:
    (session, seq), and the new leader served it).
 
 Also the time to the new leader's election (a Status that commits, polled). Prints one line
-per hang and the p50 / max of both call kinds over all hangs. The cluster is stopped on any
+per hang and the p50 / max of both call kinds over all hangs.
+
+Then (``--fencing`` seconds, 0 to skip) the fencing run of issue 23, twice: ``--holders``
+clients take one lock in turns and write while they hold it to a store that refuses a
+fence older than the newest it saw; the holder that wrote last is cut off (its keep-alives
+stop arriving, as a paused client's) every 1.5 TTL, holds last about a TTL, and the leader is SIGSTOPped for TTL seconds
+once. Once the holders check ``fence.held`` before each write, once they do not. Counted:
+writes made while the writer's hold was no longer sure (``fence.held`` False), stale writes
+(refused by the store), and holds lost. The cluster is stopped on any
 exit; a stopped leader is always continued.
 """
 from __future__ import annotations
@@ -130,6 +138,83 @@ def one_hang(cluster: LocalCluster, ttl: float, hang: float, n_sessions: int, n_
             "errors": errors}
 
 
+def fencing(cluster: LocalCluster, ttl: float, seconds: float, n: int, honour: bool,
+            tag: str) -> dict[str, int]:
+    from gesmas.client import Timeout, Unavailable, core
+    store_lock = threading.Lock()
+    top = [0]
+    counts = {"writes": 0, "unsure": 0, "stale": 0, "lost": 0}
+    stop = threading.Event()
+    name = f"sb-fence-{tag}"
+    steps = max(1, int(ttl / 0.05))          # a hold lasts about a TTL
+    writer = [-1]                             # who wrote last: the holder to cut off
+
+    def holder(i: int) -> None:
+        while not stop.is_set():
+            c = Client(cluster.addresses, session_ttl=ttl)
+            cut = threading.Event()
+            real = c._attempt
+
+            def attempt(address: str, method: str, *a: Any, **kw: Any) -> Any:
+                if method == "KeepAlive" and cut.is_set():
+                    raise core.Failure(Unavailable("cut off (bench)"))
+                return real(address, method, *a, **kw)
+
+            c._attempt = attempt  # type: ignore[method-assign]
+            cuts[i] = cut
+            lock = c.lock(name)
+            try:
+                while not stop.is_set():
+                    try:
+                        fence = lock.acquire(timeout=1.0)
+                    except Timeout:
+                        continue
+                    try:
+                        for _ in range(steps):
+                            if stop.is_set() or (honour and not fence.held):
+                                break
+                            with store_lock:
+                                writer[0] = i
+                                counts["writes"] += 1
+                                counts["unsure"] += not fence.held
+                                if fence < top[0]:
+                                    counts["stale"] += 1
+                                else:
+                                    top[0] = fence
+                            stop.wait(0.05)
+                    finally:
+                        lock.release()
+            except GesmasError:
+                with store_lock:
+                    counts["lost"] += 1
+            finally:
+                c.close()
+
+    cuts: dict[int, threading.Event] = {}
+    threads = [threading.Thread(target=holder, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + seconds
+    leader_stopped = False
+    while time.monotonic() < end:
+        if writer[0] in cuts:
+            cuts[writer[0]].set()             # the holder's keep-alives stop arriving
+        if not leader_stopped and time.monotonic() > end - seconds / 2:
+            leader = cluster.find_leader()
+            os.kill(leader.proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(ttl)                # the fault itself
+            finally:
+                os.kill(leader.proc.pid, signal.SIGCONT)
+            leader_stopped = True
+            continue
+        time.sleep(ttl * 1.5)                  # the next cut after this one had its effect
+    stop.set()
+    for t in threads:
+        t.join(BOUND)
+    return counts
+
+
 def _waiters(c: Client, queue: str) -> int:
     for o in c.list_objects():
         if o["name"] == queue:
@@ -143,6 +228,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=20)
     ap.add_argument("--callers", type=int, default=5)
     ap.add_argument("--hangs", default="0.5,1,2", help="hang lengths, in TTLs")
+    ap.add_argument("--fencing", type=float, default=30.0, help="seconds per fencing run")
+    ap.add_argument("--holders", type=int, default=4)
     args = ap.parse_args()
     factors = [float(x) for x in args.hangs.split(",")]
     print(f"# session_bench: TTL {args.ttl:g} s, {args.sessions} idle sessions, "
@@ -170,6 +257,15 @@ def main() -> None:
               f"{max(all_idle, default=float('nan')):.2f} s; blocked calls "
               f"(n={len(all_blocked)}) p50 {pct(all_blocked, 50):.2f} s, max "
               f"{max(all_blocked, default=float('nan')):.2f} s (from the SIGSTOP)")
+        if args.fencing > 0:
+            print("| holders check fence.held | writes | writes without a sure hold | "
+                  "stale writes (refused by the store) | holds lost |")
+            print("|---|---|---|---|---|")
+            for honour in (True, False):
+                r = fencing(cluster, args.ttl, args.fencing, args.holders, honour,
+                            "h" if honour else "n")
+                print(f"| {'yes' if honour else 'no'} | {r['writes']} | {r['unsure']} | "
+                      f"{r['stale']} | {r['lost']} |", flush=True)
     finally:
         cluster.stop()
 
