@@ -32,7 +32,9 @@ def test_a_client_that_cannot_keep_alive_knows_before_the_lock_goes_to_another(c
     try:
         lock = holder.lock("sess-pause")
         fence = lock.acquire()
-        assert lock.held and fence.held
+        election = holder.election("sess-pause-el")
+        election.campaign("holder")
+        assert lock.held and fence.held and election.leading
         granted: dict[str, Any] = {}
         got = threading.Event()
 
@@ -47,6 +49,7 @@ def test_a_client_that_cannot_keep_alive_knows_before_the_lock_goes_to_another(c
             if state == "lost":
                 # what the holder knows at the moment it hears it
                 seen["lock_held"], seen["fence_held"] = lock.held, fence.held
+                seen["leading"] = election.leading
                 seen["other_granted"] = got.is_set()
                 lost.set()
 
@@ -64,7 +67,8 @@ def test_a_client_that_cannot_keep_alive_knows_before_the_lock_goes_to_another(c
 
         holder._attempt = attempt  # type: ignore[method-assign]
         assert lost.wait(WAIT)
-        assert seen == {"lock_held": False, "fence_held": False, "other_granted": False}
+        assert seen == {"lock_held": False, "fence_held": False, "leading": False,
+                        "other_granted": False}
         with pytest.raises(SessionExpired):
             holder.counter("sess-c").add(1)            # at once: the client knows
         assert got.wait(WAIT), "the lock never went to the waiter"

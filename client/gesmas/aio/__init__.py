@@ -44,7 +44,8 @@ import grpc
 
 from gesmas.client import convert, core
 from gesmas.client.core import Lease, SessionState
-from gesmas.aio.proxies import PROXIES, BarrierProxy, LockProxy, ObjectProxy, SemaphoreProxy
+from gesmas.aio.proxies import (PROXIES, BarrierProxy, LeaderElectionProxy, LockProxy,
+                                ObjectProxy, SemaphoreProxy)
 from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
@@ -55,8 +56,8 @@ from gesmas.client.streams import Unsupported, pick_stream
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-__all__ = ["BarrierProxy", "Client", "LockProxy", "ObjectProxy", "SemaphoreProxy",
-           "SessionState"]
+__all__ = ["BarrierProxy", "Client", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
+           "SemaphoreProxy", "SessionState"]
 
 log = logging.getLogger(__name__)
 
@@ -464,8 +465,10 @@ class Client:
     def counter(self, name: str, **kwargs: Any) -> ObjectProxy:
         return self.object("Counter", name, **kwargs)
 
-    def election(self, name: str, **kwargs: Any) -> ObjectProxy:
-        return self.object("LeaderElection", name, **kwargs)
+    def election(self, name: str, **kwargs: Any) -> LeaderElectionProxy:
+        proxy = self.object("LeaderElection", name, **kwargs)
+        assert isinstance(proxy, LeaderElectionProxy)
+        return proxy
 
     def rwlock(self, name: str, **kwargs: Any) -> ObjectProxy:
         return self.object("ReadWriteLock", name, **kwargs)

@@ -9,7 +9,8 @@ from gesmas.client.proxies import Fence, Hold
 if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
 
-__all__ = ["BarrierProxy", "LockProxy", "ObjectProxy", "SemaphoreProxy", "PROXIES"]
+__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
+           "SemaphoreProxy", "PROXIES"]
 
 
 class ObjectProxy:
@@ -101,5 +102,27 @@ class BarrierProxy(ObjectProxy):
         return index
 
 
+class LeaderElectionProxy(ObjectProxy):
+    """``await campaign(value)`` / ``resign()``; ``leading`` says whether this client still
+    surely leads (as the sync proxy's)."""
+
+    _hold: Hold | None = None
+
+    async def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
+        term = await self.invoke("campaign", value, timeout=timeout)
+        self._hold = Hold(self.client.lease)
+        return term
+
+    async def resign(self) -> Any:
+        if self._hold is not None:
+            self._hold.released = True
+        return await self.invoke("resign")
+
+    @property
+    def leading(self) -> bool:
+        return self._hold is not None and self._hold.held
+
+
 PROXIES: dict[str, type[ObjectProxy]] = {"Lock": LockProxy, "Semaphore": SemaphoreProxy,
-                                         "Barrier": BarrierProxy}
+                                         "Barrier": BarrierProxy,
+                                         "LeaderElection": LeaderElectionProxy}
