@@ -589,3 +589,167 @@ def test_call_stream_setting_from_argument_and_environment(monkeypatch):
     monkeypatch.setenv("GESMAS_CALL_STREAM", "1")
     assert core.call_stream_setting(None) is True
     assert core.call_stream_setting(False) is False
+
+
+# --- sessions: fail-over of keep-alives, the lease, listeners, expiry ---------------------
+
+
+def hang(released: threading.Event) -> Callable[..., Any]:
+    """A replica that takes the request and never answers (until ``released``): a hung
+    process, as a SIGSTOPped leader is to its clients."""
+    def handler(request: Any, context: grpc.ServicerContext) -> Any:
+        released.wait(WAIT * 4)
+        return pb.KeepAliveResponse(ttl=10.0)
+    return handler
+
+
+def fence_of(n: int) -> Callable[..., Any]:
+    def handler(request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.InvokeResponse(result=convert.to_value(n if request.method != "release"
+                                                         else None))
+    return handler
+
+
+def test_lease_states_are_a_function_of_the_clock():
+    from gesmas.client.core import Lease, SessionState, lease_margin
+    lease = Lease(7, ttl=10.0, sent=100.0, interval=2.5, deadline=1.0)
+    assert lease_margin(10.0) == pytest.approx(1.1) and lease_margin(1.0) == 0.25
+    assert lease.valid_until == pytest.approx(108.9)
+    assert lease.state(103.4) is SessionState.CONNECTED
+    assert lease.state(103.5) is SessionState.SUSPENDED      # the due keep-alive is late
+    assert lease.next_change(103.5) == pytest.approx(108.9)
+    lease.acknowledged(104.0, 10.0, 2.5, 1.0, now=104.1)     # valid from its send time
+    assert lease.state(104.1) is SessionState.CONNECTED and lease.valid_until == 112.9
+    assert lease.state(112.9) is SessionState.LOST
+    lease.acknowledged(112.0, 10.0, 2.5, 1.0, now=113.0)     # too late: lost for good
+    assert lease.state(113.0) is SessionState.LOST and not lease.by_server
+
+
+def test_hints_naming_a_hung_replica_are_not_followed():
+    from gesmas.client.core import Routing
+    r = Routing(["a", "b", "c"], route_leader=True)
+    r.learn_leader("a")
+    r.suspect("a", now=10.0)
+    assert r.first(keepalive=True, now=10.0) == "b"
+    assert r.next("b", "a", keepalive=True, now=10.5) == "c"   # b still names a
+    assert r.next("c", "", keepalive=True, now=10.6) == "b"    # a is skipped
+    assert r.next("b", "a", keepalive=True, now=12.1) == "a"   # suspicion over
+
+
+def test_keepalive_moves_off_a_hung_leader_to_the_new_one(replicas):
+    a, b, c_ = replicas
+    released, renewed = threading.Event(), threading.Semaphore(0)
+    a.fake.handlers["OpenSession"] = leader_is(a.address)
+    a.fake.handlers["KeepAlive"] = hang(released)
+    b.fake.handlers["KeepAlive"] = unavailable(hint=a.address)   # still names the old one
+
+    def keepalive(request, context):
+        renewed.release()
+        return pb.KeepAliveResponse(ttl=3.0)
+
+    c_.fake.handlers["KeepAlive"] = keepalive
+    try:
+        with Client(cluster(replicas), session_ttl=3.0) as c:
+            assert renewed.acquire(timeout=WAIT) and renewed.acquire(timeout=WAIT)
+            assert len(a.fake.seen("KeepAlive")) == 1    # one attempt there, then elsewhere
+            assert c.leader == c_.address
+            assert c.state != "lost"
+    finally:
+        released.set()
+
+
+def test_a_session_without_answers_is_suspended_then_lost_and_the_lock_not_held(replicas):
+    released = threading.Event()
+    heard: list[str] = []
+    lost = threading.Event()
+
+    def listener(state):
+        heard.append(str(state))
+        if state == "lost":
+            lost.set()
+
+    for r in replicas:
+        r.fake.handlers["Invoke"] = fence_of(41)
+    c = Client(cluster(replicas), session_ttl=2.0)
+    try:
+        c.add_listener(listener)
+        lock = c.lock("l")
+        with lock as fence:
+            assert fence == 41 and fence.held and lock.held
+            assert fence.valid_until is not None and fence.valid_until <= c.valid_until
+            for r in replicas:
+                r.fake.handlers["KeepAlive"] = hang(released)
+            assert lost.wait(WAIT)
+            assert not fence.held and not lock.held and fence.valid_until is None
+            assert c.state == "lost" and c.expired
+            n = sum(len(invokes(r)) for r in replicas)
+            with pytest.raises(SessionExpired):
+                c.invoke("Queue", "q", "size")                # at once, nothing sent
+            assert sum(len(invokes(r)) for r in replicas) == n
+            c._keepalive.join(WAIT)       # it tried to close the session it gave up
+            assert sum(len(r.fake.seen("CloseSession")) for r in replicas) == 1
+            released.set()
+            lock.release = lambda: None       # type: ignore[method-assign]  # session gone
+        assert heard == ["suspended", "lost"]     # connected was before add_listener
+    finally:
+        released.set()
+        c.close()
+
+
+def test_on_expiry_reopen_opens_a_new_session(replicas):
+    a = replicas[0]
+    sessions = iter([7, 8])
+    a.fake.handlers["OpenSession"] = lambda request, context: pb.OpenSessionResponse(
+        session=next(sessions), ttl=request.ttl)
+    a.fake.handlers["KeepAlive"] = lambda request, context: fail(
+        context, grpc.StatusCode.NOT_FOUND, pb.ERROR_CODE_NOT_FOUND, "no session 7")
+    heard: list[str] = []
+    with Client(cluster(replicas), session_ttl=0.5, on_expiry="reopen") as c:
+        c.add_listener(lambda state: heard.append(str(state)))
+        first = c._keepalive
+        assert first is not None
+        first.join(WAIT)                    # the server said: session 7 is gone
+        assert not c.expired
+        a.fake.handlers["KeepAlive"] = lambda request, context: pb.KeepAliveResponse(ttl=0.5)
+        assert c.invoke("Queue", "q", "size") == "size#1"      # a new session, new seqs
+        assert [r.session for r in a.fake.seen("Invoke")] == [8]
+        assert heard == ["lost", "connected"]
+    with pytest.raises(ValueError, match="on_expiry"):
+        Client("127.0.0.1:1", on_expiry="retry", connect=False)
+
+
+def test_aio_session_lost_is_heard_and_the_lock_not_held(replicas):
+    import asyncio
+
+    from gesmas.aio import Client as AioClient
+    released = threading.Event()
+    for r in replicas:
+        r.fake.handlers["Invoke"] = fence_of(41)
+
+    async def main() -> None:
+        lost = asyncio.Event()
+        heard: list[str] = []
+
+        def listener(state):
+            heard.append(str(state))
+            if state == "lost":
+                lost.set()
+
+        async with AioClient(cluster(replicas), session_ttl=2.0) as c:
+            c.add_listener(listener)
+            lock = c.lock("l")
+            fence = await lock.acquire()
+            assert fence == 41 and lock.held and fence.held
+            for r in replicas:
+                r.fake.handlers["KeepAlive"] = hang(released)
+            await asyncio.wait_for(lost.wait(), WAIT)
+            assert not lock.held and c.state == "lost" and c.expired
+            with pytest.raises(SessionExpired):
+                await c.queue("q").size()
+            released.set()
+        assert heard == ["suspended", "lost"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        released.set()

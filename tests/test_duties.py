@@ -141,3 +141,31 @@ def test_a_changed_standard_source_is_registered_again():
     r.apply(RegisterClass(source=SOURCE), 10.1)
     assert r.kernel.registry.latest("Queue").version == 2
     assert r.kinds(20.0) == []
+
+
+def test_a_leader_vouches_for_keep_alives_only_while_a_majority_answers_it():
+    """Replica.leads_with_majority over a stand-in for pysyncobj's node: a leader resumed
+    after a pause (its followers' last answers old) must not acknowledge a keep-alive."""
+    import time
+
+    from gesmas.server.replication.replica import Replica as RaftReplica
+
+    class Node:
+        def __init__(self, leader: bool, heard: dict[str, float]) -> None:
+            self.leader = leader
+            self._SyncObj__otherNodes = list(heard)
+            self._SyncObj__lastResponseTime = heard
+
+        def _isLeader(self) -> bool:
+            return self.leader
+
+    replica = object.__new__(RaftReplica)
+    now = time.monotonic()
+    replica._node = Node(True, {"b": now - 0.1, "c": now - 5.0})
+    assert replica.leads_with_majority(1.0)                  # itself and b: 2 of 3
+    replica._node = Node(True, {"b": now - 5.0, "c": now - 5.0})
+    assert not replica.leads_with_majority(1.0)              # paused: nobody answered since
+    replica._node = Node(False, {"b": now, "c": now})
+    assert not replica.leads_with_majority(1.0)              # not the leader
+    replica._node = Node(True, {})
+    assert replica.leads_with_majority(1.0)                  # a cluster of one

@@ -16,7 +16,10 @@ re-attaches elsewhere and nothing runs twice; the same TLS and login (``tls=``, 
 ``password=``, ``token=``, the GESMAS_* environment). The differences:
 
 - The session is kept alive by a task, not a thread, and every call is a task's await, not a
-  thread: ten thousand calls can wait in one process (bench/aio_bench.py).
+  thread: ten thousand calls can wait in one process (bench/aio_bench.py). Its state and
+  lease (``state``, ``valid_until``, ``add_listener``, ``on_expiry``) follow the sync
+  client's rules ("Sessions" in ``gesmas.client.client``); listeners are plain functions,
+  called in the event loop.
 - Accessors (``c.queue(name, ...)``) return a proxy at once; every call through it is a
   get-or-create of the object in the same command (one commit per call), so an error such as
   AlreadyExists (the name is another class's) comes with the first call.
@@ -40,17 +43,21 @@ from typing import Any
 import grpc
 
 from gesmas.client import convert, core
-from gesmas.aio.proxies import PROXIES, BarrierProxy, LockProxy, ObjectProxy, SemaphoreProxy
+from gesmas.client.core import Lease, SessionState
+from gesmas.aio.proxies import (PROXIES, BarrierProxy, LeaderElectionProxy, LockProxy,
+                                ObjectProxy, SemaphoreProxy)
 from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
-                                  MAX_RPC_DEADLINE, RPC_TIMEOUT, ClientClosed, parse_cluster)
+                                  MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
+                                  parse_cluster)
 from gesmas.client.errors import (GesmasError, NotFound, SessionExpired)
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.streams import Unsupported, pick_stream
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-__all__ = ["BarrierProxy", "Client", "LockProxy", "ObjectProxy", "SemaphoreProxy"]
+__all__ = ["BarrierProxy", "Client", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
+           "SemaphoreProxy", "SessionState"]
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +88,12 @@ class Client:
                  retry_timeout: float = 30.0, route: str = "leader",
                  tls: TLS | bool | str | dict[str, Any] | None = None,
                  user: str | None = None, password: str | None = None,
-                 token: str | None = None, call_stream: bool | None = None) -> None:
+                 token: str | None = None, call_stream: bool | None = None,
+                 on_expiry: str = "fail") -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
+        if on_expiry not in ON_EXPIRY:
+            raise ValueError(f"on_expiry must be 'fail' or 'reopen', not {on_expiry!r}")
         if route not in ("leader", "replica"):
             raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
         self._routing = core.Routing(parse_cluster(cluster), route == "leader")
@@ -106,6 +116,10 @@ class Client:
         self._keepalive: asyncio.Task[None] | None = None
         self._seqs = core.Sequencer()
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
+        self._on_expiry = on_expiry
+        self._lease: Lease | None = None
+        self._listeners = core.Listeners()
+        self._loser: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -127,15 +141,24 @@ class Client:
         if self._session_lock is None:
             self._session_lock = asyncio.Lock()
         async with self._session_lock:
+            self._check_usable()
             if not self._session:
+                sent = time.monotonic()
                 resp = await self._call("OpenSession", pb.OpenSessionRequest(ttl=self._ttl))
-                self._session, self._session_secret = resp.session, resp.session_secret
+                self._session_secret = resp.session_secret
                 self._granted_ttl = resp.ttl or self._ttl
                 if resp.leader:
                     with self._routing.lock:
                         self._routing.learn_leader(resp.leader)
+                schedule = core.KeepAlives(self._granted_ttl, self._routing, time.monotonic())
+                lease = Lease(resp.session, self._granted_ttl, sent, schedule.interval,
+                              schedule.deadline)
+                self._seqs = core.Sequencer()
+                self._lease, self._session = lease, resp.session
                 self._keepalive = asyncio.get_running_loop().create_task(
-                    self._keepalive_loop(), name=f"gesmas-keepalive-{self._session}")
+                    self._keepalive_loop(lease, schedule),
+                    name=f"gesmas-keepalive-{self._session}")
+                self._publish(lease)
         return self._session
 
     async def close(self) -> None:
@@ -143,6 +166,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self._lease is not None:
+            self._lease.lose("the client is closed")
         if self._keepalive is not None:
             self._keepalive.cancel()
         if self._session and self._expired is None:
@@ -171,32 +196,117 @@ class Client:
         if self._closed:
             raise ClientClosed()
 
-    def _mark_expired(self, error: GesmasError) -> None:
-        if self._expired is None:
-            log.warning("gesmas: session %d is gone: %s", self._session, error)
-            self._expired = SessionExpired(f"session {self._session} expired: {error.message}",
-                                           "SessionExpired")
+    @property
+    def lease(self) -> Lease | None:
+        """The current session's lease; None before the session is opened."""
+        return self._lease
 
-    async def _keepalive_loop(self) -> None:
-        schedule = core.KeepAlives(self._granted_ttl)
-        while True:
-            await asyncio.sleep(schedule.wait)
+    @property
+    def state(self) -> SessionState | None:
+        """``connected``, ``suspended`` or ``lost`` (None before a session is opened)."""
+        lease = self._lease
+        return None if lease is None else lease.state(time.monotonic())
+
+    @property
+    def valid_until(self) -> float | None:
+        """Until when (``time.monotonic()``) the session is surely valid."""
+        lease = self._lease
+        return None if lease is None else lease.valid_until
+
+    def add_listener(self, fn: Any) -> None:
+        """Call ``fn(state)`` on every change of the session's state (in the event loop)."""
+        self._listeners.add(fn)
+
+    def remove_listener(self, fn: Any) -> None:
+        self._listeners.remove(fn)
+
+    def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
+        if state is None:
+            state = lease.state(time.monotonic())
+        if lease is self._lease:
+            for fn in self._listeners.changed(state):
+                try:
+                    fn(state)
+                except Exception:
+                    log.exception("gesmas: session listener %r failed", fn)
+        return state
+
+    def _mark_expired(self, error: GesmasError, session: int | None = None) -> None:
+        """The server said ``session`` (the current one by default) is gone."""
+        lease = self._lease
+        if lease is None or (session is not None and lease.session != session):
+            return
+        lease.lose(error.message, by_server=True)
+        self._session_lost(lease)
+
+    def _session_lost(self, lease: Lease) -> None:
+        if lease is not self._lease or self._session != lease.session:
+            return
+        log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
+        if self._on_expiry == "reopen":
+            self._session = 0
+        elif self._expired is None:
+            self._expired = SessionExpired(
+                f"session {lease.session} expired: {lease.reason}", "SessionExpired")
+        self._publish(lease)           # listeners hear it when calls already know
+
+    async def _keepalive_loop(self, lease: Lease, schedule: core.KeepAlives) -> None:
+        request = pb.KeepAliveRequest(session=lease.session,
+                                      session_secret=self._session_secret)
+        while not self._closed:
+            now = time.monotonic()
+            state = lease.state(now)
+            if state is SessionState.LOST:
+                self._session_lost(lease)
+                if not lease.by_server and not self._closed:
+                    await self._close_lost(lease)
+                return
+            self._publish(lease, state)
+            wake = min(schedule.due, lease.next_change(now))
+            await asyncio.sleep(max(0.0, wake - now))
+            if self._closed:
+                return
+            started = time.monotonic()
+            if started < schedule.due:
+                continue
+            address = schedule.address(started)
             try:
-                resp = await self._call(
-                    "KeepAlive", pb.KeepAliveRequest(session=self._session,
-                                                     session_secret=self._session_secret),
-                    rpc_timeout=schedule.rpc_timeout, retry_timeout=schedule.interval,
-                    keepalive=True)
+                resp = await self._attempt(address, "KeepAlive", request, schedule.deadline)
+            except core.Failure as f:
+                log.debug("gesmas: keep-alive of session %d at %s failed: %s",
+                          lease.session, address, f.error)
+                if f.unresponsive:
+                    self._unresponsive(address)
+                schedule.failed(f.error, started, time.monotonic(), f.unresponsive)
+                continue
             except ClientClosed:
                 return
             except (NotFound, SessionExpired) as e:
-                self._mark_expired(e)
-                return
-            except GesmasError as e:      # nobody reachable this round: try again sooner
-                log.debug("gesmas: keep-alive of session %d failed: %s", self._session, e)
-                schedule.unreachable()
+                lease.lose(e.message, by_server=True)
                 continue
-            schedule.answered(resp.ttl)
+            except GesmasError as e:         # refused for another reason: try again later
+                log.warning("gesmas: keep-alive of session %d refused: %s", lease.session, e)
+                schedule.failed(e, started, time.monotonic())
+                continue
+            lease.acknowledged(started, resp.ttl, schedule.interval, schedule.deadline,
+                               time.monotonic())
+            schedule.answered(resp.ttl, time.monotonic())
+
+    async def _close_lost(self, lease: Lease) -> None:
+        """Close a session the client gave up (best effort), so that its locks go to
+        their next waiters now."""
+        try:
+            await self._call("CloseSession", pb.CloseSessionRequest(
+                session=lease.session, session_secret=self._session_secret),
+                retry_timeout=min(self._retry_timeout, lease.ttl))
+        except GesmasError as e:
+            log.info("gesmas: could not close the lost session %d: %s", lease.session, e)
+
+    def _unresponsive(self, address: str) -> None:
+        """``address`` gave no answer in time: cancel the call streams to it, so that the
+        calls waiting there are resent elsewhere (same session and seq) now."""
+        for stream in self._streams.pop(address, []):
+            stream.cancel()
 
     # --- transport and retries (the rules are core's) --------------------------------------
 
@@ -263,7 +373,7 @@ class Client:
                     closing: bool = False, on_retry: Any = None,
                     keepalive: bool = False) -> tuple[str, Any]:
         budget = self._retry_timeout if retry_timeout is None else retry_timeout
-        attempts = core.Attempts(self._routing, budget, cap, keepalive)
+        attempts = core.Attempts(self._routing, budget, cap, keepalive, time.monotonic())
         while True:
             started = time.monotonic()
             try:
@@ -271,10 +381,12 @@ class Client:
                 attempts.succeeded()
                 return attempts.address, response
             except core.Failure as failure:
-                error = failure.error
+                error, unresponsive = failure.error, failure.unresponsive
             if self._closed and not closing:
                 raise ClientClosed() from None
-            pause = attempts.failed(error, started, time.monotonic())
+            if unresponsive:
+                self._unresponsive(attempts.address)
+            pause = attempts.failed(error, started, time.monotonic(), unresponsive)
             await asyncio.sleep(pause)
             if on_retry is not None:
                 on_retry()
@@ -293,12 +405,13 @@ class Client:
                                       create)
         request.session = await self.session()
         request.session_secret = self._session_secret
-        request.seq = self._seqs.new()
+        seqs = self._seqs                     # this session's (a reopened one has others)
+        request.seq = seqs.new()
         try:
-            request.ack = self._seqs.ack()
+            request.ack = seqs.ack()
 
             def refresh_ack() -> None:
-                request.ack = self._seqs.ack()
+                request.ack = seqs.ack()
 
             start = time.monotonic()
             try:
@@ -309,11 +422,11 @@ class Client:
                     on_retry=refresh_ack)
             except SessionExpired as e:
                 if not isinstance(e, ClientClosed):
-                    self._mark_expired(e)
+                    self._mark_expired(e, request.session)
                 raise
             return convert.from_value(resp.result)
         finally:
-            self._seqs.end(request.seq)
+            seqs.end(request.seq)
 
     def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
         """A proxy for the object ``name`` of class ``class_name``, made with these
@@ -352,8 +465,10 @@ class Client:
     def counter(self, name: str, **kwargs: Any) -> ObjectProxy:
         return self.object("Counter", name, **kwargs)
 
-    def election(self, name: str, **kwargs: Any) -> ObjectProxy:
-        return self.object("LeaderElection", name, **kwargs)
+    def election(self, name: str, **kwargs: Any) -> LeaderElectionProxy:
+        proxy = self.object("LeaderElection", name, **kwargs)
+        assert isinstance(proxy, LeaderElectionProxy)
+        return proxy
 
     def rwlock(self, name: str, **kwargs: Any) -> ObjectProxy:
         return self.object("ReadWriteLock", name, **kwargs)

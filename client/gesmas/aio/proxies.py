@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gesmas.client.proxies import Fence, Hold
+
 if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
 
-__all__ = ["BarrierProxy", "LockProxy", "ObjectProxy", "SemaphoreProxy", "PROXIES"]
+__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
+           "SemaphoreProxy", "PROXIES"]
 
 
 class ObjectProxy:
@@ -40,16 +43,39 @@ class ObjectProxy:
 
 
 class LockProxy(ObjectProxy):
-    """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases."""
+    """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases.
+    ``held`` / ``fence.held``: whether the hold is still sure (as the sync proxy's)."""
 
-    async def acquire(self, timeout: float | None = None) -> int:
-        fence: int = await self.invoke("acquire", timeout=timeout)
+    fence: Fence | None = None
+
+    def _took(self, value: Any) -> Any:
+        if value is None:
+            return None
+        self.fence = Fence(value, Hold(self.client.lease))
+        return self.fence
+
+    async def acquire(self, timeout: float | None = None) -> Fence:
+        fence: Fence = self._took(await self.invoke("acquire", timeout=timeout))
+        return fence
+
+    async def try_acquire(self) -> Fence | None:
+        fence: Fence | None = self._took(await self.invoke("try_acquire"))
         return fence
 
     async def release(self) -> None:
+        if self.fence is not None:
+            self.fence.hold.released = True
         await self.invoke("release")
 
-    async def __aenter__(self) -> int:
+    @property
+    def held(self) -> bool:
+        return self.fence is not None and self.fence.held
+
+    @property
+    def valid_until(self) -> float | None:
+        return self.fence.valid_until if self.fence is not None else None
+
+    async def __aenter__(self) -> Fence:
         return await self.acquire()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -76,5 +102,27 @@ class BarrierProxy(ObjectProxy):
         return index
 
 
+class LeaderElectionProxy(ObjectProxy):
+    """``await campaign(value)`` / ``resign()``; ``leading`` says whether this client still
+    surely leads (as the sync proxy's)."""
+
+    _hold: Hold | None = None
+
+    async def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
+        term = await self.invoke("campaign", value, timeout=timeout)
+        self._hold = Hold(self.client.lease)
+        return term
+
+    async def resign(self) -> Any:
+        if self._hold is not None:
+            self._hold.released = True
+        return await self.invoke("resign")
+
+    @property
+    def leading(self) -> bool:
+        return self._hold is not None and self._hold.held
+
+
 PROXIES: dict[str, type[ObjectProxy]] = {"Lock": LockProxy, "Semaphore": SemaphoreProxy,
-                                         "Barrier": BarrierProxy}
+                                         "Barrier": BarrierProxy,
+                                         "LeaderElection": LeaderElectionProxy}

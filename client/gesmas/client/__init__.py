@@ -15,6 +15,7 @@ from gesmas.client.client import (
     ClientClosed,
     NodeHealth,
     ObjectInfo,
+    SessionState,
     Status,
 )
 from gesmas.client.errors import (
@@ -33,6 +34,7 @@ from gesmas.client.errors import (
     Unavailable,
 )
 from gesmas.client.proxies import (
+    Fence,
     LeaderElectionProxy,
     LockProxy,
     ObjectProxy,
@@ -48,6 +50,7 @@ __all__ = [
     "ClassSource",
     "Client",
     "ClientClosed",
+    "Fence",
     "GesmasError",
     "Internal",
     "InvalidArgument",
@@ -62,6 +65,7 @@ __all__ = [
     "ResourceExhausted",
     "SemaphoreProxy",
     "SessionExpired",
+    "SessionState",
     "Status",
     "Timeout",
     "Unauthenticated",

@@ -4,6 +4,7 @@ its retry rules (``_call``, ``_send``) like every call."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
 from gesmas.client import convert, core
@@ -156,7 +157,7 @@ class AdminCalls:
         to another process as ``Client(token=...)``."""
         if not self._login.can_renew():
             raise ValueError("authenticate() needs user= and password=")
-        address = self._routing.first(False)
+        address = self._routing.first(False, time.monotonic())
         meta = self._login.metadata(self._authenticate(address))
         return meta[0][1].partition(" ")[2]
 

@@ -3,11 +3,29 @@
 Theory of operation
 -------------------
 A ``Client`` holds the cluster's client addresses, one lazily created gRPC channel per
-address, and one *session* (OpenSession on connect, CloseSession on close). A daemon thread
-renews the session every ttl/3 seconds with KeepAlive, which must reach the leader: an
-UNAVAILABLE answer names the leader in ``leader_hint`` and the thread follows it, and keeps
-sending keep-alives there. When the server reports the session gone, the client is marked
-expired and every later call raises ``SessionExpired``.
+address, and one *session* (OpenSession on connect, CloseSession on close).
+
+Sessions. A daemon thread renews the session every ttl/4 seconds with KeepAlive, which must
+reach the leader: an UNAVAILABLE answer names the leader in ``leader_hint`` and the thread
+follows it, and keeps sending keep-alives there. Each keep-alive attempt has a deadline of
+ttl/(3 * replicas) within [0.5 s, 1 s] (``core.keepalive_deadline``); a replica that does not
+answer in time is a *suspect* for 2 s: the keep-alive moves on to the next replica at once,
+hints naming the suspect are not followed (the followers of a hung leader name it until they
+elect another), and the call streams to it are cancelled, so calls blocked there are resent
+elsewhere with the same (session, seq). A keep-alive round ends only with an answer, the
+server saying the session is gone, or the lease running out (``core.KeepAlives``).
+
+The client knows how long its session is surely valid (``core.Lease``): ``valid_until`` is
+the send time of the last acknowledged keep-alive plus the granted TTL minus
+``core.lease_margin`` (1 s for a leader that answered while already deposed, plus 1% of the
+TTL for clock drift; at most TTL/4). Its ``state`` is ``connected``, ``suspended`` (the
+keep-alive that was due is late: still valid until ``valid_until``) or ``lost`` (past
+``valid_until``, or the server said the session is gone); listeners (``add_listener``) hear
+every change, on the keep-alive thread. A lost session is final: the client closes it on
+the server if it can (so that its locks go to the next waiter at once), and then, with
+``on_expiry="fail"`` (the default), every call raises ``SessionExpired`` at once; with
+``on_expiry="reopen"`` the next call opens a new session (calls in flight at the loss raise
+``SessionExpired``). A lock proxy knows whether its hold is still sure (``LockProxy.held``).
 
 Routing. Any replica serves any call, but every call is a Raft command: a replica that is
 not the leader forwards it and then waits for the leader's commit notice, two more hops
@@ -39,9 +57,11 @@ Timeouts. ``timeout=None`` leaves InvokeRequest.timeout unset (wait as long as i
 the gRPC deadline is ``timeout + DEADLINE_MARGIN`` so the server's answer wins (none for a
 timeout beyond a year, such as ``threading.TIMEOUT_MAX`` or ``float("inf")``).
 
-Channels send gRPC keepalive pings every 5 s during calls, so a hung replica (SIGSTOP, a
-partition) is detected within ~10 s even when a call waits without a deadline. The server
-must accept them: ``grpc.http2.min_ping_interval_without_data_ms`` <= 5000 and
+Channels send gRPC keepalive pings every 2 s during calls and give up on a replica that does
+not acknowledge one within 2 s, so a call blocked on a hung replica (SIGSTOP, a partition)
+moves on within ~4 s even when it waits without a deadline, and within
+ttl/4 + keep-alive deadline when the hung replica is the leader the keep-alives go to. The
+server must accept the pings: ``grpc.http2.min_ping_interval_without_data_ms`` <= 2000 and
 ``grpc.http2.max_ping_strikes`` = 0 (else it answers "too many pings": the call is retried
 and still correct, but noisily).
 """
@@ -60,6 +80,7 @@ import grpc
 from gesmas.client import convert, core
 from gesmas.client.accessors import StandardObjects
 from gesmas.client.admin import AdminCalls, ClassSource, NodeHealth, ObjectInfo, Status
+from gesmas.client.core import Lease, SessionState
 from gesmas.client.errors import (
     GesmasError,
     NotFound,
@@ -78,6 +99,7 @@ __all__ = [
     "ClientClosed",
     "NodeHealth",
     "ObjectInfo",
+    "SessionState",
     "Status",
     "parse_cluster",
 ]
@@ -100,6 +122,8 @@ def rpc_deadline(timeout: float | None) -> float | None:
 
 
 RPC_TIMEOUT = core.RPC_TIMEOUT
+#: What a client does when its session is lost: stay failed, or open a new one.
+ON_EXPIRY = ("fail", "reopen")
 MAX_MESSAGE = 16 * 1024 * 1024
 #: Proxies a client remembers, so that repeated accessor calls cost no round trip.
 PROXY_CACHE = 1024
@@ -111,9 +135,9 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
     # Detect a dead or hung replica while a call waits on it.
-    ("grpc.keepalive_time_ms", 5000),
-    ("grpc.keepalive_timeout_ms", 5000),
-    ("grpc.http2.ping_timeout_ms", 5000),
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.http2.ping_timeout_ms", 2000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
 
@@ -158,6 +182,9 @@ class Client(AdminCalls, StandardObjects):
     ``Calls`` stream per replica (``gesmas.client.streams``); ``call_stream=False`` (or
     GESMAS_CALL_STREAM=0) sends each as a unary ``Invoke`` RPC instead (same semantics, more
     cost per call on the replica).
+    ``on_expiry`` is what the client does once its session is lost (see "Sessions" in the
+    module doc): "fail" (every later call raises ``SessionExpired``; for lock holders) or
+    "reopen" (the next call opens a new session; for stateless use).
     """
 
     def __init__(
@@ -173,9 +200,12 @@ class Client(AdminCalls, StandardObjects):
         password: str | None = None,
         token: str | None = None,
         call_stream: bool | None = None,
+        on_expiry: str = "fail",
     ) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
+        if on_expiry not in ON_EXPIRY:
+            raise ValueError(f"on_expiry must be 'fail' or 'reopen', not {on_expiry!r}")
         if route not in ("leader", "replica"):
             raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
         self._routing = core.Routing(parse_cluster(cluster), route == "leader")
@@ -185,7 +215,7 @@ class Client(AdminCalls, StandardObjects):
         self._ttl = float(session_ttl)
         self._retry_timeout = float(retry_timeout)
         self._lock = threading.Lock()  # channels, proxies
-        self._session_lock = threading.Lock()  # opening the session
+        self._session_lock = threading.RLock()  # opening, losing the session
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
         self._call_stream = core.call_stream_setting(call_stream)
         self._streams: dict[str, list[CallStream]] = {}
@@ -199,6 +229,9 @@ class Client(AdminCalls, StandardObjects):
         self._closed = threading.Event()
         self._keepalive: threading.Thread | None = None
         self._seqs = core.Sequencer()
+        self._on_expiry = on_expiry
+        self._lease: Lease | None = None
+        self._listeners = core.Listeners()
         if connect:
             try:
                 self.session
@@ -230,16 +263,23 @@ class Client(AdminCalls, StandardObjects):
         with self._session_lock:
             if self._session:
                 return self._session
+            sent = time.monotonic()
             resp = self._call("OpenSession", pb.OpenSessionRequest(ttl=self._ttl))
-            self._session, self._granted_ttl = resp.session, resp.ttl or self._ttl
+            self._granted_ttl = resp.ttl or self._ttl
             self._session_secret = resp.session_secret
             if resp.leader:
                 with self._routing.lock:
                     self._routing.learn_leader(resp.leader)
+            schedule = core.KeepAlives(self._granted_ttl, self._routing, time.monotonic())
+            lease = Lease(resp.session, self._granted_ttl, sent, schedule.interval,
+                          schedule.deadline)
+            self._seqs = core.Sequencer()
+            self._lease, self._session = lease, resp.session
             self._keepalive = threading.Thread(
-                target=self._keepalive_loop, name=f"gesmas-keepalive-{resp.session}", daemon=True
-            )
+                target=self._keepalive_loop, args=(lease, schedule),
+                name=f"gesmas-keepalive-{resp.session}", daemon=True)
             self._keepalive.start()
+            self._publish(lease)
             return self._session
 
     @property
@@ -252,12 +292,53 @@ class Client(AdminCalls, StandardObjects):
     def expired(self) -> bool:
         return self._expired is not None
 
+    @property
+    def lease(self) -> Lease | None:
+        """The current session's lease (``valid_until``, ``state(now)``), None before the
+        session is opened."""
+        return self._lease
+
+    @property
+    def state(self) -> SessionState | None:
+        """``connected``, ``suspended`` or ``lost`` (None before a session is opened)."""
+        lease = self._lease
+        return None if lease is None else lease.state(time.monotonic())
+
+    @property
+    def valid_until(self) -> float | None:
+        """Until when (``time.monotonic()``) the session is surely valid; None before a
+        session is opened. A lost session's is in the past."""
+        lease = self._lease
+        return None if lease is None else lease.valid_until
+
+    def add_listener(self, fn: Callable[[SessionState], object]) -> None:
+        """Call ``fn(state)`` on every change of the session's state (on the keep-alive
+        thread: ``fn`` should return quickly). kazoo's ``add_listener``."""
+        self._listeners.add(fn)
+
+    def remove_listener(self, fn: Callable[[SessionState], object]) -> None:
+        self._listeners.remove(fn)
+
+    def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
+        """Tell the listeners the state of ``lease`` if it is the current one and news."""
+        if state is None:
+            state = lease.state(time.monotonic())
+        if lease is self._lease:
+            for fn in self._listeners.changed(state):
+                try:
+                    fn(state)
+                except Exception:                  # a listener's bug is not the client's
+                    log.exception("gesmas: session listener %r failed", fn)
+        return state
+
     def close(self) -> None:
         """Close the session (its waiters are aborted, its locks released) and the channels.
         Idempotent."""
         if self._closed.is_set():
             return
         self._closed.set()
+        if self._lease is not None:
+            self._lease.lose("the client is closed")
         if self._keepalive is not None and self._keepalive is not threading.current_thread():
             self._keepalive.join(timeout=RPC_TIMEOUT)
         if self._session and self._expired is None:
@@ -282,32 +363,89 @@ class Client(AdminCalls, StandardObjects):
         if self._closed.is_set():
             raise ClientClosed()
 
-    def _mark_expired(self, error: GesmasError) -> None:
-        if self._expired is None:
-            log.warning("gesmas: session %d is gone: %s", self._session, error)
-            self._expired = SessionExpired(
-                f"session {self._session} expired: {error.message}", "SessionExpired"
-            )
+    def _mark_expired(self, error: GesmasError, session: int | None = None) -> None:
+        """The server said ``session`` (the current one by default) is gone."""
+        lease = self._lease
+        if lease is None or (session is not None and lease.session != session):
+            return
+        lease.lose(error.message, by_server=True)
+        self._session_lost(lease)
 
-    def _keepalive_loop(self) -> None:
-        schedule = core.KeepAlives(self._granted_ttl)
-        while not self._closed.wait(schedule.wait):
+    def _session_lost(self, lease: Lease) -> None:
+        """``lease`` is lost: tell the listeners, then fail or forget the session (once)."""
+        with self._session_lock:
+            if lease is not self._lease or self._session != lease.session:
+                return                                   # handled already
+            log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
+            if self._on_expiry == "reopen":
+                self._session = 0                        # the next call opens another
+            elif self._expired is None:
+                self._expired = SessionExpired(
+                    f"session {lease.session} expired: {lease.reason}", "SessionExpired")
+            self._publish(lease)       # listeners hear it when calls already know
+
+    def _keepalive_loop(self, lease: Lease, schedule: core.KeepAlives) -> None:
+        request = pb.KeepAliveRequest(session=lease.session,
+                                      session_secret=self._session_secret)
+        while not self._closed.is_set():
+            now = time.monotonic()
+            state = lease.state(now)
+            if state is SessionState.LOST:
+                self._session_lost(lease)
+                if not lease.by_server and not self._closed.is_set():
+                    self._close_lost(lease)
+                return
+            self._publish(lease, state)
+            wake = min(schedule.due, lease.next_change(now))
+            if self._closed.wait(max(0.0, wake - now)):
+                return
+            started = time.monotonic()
+            if started < schedule.due:
+                continue
+            address = schedule.address(started)
             try:
-                resp = self._call(
-                    "KeepAlive", pb.KeepAliveRequest(session=self._session,
-                                                     session_secret=self._session_secret),
-                    rpc_timeout=schedule.rpc_timeout, retry_timeout=schedule.interval,
-                    keepalive=True)
+                resp = self._attempt(address, "KeepAlive", request, schedule.deadline)
+            except core.Failure as f:
+                log.debug("gesmas: keep-alive of session %d at %s failed: %s",
+                          lease.session, address, f.error)
+                if f.unresponsive:
+                    self._unresponsive(address)
+                schedule.failed(f.error, started, time.monotonic(), f.unresponsive)
+                continue
             except ClientClosed:
                 return
             except (NotFound, SessionExpired) as e:
-                self._mark_expired(e)
-                return
-            except GesmasError as e:  # nobody reachable this round: try again sooner
-                log.debug("gesmas: keep-alive of session %d failed: %s", self._session, e)
-                schedule.unreachable()
+                lease.lose(e.message, by_server=True)
                 continue
-            schedule.answered(resp.ttl)
+            except GesmasError as e:         # refused for another reason: try again later
+                log.warning("gesmas: keep-alive of session %d refused: %s", lease.session, e)
+                schedule.failed(e, started, time.monotonic())
+                continue
+            except ValueError:               # the channel was closed under it
+                if self._closed.is_set():
+                    return
+                raise
+            lease.acknowledged(started, resp.ttl, schedule.interval, schedule.deadline,
+                               time.monotonic())
+            schedule.answered(resp.ttl, time.monotonic())
+
+    def _close_lost(self, lease: Lease) -> None:
+        """Close a session the client gave up (best effort: it may expire on the server a
+        little later), so that its locks go to their next waiters now."""
+        try:
+            self._call("CloseSession", pb.CloseSessionRequest(
+                session=lease.session, session_secret=self._session_secret),
+                retry_timeout=min(self._retry_timeout, lease.ttl))
+        except GesmasError as e:
+            log.info("gesmas: could not close the lost session %d: %s", lease.session, e)
+
+    def _unresponsive(self, address: str) -> None:
+        """``address`` gave no answer in time: cancel the call streams to it, so that the
+        calls waiting there are resent elsewhere (same session and seq) now."""
+        with self._lock:
+            pool = self._streams.pop(address, [])
+        for stream in pool:
+            stream.cancel()
 
     # --- transport and retries -----------------------------------------------------------
 
@@ -388,7 +526,7 @@ class Client(AdminCalls, StandardObjects):
         which no retry starts; ``closing`` lets the call run while the client closes;
         ``keepalive`` sends to the leader (only the leader answers a keep-alive)."""
         budget = self._retry_timeout if retry_timeout is None else retry_timeout
-        attempts = core.Attempts(self._routing, budget, cap, keepalive)
+        attempts = core.Attempts(self._routing, budget, cap, keepalive, time.monotonic())
         while True:
             started = time.monotonic()
             try:
@@ -396,11 +534,13 @@ class Client(AdminCalls, StandardObjects):
                 attempts.succeeded()
                 return attempts.address, response
             except core.Failure as failure:
-                error = failure.error
+                error, unresponsive = failure.error, failure.unresponsive
             if self._closed.is_set() and not closing:
                 raise ClientClosed() from None
             previous = attempts.address
-            pause = attempts.failed(error, started, time.monotonic())
+            if unresponsive:
+                self._unresponsive(previous)
+            pause = attempts.failed(error, started, time.monotonic(), unresponsive)
             log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error,
                       attempts.address)
             if closing:
@@ -446,12 +586,13 @@ class Client(AdminCalls, StandardObjects):
                                       create)
         request.session = self.session
         request.session_secret = self._session_secret
-        request.seq = self._new_seq()
+        seqs = self._seqs                     # this session's (a reopened one has others)
+        request.seq = seqs.new()
         try:
-            request.ack = self._current_ack()
+            request.ack = seqs.ack()
 
             def refresh_ack() -> None:
-                request.ack = self._current_ack()
+                request.ack = seqs.ack()
 
             start = time.monotonic()
             try:
@@ -464,11 +605,11 @@ class Client(AdminCalls, StandardObjects):
                 )
             except SessionExpired as e:
                 if not isinstance(e, ClientClosed):
-                    self._mark_expired(e)
+                    self._mark_expired(e, request.session)
                 raise
             return convert.from_value(resp.result)
         finally:
-            self._end_seq(request.seq)
+            seqs.end(request.seq)
 
     def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
         """Get or create the object ``name`` of class ``class_name`` (constructor arguments

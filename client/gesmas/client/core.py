@@ -1,12 +1,17 @@
 """What the synchronous client and the asyncio client (``gesmas.aio``) share, without I/O:
 where a call goes (``Routing``), when it is retried and after what pause (``Attempts``), how a
 failed RPC is classified (``classify``), and the exactly-once bookkeeping of a session's
-sequence numbers (``Sequencer``). Each client does its own waiting (``time.sleep`` or
-``asyncio.sleep``) and its own RPCs; the rules are here, once. See the module docstring of
-``gesmas.client.client`` for the rules themselves ("Routing", "Retries").
+sequence numbers (``Sequencer``), when keep-alives go and how long each may take
+(``KeepAlives``), and what the client knows of its session's lease (``Lease``,
+``SessionState``). Each client does its own waiting (``time.sleep`` or ``asyncio.sleep``),
+its own clock readings and its own RPCs; the rules are here, once, and take the time as an
+argument. See the module docstring of ``gesmas.client.client`` for the rules themselves
+("Routing", "Retries", "Sessions").
 """
 from __future__ import annotations
 
+import enum
+import math
 import os
 import threading
 from typing import Any
@@ -22,8 +27,8 @@ from gesmas.client.errors import (
 )
 from gesmas.client.security import Login
 
-__all__ = ["Attempts", "Failure", "KeepAlives", "Routing", "Sequencer", "classify",
-           "classify_error"]
+__all__ = ["Attempts", "Failure", "KeepAlives", "Lease", "Listeners", "Routing", "Sequencer",
+           "SessionState", "classify", "classify_error", "lease_margin"]
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 #: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
@@ -31,6 +36,10 @@ RPC_TIMEOUT = 10.0
 #: An attempt that lasted this long before failing had reached a replica: the failure
 #: starts a new retry period instead of counting against the current one.
 ATTACHED = 3.0
+#: A replica that gave no answer within an attempt's deadline is *unresponsive* (hung,
+#: paused, cut off) for this long: hints naming it are not followed and calls go elsewhere
+#: first, so that followers that still name a hung leader do not send the client back to it.
+SUSPECT_FOR = 2.0
 
 # Failures without an ErrorDetail that mean "the call may not have reached a working
 # replica": safe to resend (same seq for Invoke).
@@ -42,11 +51,23 @@ TRANSPORT = {
 
 
 class Failure(Exception):
-    """An attempt failed in a way that may be retried elsewhere."""
+    """An attempt failed in a way that may be retried elsewhere. ``unresponsive``: the
+    replica gave no answer in time (our deadline passed, or gRPC's keepalive ping went
+    unanswered), as opposed to answering or refusing the connection."""
 
-    def __init__(self, error: GesmasError) -> None:
+    def __init__(self, error: GesmasError, unresponsive: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
+        self.unresponsive = unresponsive
+
+
+def unresponsive(e: grpc.RpcError) -> bool:
+    """The failed RPC got no answer: our deadline passed, or a keepalive ping did not."""
+    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
+    details = (e.details() if callable(getattr(e, "details", None)) else "") or ""
+    return e.code() == grpc.StatusCode.UNAVAILABLE and (
+        "keepalive" in details.lower() or "ping timeout" in details.lower())
 
 
 def has_detail(e: grpc.RpcError) -> bool:
@@ -62,7 +83,7 @@ def classify(e: grpc.RpcError, address: str, login: Login,
     if has_detail(e):
         return classify_error(error, address, login, metadata)
     if e.code() in TRANSPORT:
-        return Failure(Unavailable(f"{address}: {error.message}"))
+        return Failure(Unavailable(f"{address}: {error.message}"), unresponsive(e))
     return error
 
 
@@ -78,8 +99,12 @@ def classify_error(error: GesmasError, address: str, login: Login,
 
 
 class Routing:
-    """The cluster's client addresses, the leader as last learned and the address calls try
-    first. Thread-safe."""
+    """The cluster's client addresses, the leader as last learned, the address calls try
+    first, and the replicas that recently gave no answer (``suspect``). Thread-safe.
+
+    A suspect is skipped while it lasts (``SUSPECT_FOR`` seconds): a hint naming it is not
+    followed (the followers of a hung leader name it until they elect another), and the
+    round-robin passes over it unless every replica is suspect. An answer clears it."""
 
     def __init__(self, addresses: list[str], route_leader: bool) -> None:
         self.addresses = addresses
@@ -87,6 +112,7 @@ class Routing:
         self.leader: str | None = None
         self.route_leader = route_leader
         self.lock = threading.Lock()
+        self._suspects: dict[str, float] = {}     # address -> suspected until (monotonic)
 
     def learn_leader(self, address: str) -> None:
         """Note the leader's address (with ``lock`` held), adding it to the list if the
@@ -95,25 +121,60 @@ class Routing:
             self.addresses.append(address)
         self.leader = address
 
-    def first(self, keepalive: bool) -> str:
+    def suspect(self, address: str, now: float) -> None:
+        """``address`` gave no answer in time."""
         with self.lock:
-            if (keepalive or self.route_leader) and self.leader:
-                return self.leader
-            return self.addresses[self.preferred]
+            self._suspects[address] = now + SUSPECT_FOR
+            if self.leader == address:
+                self.leader = None
 
-    def next(self, failed: str, hint: str, keepalive: bool = False) -> str:
+    def answered(self, address: str) -> None:
+        with self.lock:
+            self._suspects.pop(address, None)
+
+    def suspected(self, address: str, now: float) -> bool:
+        """Whether ``address`` is a suspect now (with ``lock`` held)."""
+        until = self._suspects.get(address)
+        if until is None:
+            return False
+        if now >= until:
+            del self._suspects[address]
+            return False
+        return True
+
+    def _after(self, address: str, now: float) -> str:
+        """The next address after ``address`` round-robin that is no suspect (the plain
+        next one if all are)."""
+        i = self.addresses.index(address) if address in self.addresses else -1
+        n = len(self.addresses)
+        for k in range(1, n + 1):
+            candidate = self.addresses[(i + k) % n]
+            if not self.suspected(candidate, now):
+                return candidate
+        return self.addresses[(i + 1) % n]
+
+    def first(self, keepalive: bool, now: float) -> str:
+        with self.lock:
+            if (keepalive or self.route_leader) and self.leader \
+                    and not self.suspected(self.leader, now):
+                return self.leader
+            address = self.addresses[self.preferred]
+            if self.suspected(address, now):
+                address = self._after(address, now)
+            return address
+
+    def next(self, failed: str, hint: str, keepalive: bool, now: float) -> str:
         """Where to go after ``failed`` answered ``hint`` (maybe empty). A hint names the
         leader; a call also makes the next address its preferred one, a keep-alive leaves the
         calls' routing alone."""
         with self.lock:
-            if hint and hint != failed:
+            if hint and hint != failed and not self.suspected(hint, now):
                 self.learn_leader(hint)
                 nxt = hint
             else:
                 if failed == self.leader:
                     self.leader = None
-                i = self.addresses.index(failed) + 1 if failed in self.addresses else 0
-                nxt = self.addresses[i % len(self.addresses)]
+                nxt = self._after(failed, now)
             if not keepalive:
                 self.preferred = self.addresses.index(nxt)
             return nxt
@@ -122,25 +183,31 @@ class Routing:
 class Attempts:
     """The retry schedule of one call: ``address`` to try now; after a failure, ``failed``
     moves it and returns the pause before the next attempt, or raises the error when the
-    call must give up (``budget`` seconds of failing without a break; never past ``cap``)."""
+    call must give up (``budget`` seconds of failing without a break; never past ``cap``).
+    A failure that got no answer (``unresponsive``) makes the replica a suspect first."""
 
     def __init__(self, routing: Routing, budget: float, cap: float | None,
-                 keepalive: bool = False) -> None:
+                 keepalive: bool, now: float, max_pause: float = BACKOFF_MAX) -> None:
         self.routing = routing
         self.budget = budget
         self.cap = cap
         self.keepalive = keepalive
-        self.address = routing.first(keepalive)
+        self.address = routing.first(keepalive, now)
         self._period_start: float | None = None
         self._delay = BACKOFF_FIRST
+        self._max_pause = max_pause
         self._followed_hint = False
 
     def succeeded(self) -> None:
+        self.routing.answered(self.address)
         if self.keepalive:
             with self.routing.lock:
                 self.routing.leader = self.address
 
-    def failed(self, error: GesmasError, started: float, now: float) -> float:
+    def failed(self, error: GesmasError, started: float, now: float,
+               unresponsive: bool = False) -> float:
+        if unresponsive:
+            self.routing.suspect(self.address, now)
         if self._period_start is None:
             self._period_start = started
         elif now - started >= ATTACHED:         # it had reached a replica: a new period
@@ -150,36 +217,180 @@ class Attempts:
             give_up = min(give_up, self.cap)
         if now >= give_up:
             raise error
-        self.address = self.routing.next(self.address, error.leader_hint, self.keepalive)
+        self.address = self.routing.next(self.address, error.leader_hint, self.keepalive, now)
         hint = bool(error.leader_hint) and self.address == error.leader_hint
-        if hint and not self._followed_hint:
-            pause = 0.0                         # a fresh hint: go at once
+        if (hint and not self._followed_hint) or unresponsive:
+            pause = 0.0              # a fresh hint, or away from a replica that hung: at once
         else:
             pause, self._delay = min(self._delay, give_up - now), min(self._delay * 2,
-                                                                      BACKOFF_MAX)
+                                                                      self._max_pause)
         self._followed_hint = hint
         return pause
 
 
-class KeepAlives:
-    """When a session's next keep-alive goes, and how long each may take: every ttl/3
-    seconds; after a round that reached nobody, sooner (ttl/9, at most 1 s)."""
+#: The client's lease margin: a keep-alive acknowledged by a leader that had heard from a
+#: majority within ``LEADER_LEASE`` seconds (the server refuses it otherwise,
+#: gesmas.server.node) cannot predate a new leader's fresh grant by more than that...
+LEADER_LEASE = 1.0
+#: ... and clocks (the client's and the replicas' monotonic clocks) are assumed to run at
+#: rates within this fraction of each other (real ones: 1e-4 or better).
+DRIFT_RATE = 0.01
 
-    def __init__(self, ttl: float) -> None:
-        self.interval = max(ttl / 3.0, 0.05)
-        self.wait = self.interval
+
+def lease_margin(ttl: float) -> float:
+    """How much earlier than ``sent + ttl`` the client stops trusting its session:
+    ``LEADER_LEASE + DRIFT_RATE * ttl``, at most a quarter of the TTL."""
+    return min(LEADER_LEASE + DRIFT_RATE * ttl, ttl / 4.0)
+
+
+def keepalive_deadline(ttl: float, replicas: int) -> float:
+    """The deadline of one keep-alive attempt: ttl / (3 * replicas) as ZooKeeper's read
+    timeout, within [0.5 s, 1 s] (a keep-alive is answered from the leader's memory; less
+    than 0.5 s mistakes a busy leader for a hung one)."""
+    return min(1.0, max(0.5, ttl / (3.0 * max(1, replicas))))
+
+
+class KeepAlives:
+    """When a session's next keep-alive attempt goes and how long it may take.
+
+    Every ttl/4 seconds after the last answer, one attempt at a time with a deadline of
+    ``keepalive_deadline``; a failed attempt moves on at once (away from a replica that did
+    not answer, following a fresh hint) or after a backoff of at most ``deadline / 2``
+    (``Attempts`` with no budget: a keep-alive round ends only with an answer, the server
+    saying the session is gone, or the lease running out)."""
+
+    def __init__(self, ttl: float, routing: Routing, now: float) -> None:
+        self.routing = routing
+        self.ttl = ttl
+        self.interval = max(ttl / 4.0, 0.05)
+        self.deadline = keepalive_deadline(ttl, len(routing.addresses))
+        self.due = now + self.interval
+        self._round: Attempts | None = None
+
+    def address(self, now: float) -> str:
+        """Where the attempt that goes now is sent."""
+        if self._round is None:
+            self._round = Attempts(self.routing, math.inf, None, keepalive=True, now=now,
+                                   max_pause=self.deadline / 2)
+        return self._round.address
+
+    def answered(self, ttl: float, now: float) -> None:
+        if self._round is not None:
+            self._round.succeeded()
+            self._round = None
+        if ttl > 0:
+            self.ttl = ttl
+            self.interval = max(ttl / 4.0, 0.05)
+            self.deadline = keepalive_deadline(ttl, len(self.routing.addresses))
+        self.due = now + self.interval
+
+    def failed(self, error: GesmasError, started: float, now: float,
+               unresponsive: bool = False) -> None:
+        assert self._round is not None
+        self.due = now + self._round.failed(error, started, now, unresponsive)
+
+
+class SessionState(str, enum.Enum):
+    """What a client knows of its session (kazoo's and Curator's connection states).
+
+    ``connected``: a keep-alive was acknowledged recently. ``suspended``: the keep-alive
+    that was due has not been acknowledged in time (the session may still be valid: it
+    surely is until ``Lease.valid_until``). ``lost``: past ``valid_until``, or the server
+    said the session is gone; final for this session."""
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Lease:
+    """The session's lease as the client knows it, without a clock of its own.
+
+    ``valid_until`` (monotonic seconds) is the send time of the last acknowledged
+    keep-alive (or of the OpenSession) plus the granted TTL minus ``lease_margin``: the
+    server cannot have expired the session before then (the leader that answered counts
+    the TTL from when it received the keep-alive, and a new leader grants a fresh TTL from
+    its election). Suspended after ``interval + deadline`` without an acknowledgement
+    (the keep-alive that was due is late); lost from ``valid_until``, or when the server
+    says so, and then for good: a later answer does not revive it."""
+
+    def __init__(self, session: int, ttl: float, sent: float, interval: float,
+                 deadline: float) -> None:
+        self.session = session
+        self.ttl = ttl
+        self.acked = sent                 # send time of the last acknowledged keep-alive
+        self.interval = interval
+        self.deadline = deadline
+        self.reason: str | None = None    # why it is lost, once it is
+        self.by_server = False            # lost because the server said so
 
     @property
-    def rpc_timeout(self) -> float:
-        return max(self.interval, 1.0)
+    def valid_until(self) -> float:
+        return self.acked + self.ttl - lease_margin(self.ttl)
 
-    def answered(self, ttl: float) -> None:
+    @property
+    def suspended_at(self) -> float:
+        return min(self.acked + self.interval + self.deadline, self.valid_until)
+
+    def acknowledged(self, sent: float, ttl: float, interval: float, deadline: float,
+                     now: float) -> None:
+        if self.state(now) is SessionState.LOST:
+            return
+        if sent > self.acked:
+            self.acked = sent
         if ttl > 0:
-            self.interval = max(ttl / 3.0, 0.05)
-        self.wait = self.interval
+            self.ttl = ttl
+        self.interval, self.deadline = interval, deadline
 
-    def unreachable(self) -> None:
-        self.wait = min(self.interval / 3.0, 1.0)
+    def lose(self, reason: str, by_server: bool = False) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.by_server = by_server
+
+    def state(self, now: float) -> SessionState:
+        if self.reason is not None:
+            return SessionState.LOST
+        if now >= self.valid_until:
+            self.reason = "no keep-alive acknowledged within the session's TTL"
+            return SessionState.LOST
+        if now >= self.suspended_at:
+            return SessionState.SUSPENDED
+        return SessionState.CONNECTED
+
+    def next_change(self, now: float) -> float:
+        """When the state changes next if no answer comes (inf once lost)."""
+        if self.state(now) is SessionState.LOST:
+            return math.inf
+        return self.suspended_at if now < self.suspended_at else self.valid_until
+
+
+class Listeners:
+    """The functions to call when the session's state changes (``add_listener``), and the
+    state they last heard. Thread-safe; the caller calls what ``changed`` returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fns: list[Any] = []
+        self.last: SessionState | None = None
+
+    def add(self, fn: Any) -> None:
+        with self._lock:
+            self._fns.append(fn)
+
+    def remove(self, fn: Any) -> None:
+        with self._lock:
+            if fn in self._fns:
+                self._fns.remove(fn)
+
+    def changed(self, state: SessionState) -> list[Any]:
+        """The listeners to tell of ``state``: all of them if it is news, else none."""
+        with self._lock:
+            if state is self.last:
+                return []
+            self.last = state
+            return list(self._fns)
 
 
 class Sequencer:

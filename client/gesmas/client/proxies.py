@@ -1,16 +1,27 @@
 """Object proxies: a named object on the cluster as a Python object whose methods are remote
-calls (``Client.object`` and the typed factories such as ``Client.lock`` return them)."""
+calls (``Client.object`` and the typed factories such as ``Client.lock`` return them).
+
+A lock proxy remembers the hold it took (``Hold``: the fencing token and the session's
+lease) and says whether it is still surely held: ``lock.held`` is False once the session is
+lost (past its ``valid_until``, or the server said it is gone) or the lock released; the
+fence that ``with c.lock(name) as fence`` gives is an ``int`` that can tell the same
+(``fence.held``, ``fence.valid_until``). An election proxy does the same for leadership.
+"""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gesmas.client.client import Client
+    from gesmas.client.core import Lease
 
 __all__ = [
     "PROXIES",
+    "Fence",
+    "Hold",
     "LeaderElectionProxy",
     "LockProxy",
     "ObjectProxy",
@@ -51,21 +62,87 @@ class ObjectProxy:
         return call
 
 
-class LockProxy(ObjectProxy):
-    """``with client.lock(name) as fence:`` acquires, yields the fencing token, releases."""
+class Hold:
+    """A hold taken in a session (a lock grant, a leadership): surely held while the
+    session's lease is not lost and the hold not given up. No round trip."""
 
-    def acquire(self, timeout: float | None = None) -> int:
+    def __init__(self, lease: Lease | None) -> None:
+        self.lease = lease
+        self.released = False
+
+    @property
+    def held(self) -> bool:
+        lease = self.lease
+        return (not self.released and lease is not None
+                and lease.state(time.monotonic()) != "lost")
+
+    @property
+    def valid_until(self) -> float | None:
+        """Until when (``time.monotonic()``) the hold is sure; None once it is not."""
+        return self.lease.valid_until if self.held and self.lease is not None else None
+
+
+class Fence(int):
+    """A fencing token (an ``int``) that also tells whether its hold is still sure."""
+
+    hold: Hold
+
+    def __new__(cls, value: int, hold: Hold) -> Fence:
+        fence = super().__new__(cls, value)
+        fence.hold = hold
+        return fence
+
+    @property
+    def held(self) -> bool:
+        return self.hold.held
+
+    @property
+    def valid_until(self) -> float | None:
+        return self.hold.valid_until
+
+
+class LockProxy(ObjectProxy):
+    """``with client.lock(name) as fence:`` acquires, yields the fencing token, releases.
+
+    ``held`` says whether this client still surely holds the lock (no round trip: False
+    once released, or once the session is lost, which happens before the server can
+    expire it and grant the lock to another); ``fence`` is the last token it got."""
+
+    fence: Fence | None = None
+
+    def _took(self, value: Any) -> Any:
+        if value is None:
+            return None
+        self.fence = Fence(value, Hold(self.client.lease))
+        return self.fence
+
+    def acquire(self, timeout: float | None = None) -> Fence:
         """Take the lock; returns the fencing token (the log index of the grant)."""
-        fence: int = self.invoke("acquire", timeout=timeout)
+        fence: Fence = self._took(self.invoke("acquire", timeout=timeout))
+        return fence
+
+    def try_acquire(self) -> Fence | None:
+        """The fencing token if the lock was free, else None, without waiting."""
+        fence: Fence | None = self._took(self.invoke("try_acquire"))
         return fence
 
     def release(self) -> None:
+        if self.fence is not None:
+            self.fence.hold.released = True
         self.invoke("release")
 
     def is_owner(self) -> bool:
         return bool(self.invoke("is_owner"))
 
-    def __enter__(self) -> int:
+    @property
+    def held(self) -> bool:
+        return self.fence is not None and self.fence.held
+
+    @property
+    def valid_until(self) -> float | None:
+        return self.fence.valid_until if self.fence is not None else None
+
+    def __enter__(self) -> Fence:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
@@ -138,14 +215,25 @@ class ReadWriteLockProxy(ObjectProxy):
 
 
 class LeaderElectionProxy(ObjectProxy):
-    """Campaign to lead, resign, ask who leads, or wait for a change."""
+    """Campaign to lead, resign, ask who leads, or wait for a change. ``leading`` says
+    whether this client still surely leads (as ``LockProxy.held``)."""
+
+    _hold: Hold | None = None
 
     def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
         """Block until this session leads (or ``timeout``); ``value`` is published."""
-        return self.invoke("campaign", value, timeout=timeout)
+        term = self.invoke("campaign", value, timeout=timeout)
+        self._hold = Hold(self.client.lease)
+        return term
 
     def resign(self) -> Any:
+        if self._hold is not None:
+            self._hold.released = True
         return self.invoke("resign")
+
+    @property
+    def leading(self) -> bool:
+        return self._hold is not None and self._hold.held
 
     def leader(self) -> Any:
         return self.invoke("leader")

@@ -83,7 +83,8 @@ def response(answer: Any, address: str, login: Login,
 
 
 def no_answer(address: str, deadline: float | None) -> core.Failure:
-    return core.Failure(Unavailable(f"{address}: no answer within {deadline:g} s"))
+    return core.Failure(Unavailable(f"{address}: no answer within {deadline:g} s"),
+                        unresponsive=True)
 
 
 def pick_stream(pool: list[Any], metadata: tuple[tuple[str, str], ...]) -> Any | None:

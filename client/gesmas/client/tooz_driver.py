@@ -78,12 +78,18 @@ class _HeartbeatClient(Client):
     """A Client whose session is kept alive only by explicit `beat()` calls (tooz's
     heartbeat), not by a background thread."""
 
-    def _keepalive_loop(self) -> None:
+    def _keepalive_loop(self, lease: Any, schedule: Any) -> None:
         return
 
     def beat(self) -> float:
+        session = self.session
+        sent = time.monotonic()
         resp = self._call("KeepAlive", pb.KeepAliveRequest(
-            session=self.session, session_secret=self._session_secret), keepalive=True)
+            session=session, session_secret=self._session_secret), keepalive=True)
+        lease = self._lease
+        if lease is not None and lease.session == session:
+            lease.acknowledged(sent, resp.ttl, lease.interval, lease.deadline,
+                               time.monotonic())
         return float(resp.ttl or self._granted_ttl)
 
 

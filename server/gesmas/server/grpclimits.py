@@ -58,9 +58,9 @@ def server_options(max_message: int) -> list[tuple[str, Any]]:
         ("grpc.max_send_message_length", max_message),
         # a second replica started on the same port must fail, not share it
         ("grpc.so_reuseport", 0),
-        # clients ping every 5 s during long waits so that they notice a hung replica:
-        # allow it (pings closer than 4 s would otherwise count as abuse)
-        ("grpc.http2.min_ping_interval_without_data_ms", 4000),
+        # clients ping every 2 s during long waits so that they notice a hung replica:
+        # allow it (pings closer than 1 s would otherwise count as abuse)
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
         ("grpc.http2.max_ping_strikes", 0),
         # calls at once on one connection: 1000 blocked calls cost ~20 MB; a grpc client
         # queues the calls over it, a raw peer has them refused (REFUSED_STREAM)

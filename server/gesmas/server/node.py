@@ -38,6 +38,11 @@ class ReplicaFailed(RuntimeError):
 
 
 HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
+#: A keep-alive is answered only by a leader that a majority answered within this many
+#: seconds, so that an acknowledged keep-alive cannot predate a new leader's fresh grant
+#: of the session's TTL by more than that (a leader paused, then resumed, has not stepped
+#: down yet): the client's lease margin counts on it (gesmas.client.core.LEADER_LEASE).
+KEEPALIVE_LEASE = 1.0
 CATCH_UP = 1.0               # seconds a refusal decided on local users waits for the log
 
 
@@ -274,6 +279,9 @@ class Node(Membership):
         if not self.replica.is_leader():
             raise CallFailed(Error(Code.UNAVAILABLE, "keep-alives go to the leader",
                                    "NotLeader"), self.leader_client_addr() or "")
+        if not self.replica.leads_with_majority(KEEPALIVE_LEASE):
+            raise CallFailed(Error(Code.UNAVAILABLE, "the leader has not heard from a "
+                                   f"majority within {KEEPALIVE_LEASE:g} s", "NotLeader"))
         ttl = self.leader_duties.keep_alive(session, secret, time.monotonic())
         if ttl is None:
             raise CallFailed(Error(Code.NOT_FOUND,

@@ -136,6 +136,25 @@ class Replica:
         node = self._node
         return node is not None and node._isLeader()
 
+    def leads_with_majority(self, within: float) -> bool:
+        """This replica is the leader and a majority of the cluster (itself included)
+        answered it within the last ``within`` seconds: no other replica can have been
+        elected before that (any majority that elects one holds a replica that answered
+        this leader since, in its term). pysyncobj's own step-down waits longer
+        (``leader_fallback_timeout``) and only on its tick, which a paused process has not
+        run yet when it resumes."""
+        node = self._node
+        if node is None or not node._isLeader():
+            return False
+        others = list(node._SyncObj__otherNodes)
+        try:
+            heard = dict(node._SyncObj__lastResponseTime)
+        except RuntimeError:                  # changed under the copy: ask again
+            heard = dict(node._SyncObj__lastResponseTime)
+        since = time.monotonic() - within
+        count = 1 + sum(1 for n in others if heard.get(n, 0.0) > since)
+        return count > (len(others) + 1) / 2
+
     def leader(self) -> Optional[str]:
         node = self._node
         leader = node._getLeader() if node is not None else None
