@@ -31,10 +31,15 @@ def test_each_replica_serves_its_metrics():
             c.queue("m").produce(1)
             with pytest.raises(Timeout):
                 c.queue("m2").consume(timeout=0)
-            leader = cl.find_leader()
-            for m in cl.members:
-                cl.wait_caught_up(m)
-            all_metrics = {m.node_id: scrape(m.metrics_addr) for m in cl.members}
+            for _ in range(20):    # an election on a loaded host may fall between the reads
+                leader = cl.find_leader()
+                for m in cl.members:
+                    cl.wait_caught_up(m)
+                all_metrics = {m.node_id: scrape(m.metrics_addr) for m in cl.members}
+                leaders = [n for n, f in all_metrics.items()
+                           if value(f, "gesmas_raft_is_leader") == 1.0]
+                if cl.find_leader().node_id == leader.node_id and leaders == [leader.node_id]:
+                    break
         for node_id, f in all_metrics.items():
             for name in ("gesmas_raft_is_leader", "gesmas_raft_term", "gesmas_raft_commit_index",
                          "gesmas_raft_applied_index", "gesmas_sessions", "gesmas_objects",

@@ -100,6 +100,11 @@ class Fence(int):
     def valid_until(self) -> float | None:
         return self.hold.valid_until
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # pickled or copied (to another process, say), a fence is its number: the hold it
+        # reports on is this client's live session
+        return (int, (int(self),))
+
 
 class LockProxy(ObjectProxy):
     """``with client.lock(name) as fence:`` acquires, yields the fencing token, releases.
