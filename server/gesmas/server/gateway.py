@@ -118,6 +118,11 @@ class Gateway(pb_grpc.GesmasServicer):
                 if self.node.auth_enabled() and self.node.password_hash(name) is None:
                     await self.node.catch_up()
                     if self.node.password_hash(name) is None:
+                        if not self.node.is_current():     # may not know the user yet
+                            raise CallFailed(Error(Code.UNAVAILABLE, "this replica is catching "
+                                                   "up with the log and cannot check this "
+                                                   "certificate's user yet; retry",
+                                                   "CatchingUp"))
                         raise _unauthenticated(f"user {name!r} does not exist (the name of "
                                                "the client certificate): ask an admin to add it")
                 return name
