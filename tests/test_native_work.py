@@ -176,6 +176,24 @@ ATTACKS = {
     "except tuple": "t = (KeyError,) * 400000\nn = 0\nfor i in range(3000):\n    try:\n        raise ValueError()\n    except t:\n        pass\n    except ValueError:\n        n += 1\nreturn n",
     "partial of a native": "import functools, math\nx = [1.0] * 100000\np = functools.partial(math.hypot, *x)\nn = 0\nfor i in range(3000):\n    n += p() > 0\nreturn n",
     "type() of a deque": "import collections\nq = collections.deque()\nx = bytes(4000000)\nfor i in range(300):\n    type(q)(x, maxlen=0)\nreturn 1",
+    'red team: insort_key': 'import bisect\na = []\nb = []\nfor i in range(40):\n    a = [a, a]\n    b = [b, b]\nl = [0]\nbisect.insort(l, 1, key=lambda v: a if v == 0 else b)\nreturn 1',
+    'red team: groupby_key': 'import itertools\na = []\nb = []\nfor i in range(40):\n    a = [a, a]\n    b = [b, b]\nreturn len(list(itertools.groupby([0, 1], key=lambda v: a if v == 0 else b)))',
+    'red team: float_in_range': 'return 0.5 in range(10**12)',
+    'red team: slice_eq': 'a = []\nb = []\nfor i in range(40):\n    a = [a, a]\n    b = [b, b]\nreturn slice(a) == slice(b)',
+    'red team: bytes_translate_del': "s = b'a' * 4000000\nn = 0\nfor i in range(3000):\n    n += len(s.translate(None, b'a'))\nreturn n",
+    'red team: decode_ignore': "s = b'\\xff' * 4000000\nn = 0\nfor i in range(3000):\n    n += len(s.decode('ascii', 'ignore'))\nreturn n",
+    'red team: partition': "s = 'a' * 4000000\nn = 0\nfor i in range(160000):\n    n += len(s.partition('ab')[1])\nreturn n",
+    'red team: rfind': "s = 'a' * 1000000\nreturn s.rfind('ab' + 'a' * 30000)",
+    'red team: expandtabs': "return len(('\\t' * 400000).expandtabs(10000))",
+    'red team: pow_mod': 'x = 3\nm = (1 << 65535) + 1\nn = 0\nfor i in range(100):\n    n += pow(x, (1 << 63) + 12345, m) > 0\nreturn n',
+    'red team: isqrt': 'import math\nn = 0\nfor i in range(3000):\n    n += math.isqrt(1 << 65535) > 0\nreturn n',
+    'red team: round_big': 'x = 1 << 65535\nn = 0\nfor i in range(3000):\n    n += round(x, -10000) > 0\nreturn n',
+    'red team: factorial': 'import math\nn = 0\nfor i in range(20000):\n    n += math.factorial(5000) > 0\nreturn n',
+    'red team: int_parse': "s = ' ' * 4000000 + '1'\nn = 0\nfor i in range(3000):\n    n += int(s)\nreturn n",
+    'red team: counter_add': 'import collections\nc = collections.Counter(dict.fromkeys(range(50000), -1))\nd = collections.Counter()\nn = 0\nfor i in range(1000):\n    n += len(c + d)\nreturn n',
+    'red team: del_list': 'l = [0] * 1500000\nfor i in range(200000):\n    del l[1]\n    l.append(0)\nreturn 1',
+    'red team: sparse_set': 's = set(range(40000))\nfor i in range(1, 40000):\n    s.discard(i)\nn = 0\nfor i in range(160000):\n    n += next(iter(s))\nreturn n',
+    'red team: punycode': "return len(bytes('\\u00e9' * 90000, 'punycode'))",
     "permutations pool": "import itertools\nx = [0] * 100000\nn = 0\nfor i in range(3000):\n    n += len(list(itertools.islice(itertools.permutations(x, 1), 1)))\nreturn n",
 }
 
@@ -277,6 +295,17 @@ def test_identity_of_values_is_not_observable():
     h, s, err = call_m("x = None\nl = []\nm = l\nreturn [x is None, l is m, type(l) is list, "
                        "x is not l, True is not x]")
     assert err is None and h.last == [True, True, True, True, True], err
+
+
+def test_second_review_leaks_and_mutations_are_closed():
+    from test_hostile import call_m
+    h, s, err = call_m("return b'%a' % (iter([]),)")
+    assert err is None and b"0x" not in h.last
+    h, s, err = call_m("import functools\np = functools.partial(max)\np.keywords['x'] = 1\n"
+                       "return p.keywords")
+    assert err is None and h.last == {}
+    h, s, err = call_m("return ExceptionGroup('x', [ValueError()])")
+    assert err is not None and "ExceptionGroup" in err.message
 
 
 def test_classes_are_made_only_while_the_source_loads():

@@ -49,10 +49,10 @@ _VALUES: type = type({}.values())
 _ITEMS: type = type({}.items())
 
 # kinds of types, by what an operation that walks a value of the type walks
-ATOM, STR, SEQ, MAP, SET, RECORD, KEYS, VALUES, ITEMS, EXC = range(10)
+ATOM, STR, SEQ, MAP, SET, RECORD, KEYS, VALUES, ITEMS, EXC, SLICE = range(11)
 
 _KIND: dict[type, int] = {t: ATOM for t in (type(None), bool, int, float, complex)}
-_KIND.update({str: STR, bytes: STR, bytearray: STR, list: SEQ, tuple: SEQ, _deque: SEQ,
+_KIND.update({slice: SLICE, str: STR, bytes: STR, bytearray: STR, list: SEQ, tuple: SEQ, _deque: SEQ,
               dict: MAP, set: SET, frozenset: SET, _KEYS: KEYS, _VALUES: VALUES,
               _ITEMS: ITEMS})
 _ATOMS = frozenset({type(None), bool, int, float, complex})
@@ -136,6 +136,8 @@ class _Walk:
             items = v
         elif k == ITEMS:
             items = None
+        elif k == SLICE:                   # compared and hashed as (start, stop, step)
+            items = [v.start, v.stop, v.step]
         elif k == EXC:
             args = getattr(v, "args", ())
             items = list(args) if type(args) is tuple else [args]

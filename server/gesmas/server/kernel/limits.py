@@ -23,6 +23,7 @@ from .measure import (members, _ordered_set, _set_args, _set_iter, _stable_hash,
                       _walkable, state_size)
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_ADDRESS_B = re.compile(rb" at 0x[0-9a-fA-F]+")
 
 
 # -- identity-free base objects ----------------------------------------------------------------
@@ -70,6 +71,8 @@ def _mul_(a: Any, b: Any) -> Any:
 
 
 def _add_(a: Any, b: Any) -> Any:
+    if type(a) is not int and type(a) is not float and isinstance(a, dict):
+        _operands(a, b)                  # Counter + Counter: a loop over both
     r = a + b
     t = type(r)
     if t is int or t is float:
@@ -82,8 +85,11 @@ def _pow_(a: Any, b: Any, mod: Any = None) -> Any:
         if mod is None:
             if b > 0 and _bits(a) > 1 and _bits(a) * int(b) > MAX_BITS:
                 raise ResourceLimit(f"a power would have more than {MAX_BITS} bits")
-        elif isinstance(mod, int) and _bits(b) * max(_bits(mod), 1) > MAX_BITS * 64:
-            raise ResourceLimit("a modular power with numbers this big is not allowed")
+        elif isinstance(mod, int):
+            if _bits(b) * max(_bits(mod), 1) > MAX_BITS * 64:
+                raise ResourceLimit("a modular power with numbers this big is not allowed")
+            # one squaring and reduction per bit of the exponent, each quadratic in the modulus
+            _charge((_bits(b) * _bits(mod) * _bits(mod)) >> 20)
     return _sized(pow(a, b) if mod is None else pow(a, b, mod), "a power")
 
 
@@ -170,7 +176,12 @@ def _mod_(a: Any, b: Any) -> Any:
     if isinstance(a, (str, bytes)):
         _check_widths(a)
         _walkable(b, "formatting")
-        return _sized(_scrub(a % b) if type(a) is str else a % b, "a formatted string")
+        out = a % b
+        if type(out) is str:
+            out = _scrub(out)
+        elif b" at 0x" in out:
+            out = _ADDRESS_B.sub(b"", out)
+        return _sized(out, "a formatted string")
     _divcost(a, b)
     return a % b
 
@@ -216,6 +227,9 @@ def _repr_(obj: Any) -> str:
 def _round_(number: Any, *ndigits: Any) -> Any:
     if ndigits and isinstance(ndigits[0], int) and not -MAX_WIDTH <= ndigits[0] <= MAX_WIDTH:
         raise ResourceLimit(f"round() to {ndigits[0]} digits is out of range")
+    if ndigits and isinstance(number, int):      # a division by a power of ten: quadratic
+        bits = _bits(int(number))
+        _charge((bits * bits) >> 16)
     return round(number, *ndigits)
 
 
@@ -292,8 +306,13 @@ def _width_method(name: str) -> Callable[..., Any]:
         method = getattr(obj, name)
 
         def call(*args: Any) -> Any:
-            if args and type(args[0]) is int and args[0] > MAX_SIZE:
-                raise ResourceLimit(f"{name}() to {args[0]} is over {MAX_SIZE}")
+            if args and isinstance(args[0], int) and int(args[0]) > MAX_SIZE:
+                raise ResourceLimit(f"{name}() to {int(args[0])} is over {MAX_SIZE}")
+            if name == "expandtabs":        # each tab can become `tabsize` spaces
+                size = int(args[0]) if args and isinstance(args[0], int) else 8
+                if _rlen(obj) * max(size, 1) > MAX_SIZE and obj.count("\t") * size > MAX_SIZE:
+                    raise ResourceLimit(f"expandtabs() could make more than {MAX_SIZE} items")
+            _charge_scan(obj)
             return _sized(method(*args), f"{name}()")
         return call
     return check
@@ -304,6 +323,7 @@ def _growth_method(name: str) -> Callable[..., Any]:
         method = getattr(obj, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            _charge_scan(obj)                   # the input is read whole, whatever comes out
             if name == "join":
                 if isinstance(args[0], (set, frozenset)):
                     _ordered_set(args[0])
@@ -361,6 +381,11 @@ def _scan_method(name: str) -> Callable[..., Any]:
             _charge_scan(obj)
             if name == "sort":
                 _charge_scan(obj)
+            if name[0] == "r" and args and isinstance(args[0], (str, bytes, bytearray)):
+                # the reverse searches compare the pattern at every position: n * m
+                m = _rlen(args[0])
+                if m > 64:
+                    _charge_mod.charge_items((_rlen(obj) >> 3) * (m >> 6))
             return _sized(method(*args, **kwargs), f"{name}()")
         return call
     return check

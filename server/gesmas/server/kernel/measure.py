@@ -8,7 +8,7 @@ from typing import Any, Callable
 import dataclasses as _dataclasses
 import sys
 
-from .budget import _IDENTITY, MAX_SIZE, ResourceLimit, _charge_scan, _deque
+from .budget import _IDENTITY, MAX_SIZE, ResourceLimit, _charge, _charge_scan, _deque
 from .charge import ATOM, _key_, charge_value, kind
 
 # Before Python 3.12 None's hash is its address: a set holding None iterates in an order of
@@ -78,10 +78,18 @@ def _unordered(x: Any) -> None:
                     "(use a dict or a list)")
 
 
+def _charge_table(s: Any) -> None:
+    """Iterating a set walks its whole table, which does not shrink when members leave."""
+    slots = s.__sizeof__() >> 4
+    if slots > 4096:
+        _charge(slots >> 3)
+
+
 def _ordered_set(s: Any) -> Any:
     """`s` (a set about to be iterated), once every member is known to hash the same on every
     replica; a set's order follows its members' hashes."""
     _charge_scan(s)
+    _charge_table(s)
     if not set(map(type, s)) <= _PLAIN_MEMBERS:
         for x in s:
             if not _stable_hash(x):

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from .budget import MAX_BITS, MAX_SIZE, ResourceLimit, _charge, _cost, _sized
 from .charge import SELF_COUNTED, Counted, _key_, charge_value, consume, keys
 from .limits import _mul_
-from .natives import BISECT, HEAPQ
+from .natives import BISECT, HEAPQ, charged_key
 
 class ModuleProxy:
     """An allowed module as uploaded code sees it: a fixed set of vetted public names."""
@@ -108,9 +108,11 @@ def _tee(iterable: Any, n: int = 2) -> tuple[_Counted, ...]:
 def _limit_n(fn: Callable[..., Any], limit: int) -> Callable[..., Any]:
     @_functools.wraps(fn)
     def call(*args: Any) -> Any:
-        if any(type(a) is int and a > limit for a in args):
+        if any(isinstance(a, int) and int(a) > limit for a in args):
             raise ResourceLimit(f"{fn.__name__}() of numbers over {limit} is not allowed")
-        return fn(*args)
+        n = max((int(a) for a in args if isinstance(a, int)), default=0)
+        _charge((n * n) >> 10)               # products of n numbers of up to n bits
+        return fn(*(int(a) if isinstance(a, int) else a for a in args))
     return call
 
 
@@ -330,6 +332,23 @@ def _skipping(fn: Callable[..., Any], at: int,
     return call
 
 
+def _grouping(iterable: Any, key: Any = None) -> Any:
+    """itertools.groupby: it compares neighbours' keys natively, each charged first."""
+    if key is None:
+        return _Counted(_itertools.groupby(Counted(iterable, charge_value)))
+    return _Counted(_itertools.groupby(Counted(iterable), charged_key(key)))
+
+
+def _bigint(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """math.isqrt and the like on a big integer: quadratic in its bits."""
+    @_functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        bits = max((int.bit_length(int(a)) for a in args if isinstance(a, int)), default=0)
+        _charge((bits * bits) >> 16)
+        return fn(*args)
+    return call
+
+
 MODULES: dict[str, ModuleProxy] = {
     "collections": ModuleProxy("collections", {
         "deque": _wrapped(_collections.deque, _deque),
@@ -346,6 +365,7 @@ MODULES: dict[str, ModuleProxy] = {
            if not n.startswith("_") and n not in ("factorial", "comb", "perm", "prod", "lcm")},
         "factorial": _limit_n(_math.factorial, 5000), "comb": _limit_n(_math.comb, 5000),
         "perm": _limit_n(_math.perm, 5000), "prod": _prod, "lcm": _lcm,
+        "isqrt": _bigint(_math.isqrt), "gcd": _bigint(_math.gcd),
         **{n: _consuming(getattr(_math, n)) for n in ("fsum", "dist", "sumprod")
            if hasattr(_math, n)}}),
     "itertools": ModuleProxy("itertools", {
@@ -355,7 +375,7 @@ MODULES: dict[str, ModuleProxy] = {
         "islice": _skipping(_itertools.islice, 0), "dropwhile": _skipping(_itertools.dropwhile, 1),
         "filterfalse": _skipping(_itertools.filterfalse, 1),
         "compress": _skipping(_itertools.compress, -1),
-        "groupby": _skipping(_itertools.groupby, 0, charge_value),   # compares neighbours
+        "groupby": _grouping,
         "product": _pooled(_itertools.product, _check_product),
         "permutations": _pooled(_itertools.permutations, _check_r),
         "combinations": _pooled(_itertools.combinations, _check_r),

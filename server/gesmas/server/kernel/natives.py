@@ -11,11 +11,12 @@ heaps and bisect are here too, as the functions the builtins and module proxies 
 from __future__ import annotations
 
 import bisect as _bisect
+import functools as _functools
 import heapq as _heapq
 from typing import Any, Callable
 
 from .budget import MAX_SIZE, ResourceLimit, _charge, _sized
-from .charge import (_ATOMS, _STRS, ATOM, EXC, ITEMS, KEYS, MAP, RECORD, SEQ, SET, STR, VALUES,
+from .charge import (_ATOMS, _STRS, ATOM, EXC, ITEMS, SLICE, KEYS, MAP, RECORD, SEQ, SET, STR, VALUES,
                      _key_, _lt_, _strs, charge_items, charge_value, consume, keys, kind,
                      unfold)
 
@@ -205,9 +206,23 @@ def _probe(x: Any, a: Any) -> None:
     charge_items(unfold(x) * (_log2(len(a)) + 1))
 
 
+def charged_key(key: Any) -> Any:
+    """A key function whose results native code compares: each result charged its U."""
+    if key is None:
+        return None
+
+    def call(item: Any) -> Any:
+        k = key(item)
+        charge_items(unfold(k))
+        return k
+    return call
+
+
 def _bisecting(fn: Callable[..., Any], inserts: bool) -> Callable[..., Any]:
     def call(a: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         _charge(1)
+        if kwargs.get("key") is not None:
+            kwargs["key"] = charged_key(kwargs["key"])
         _probe(x, a)
         if inserts:
             if len(a) >= MAX_SIZE:
@@ -432,7 +447,9 @@ def method(obj: Any, name: str) -> Any:
     attribute for any other value (`None` as the answer means: not a builtin value)."""
     t = type(obj)
     k = kind(t)
-    if k == ATOM or k == RECORD or k == EXC:
+    if name == "keywords" and isinstance(obj, _functools.partial):
+        return dict(obj.keywords)               # a copy: the partial may be module-level
+    if k == ATOM or k == RECORD or k == EXC or k == SLICE:
         if t is range:
             table: dict[str, Rule] = _RANGE
         elif isinstance(obj, (int, float, complex)):

@@ -25,7 +25,9 @@ _BUILTINS = ("""None False True Ellipsis NotImplemented abs bool callable chr co
     tuple sorted min max any all enumerate zip map filter reversed iter next property
     staticmethod classmethod super""".split()
     + [n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
-       and issubclass(getattr(builtins, n), BaseException)])
+       and issubclass(getattr(builtins, n), BaseException)
+       # groups: split/subgroup/derive walk nested groups natively
+       and n not in ("ExceptionGroup", "BaseExceptionGroup")])
 
 
 class _CountedRange:
@@ -49,6 +51,8 @@ class _CountedRange:
         return _range_wrap(self._r[i])        # a slice of a big range is counted too
 
     def __contains__(self, x: Any) -> bool:
+        if type(x) is not int and type(x) is not bool:
+            charge.charge_items(len(self._r))   # not an int: compared with every number
         return x in self._r
 
     def __repr__(self) -> str:
@@ -146,6 +150,16 @@ def _is_(a: Any, b: Any) -> bool:
     return a is b
 
 
+def _delfrom_(container: Any) -> Any:
+    """The container of `del container[...]`: a list, bytearray or deque moves the rest."""
+    t = type(container)
+    if t is list or t is bytearray or t is charge._deque:
+        n = len(container)
+        if n > 4096:
+            limits._charge(n >> 6)
+    return container
+
+
 def _excepts_(types: Any) -> Any:
     _types_arg(types)
     return types
@@ -204,6 +218,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "_members_": lambda items: charge.consume(items, measure._member_), "_cmp_": charge._cmp_,
         "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
         "_consume_": charge.consume, "_excepts_": _excepts_, "_is_": _is_,
+        "_delfrom_": _delfrom_,
         "_print_": PrintCollector,
         # the dialect's own names
         "Semaphore": sched.Semaphore,

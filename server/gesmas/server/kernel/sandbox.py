@@ -38,7 +38,7 @@ from typing import Any
 from . import modules, natives, sched
 from .charge import ATOM, consume, keys, kind
 from .measure import members
-from .limits import (_charge_scan, _INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
+from .limits import (_CODECS, _charge_scan, _INSPECT, _NAMEDTUPLE_API, GUARDABLE, GUARDED_NAMES, MAX_SIZE, Budget,
                      Object, ResourceLimit, SyncObject, _add_, _floordiv_, _fmt_, _from_bytes,
                      _guarded_method, _in_, _inplace, _lshift_, _mod_, _mul_, _no_hash,
                      _ordered_set, _plain_repr, _pow_, _scrub, _setslice_, _sized, _slice_,
@@ -82,8 +82,14 @@ class _StandIn(type):
         if args and isinstance(args[0], (set, frozenset)) and real is not set and \
                 real is not frozenset and real is not dict:
             _ordered_set(args[0])                # list(s), tuple(s)... keep the set's order
-        if (real is float or real is complex) and args and isinstance(args[0], (str, bytes)):
+        if (real is float or real is complex or real is int) and args and \
+                isinstance(args[0], (str, bytes, bytearray)):
             _charge_scan(args[0])                # parsed whole
+        if real in (str, bytes, bytearray) and (len(args) > 1 or "encoding" in kwargs):
+            codec = str(kwargs.get("encoding", args[1] if len(args) > 1 else ""))
+            if codec.lower().replace("-", "_") not in _CODECS:
+                raise ResourceLimit(f"{real.__name__}() with {codec!r} is not available (use "
+                                    "utf-8, ascii, latin-1, utf-16 or utf-32)")
         if real is bytes or real is bytearray:
             if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
                 raise ResourceLimit(f"{real.__name__}({args[0]}) is over {MAX_SIZE} bytes")
@@ -207,6 +213,8 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
 
     def _setattr_(obj: Any, name: str, value: Any) -> None:
         _name_ok(name)
+        if name == "args" and isinstance(obj, BaseException):
+            value = consume(value)               # copied into a tuple natively
         setattr(_write_(obj), name, value)
 
     def _delattr_(obj: Any, name: str) -> None:
