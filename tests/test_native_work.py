@@ -308,6 +308,23 @@ def test_second_review_leaks_and_mutations_are_closed():
     assert err is not None and "ExceptionGroup" in err.message
 
 
+def test_a_waiter_that_swallows_every_exception_does_not_stop_checkpoints():
+    """`except BaseException:` (or a bare `except:`) around acquire() catches the checkpoint's
+    Interrupted; when the kernel then ends the call for good, no handler may keep it."""
+    from kernel_harness import H
+    src = ("class A:\n    def __init__(self):\n        self.s = Semaphore(0)\n        self.n = 0\n"
+           "    def m(self):\n        while True:\n            try:\n                self.s.acquire()\n"
+           "            except:\n                self.n += 1\n    def g(self):\n        return self.n\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("A", "a")
+    t = h.call(s, "a", "m")
+    assert h.checkpoint().error is None and h.checkpoint().error is None
+    assert h.error(t).type == "Interrupted"
+    assert h.value(h.call(s, "a", "g")) == 3
+
+
 def test_classes_are_made_only_while_the_source_loads():
     from test_hostile import call_m
     h, s, err = call_m("import collections\nreturn collections.namedtuple('P', 'a b')(1, 2)")

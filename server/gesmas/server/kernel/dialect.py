@@ -251,6 +251,8 @@ class _Policy(RestrictingNodeTransformer):
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> Any:
         node = super().visit_ExceptHandler(node)  # type: ignore[assignment]
+        if node.type is None:                    # a bare `except:` is `except BaseException:`
+            node.type = ast.copy_location(ast.Name("BaseException", ast.Load()), node)
         if node.type is not None:
             # `except (A, B):` a tuple that could be long, matched natively at every raise
             node.type = _call("_excepts_", [node.type], node.type)

@@ -10,7 +10,10 @@ sum, isinstance/issubclass over tuples of classes, `is` between values. The rewr
 from __future__ import annotations
 
 import builtins
+import sys
 from typing import Any
+
+import greenlet
 
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.PrintCollector import PrintCollector
@@ -161,6 +164,12 @@ def _delfrom_(container: Any) -> Any:
 
 
 def _excepts_(types: Any) -> Any:
+    """The class(es) of an `except` clause, evaluated as an exception reaches it. A call that
+    the kernel is ending for good (GreenletExit thrown into it) passes every handler: code
+    that caught it and waited again would keep a waiter no checkpoint can account for."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, greenlet.GreenletExit):
+        raise exc
     _types_arg(types)
     return types
 
