@@ -325,6 +325,15 @@ def test_a_waiter_that_swallows_every_exception_does_not_stop_checkpoints():
     assert h.value(h.call(s, "a", "g")) == 3
 
 
+def test_a_module_level_method_of_a_mutable_value_is_refused():
+    from kernel_harness import H
+    for src in ("SD = {}.setdefault\nclass A:\n    pass\n", "AP = [].append\nclass A:\n    pass\n"):
+        err = H().register(src).error
+        assert err is not None and "could be changed" in err.message, (src, err)
+    assert H().register("import math\nF = math.sqrt\nC = (1, 2).count\nclass A:\n"
+                        "    pass\n").error is None
+
+
 def test_classes_are_made_only_while_the_source_loads():
     from test_hostile import call_m
     h, s, err = call_m("import collections\nreturn collections.namedtuple('P', 'a b')(1, 2)")

@@ -358,6 +358,9 @@ _IMMUTABLE_LEAVES = (type(None), bool, int, float, complex, str, bytes, range, t
                      ModuleProxy, type(len), type(NotImplemented), Object)
 
 
+_BUILTIN_METHOD = type(len)
+
+
 def _read_only(self: Any, *args: Any) -> None:
     raise TypeError(f"{type(self).__name__} members are read-only")
 
@@ -381,6 +384,11 @@ def seal(ns: dict[str, Any], made: list[type], types: UserTypes) -> None:
 
 
 def _immutable(v: Any, path: str, seen: set[int], types: UserTypes) -> None:
+    if type(v) is _BUILTIN_METHOD:               # `[].append`: immutable only if its value is
+        bound = getattr(v, "__self__", None)
+        if bound is not None and not isinstance(bound, (type, ModuleProxy, _types.ModuleType)):
+            _immutable(bound, f"{path} (the value its method is bound to)", seen, types)
+        return
     if type(v) in _IMMUTABLE_LEAVES or id(v) in seen:
         return
     seen.add(id(v))
