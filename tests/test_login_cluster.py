@@ -27,6 +27,7 @@ def cluster():
             root.auth("role_add", name="a-user")
             for action in ("invoke", "create", "delete"):
                 root.auth("role_grant", name="a-user", action=action, prefix="a/")
+        caught_up(c)     # every replica has applied auth_enable and the users
         yield c
 
 
