@@ -80,7 +80,7 @@ class _Connection:
         self.busy = 0
 
 
-class Client:
+class Client(core.SessionView):
     """An asyncio connection to a gesmas cluster with one session. Use ``async with`` (or
     ``await c.connect()`` / ``await c.close()``); arguments as ``gesmas.client.Client``."""
 
@@ -186,58 +186,11 @@ class Client:
             for conn in pool:
                 await conn.channel.close()
 
-    @property
-    def expired(self) -> bool:
-        return self._expired is not None
-
     def _check_usable(self) -> None:
         if self._expired is not None:
             raise SessionExpired(self._expired.message, self._expired.type)
         if self._closed:
             raise ClientClosed()
-
-    @property
-    def lease(self) -> Lease | None:
-        """The current session's lease; None before the session is opened."""
-        return self._lease
-
-    @property
-    def state(self) -> SessionState | None:
-        """``connected``, ``suspended`` or ``lost`` (None before a session is opened)."""
-        lease = self._lease
-        return None if lease is None else lease.state(time.monotonic())
-
-    @property
-    def valid_until(self) -> float | None:
-        """Until when (``time.monotonic()``) the session is surely valid."""
-        lease = self._lease
-        return None if lease is None else lease.valid_until
-
-    def add_listener(self, fn: Any) -> None:
-        """Call ``fn(state)`` on every change of the session's state (in the event loop)."""
-        self._listeners.add(fn)
-
-    def remove_listener(self, fn: Any) -> None:
-        self._listeners.remove(fn)
-
-    def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
-        if state is None:
-            state = lease.state(time.monotonic())
-        if lease is self._lease:
-            for fn in self._listeners.changed(state):
-                try:
-                    fn(state)
-                except Exception:
-                    log.exception("gesmas: session listener %r failed", fn)
-        return state
-
-    def _mark_expired(self, error: GesmasError, session: int | None = None) -> None:
-        """The server said ``session`` (the current one by default) is gone."""
-        lease = self._lease
-        if lease is None or (session is not None and lease.session != session):
-            return
-        lease.lose(error.message, by_server=True)
-        self._session_lost(lease)
 
     def _session_lost(self, lease: Lease) -> None:
         if lease is not self._lease or self._session != lease.session:

@@ -166,7 +166,7 @@ class ClientClosed(SessionExpired):
         super().__init__(message, type, leader_hint)
 
 
-class Client(AdminCalls, StandardObjects):
+class Client(core.SessionView, AdminCalls, StandardObjects):
     """A connection to a gesmas cluster with one session; safe to share between threads.
 
     ``cluster`` is "host:port,host:port,..." or a list (default: env GESMAS_CLUSTER, else
@@ -288,49 +288,6 @@ class Client(AdminCalls, StandardObjects):
         with self._routing.lock:
             return self._routing.leader
 
-    @property
-    def expired(self) -> bool:
-        return self._expired is not None
-
-    @property
-    def lease(self) -> Lease | None:
-        """The current session's lease (``valid_until``, ``state(now)``), None before the
-        session is opened."""
-        return self._lease
-
-    @property
-    def state(self) -> SessionState | None:
-        """``connected``, ``suspended`` or ``lost`` (None before a session is opened)."""
-        lease = self._lease
-        return None if lease is None else lease.state(time.monotonic())
-
-    @property
-    def valid_until(self) -> float | None:
-        """Until when (``time.monotonic()``) the session is surely valid; None before a
-        session is opened. A lost session's is in the past."""
-        lease = self._lease
-        return None if lease is None else lease.valid_until
-
-    def add_listener(self, fn: Callable[[SessionState], object]) -> None:
-        """Call ``fn(state)`` on every change of the session's state (on the keep-alive
-        thread: ``fn`` should return quickly). kazoo's ``add_listener``."""
-        self._listeners.add(fn)
-
-    def remove_listener(self, fn: Callable[[SessionState], object]) -> None:
-        self._listeners.remove(fn)
-
-    def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
-        """Tell the listeners the state of ``lease`` if it is the current one and news."""
-        if state is None:
-            state = lease.state(time.monotonic())
-        if lease is self._lease:
-            for fn in self._listeners.changed(state):
-                try:
-                    fn(state)
-                except Exception:                  # a listener's bug is not the client's
-                    log.exception("gesmas: session listener %r failed", fn)
-        return state
-
     def close(self) -> None:
         """Close the session (its waiters are aborted, its locks released) and the channels.
         Idempotent."""
@@ -362,14 +319,6 @@ class Client(AdminCalls, StandardObjects):
             raise SessionExpired(self._expired.message, self._expired.type)
         if self._closed.is_set():
             raise ClientClosed()
-
-    def _mark_expired(self, error: GesmasError, session: int | None = None) -> None:
-        """The server said ``session`` (the current one by default) is gone."""
-        lease = self._lease
-        if lease is None or (session is not None and lease.session != session):
-            return
-        lease.lose(error.message, by_server=True)
-        self._session_lost(lease)
 
     def _session_lost(self, lease: Lease) -> None:
         """``lease`` is lost: tell the listeners, then fail or forget the session (once)."""

@@ -14,7 +14,9 @@ import enum
 import math
 import os
 import threading
-from typing import Any
+import logging
+import time
+from typing import Any, Callable
 
 import grpc
 
@@ -27,7 +29,10 @@ from gesmas.client.errors import (
 )
 from gesmas.client.security import Login
 
+log = logging.getLogger(__name__)
+
 __all__ = ["Attempts", "Failure", "KeepAlives", "Lease", "Listeners", "Routing", "Sequencer",
+           "SessionView",
            "SessionState", "classify", "classify_error", "lease_margin"]
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
@@ -391,6 +396,72 @@ class Listeners:
                 return []
             self.last = state
             return list(self._fns)
+
+
+class SessionView:
+    """What both clients tell of their session, from its ``Lease``: ``lease``, ``state``,
+    ``valid_until``, ``expired``, and the listeners (``add_listener``). The client sets
+    ``_lease``, ``_listeners`` and ``_expired``, and calls ``_mark_expired`` when the server
+    says the session is gone and ``_publish`` when the state may have changed."""
+
+    _lease: Lease | None
+    _listeners: Listeners
+    _expired: Any
+
+    @property
+    def expired(self) -> bool:
+        return self._expired is not None
+
+    @property
+    def lease(self) -> Lease | None:
+        """The current session's lease (``valid_until``, ``state(now)``), None before the
+        session is opened."""
+        return self._lease
+
+    @property
+    def state(self) -> SessionState | None:
+        """``connected``, ``suspended`` or ``lost`` (None before a session is opened)."""
+        lease = self._lease
+        return None if lease is None else lease.state(time.monotonic())
+
+    @property
+    def valid_until(self) -> float | None:
+        """Until when (``time.monotonic()``) the session is surely valid; None before a
+        session is opened. A lost session's is in the past."""
+        lease = self._lease
+        return None if lease is None else lease.valid_until
+
+    def add_listener(self, fn: Callable[[SessionState], object]) -> None:
+        """Call ``fn(state)`` on every change of the session's state (the sync client calls
+        it on its keep-alive thread, the asyncio client in the event loop: return quickly).
+        kazoo's ``add_listener``."""
+        self._listeners.add(fn)
+
+    def remove_listener(self, fn: Callable[[SessionState], object]) -> None:
+        self._listeners.remove(fn)
+
+    def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
+        """Tell the listeners the state of ``lease`` if it is the current one and news."""
+        if state is None:
+            state = lease.state(time.monotonic())
+        if lease is self._lease:
+            for fn in self._listeners.changed(state):
+                try:
+                    fn(state)
+                except Exception:                  # a listener's bug is not the client's
+                    log.exception("gesmas: session listener %r failed", fn)
+        return state
+
+    def _mark_expired(self, error: GesmasError, session: int | None = None) -> None:
+        """The server said ``session`` (the current one by default) is gone."""
+        lease = self._lease
+        if lease is None or (session is not None and lease.session != session):
+            return
+        lease.lose(error.message, by_server=True)
+        self._session_lost(lease)
+
+    def _session_lost(self, lease: Lease) -> None:
+        raise NotImplementedError
 
 
 class Sequencer:
