@@ -23,6 +23,7 @@ import pytest
 from gesmas.client import Client, ResourceExhausted
 from gesmas.server import up
 from gesmas.server.cluster import LocalCluster, Member
+from test_hostile_cluster import agree  # every replica answers, digests equal
 from gesmas.server.replication.watchdog import PAGE_NAME, RECORD_NAME, read_page
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -58,20 +59,6 @@ def supervised(cluster, monkeypatch):
     yield cluster
     done.set()
     t.join(10)
-
-
-def agree(cluster: LocalCluster, timeout: float = 60.0) -> str:
-    """Every replica answers, and all compute the same state digest."""
-    deadline = time.monotonic() + timeout
-    seen: list[object] = []
-    while time.monotonic() < deadline:
-        seen = [cluster.member_status(m, timeout=10.0, digest=True) for m in cluster.members]
-        digests = {st["state_digest"] if st else None for st in seen}
-        if None not in digests and len(digests) == 1:
-            return digests.pop()  # type: ignore[return-value]
-        time.sleep(0.2)
-    raise AssertionError(f"replicas disagree or do not answer: {seen}\n" +
-                         "\n".join(cluster.tail(m) for m in cluster.members))
 
 
 def serves(cluster: LocalCluster, name: str) -> None:
