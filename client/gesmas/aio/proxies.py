@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gesmas.client.proxies import Fence, Hold
+from gesmas.client.proxies import Fence, FencedHold, Hold
 
 if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
@@ -42,17 +42,9 @@ class ObjectProxy:
         return call
 
 
-class LockProxy(ObjectProxy):
+class LockProxy(FencedHold, ObjectProxy):
     """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases.
     ``held`` / ``fence.held``: whether the hold is still sure (as the sync proxy's)."""
-
-    fence: Fence | None = None
-
-    def _took(self, value: Any) -> Any:
-        if value is None:
-            return None
-        self.fence = Fence(value, Hold(self.client.lease))
-        return self.fence
 
     async def acquire(self, timeout: float | None = None) -> Fence:
         fence: Fence = self._took(await self.invoke("acquire", timeout=timeout))
@@ -66,14 +58,6 @@ class LockProxy(ObjectProxy):
         if self.fence is not None:
             self.fence.hold.released = True
         await self.invoke("release")
-
-    @property
-    def held(self) -> bool:
-        return self.fence is not None and self.fence.held
-
-    @property
-    def valid_until(self) -> float | None:
-        return self.fence.valid_until if self.fence is not None else None
 
     async def __aenter__(self) -> Fence:
         return await self.acquire()

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PROXIES",
     "Fence",
+    "FencedHold",
     "Hold",
     "LeaderElectionProxy",
     "LockProxy",
@@ -106,20 +107,35 @@ class Fence(int):
         return (int, (int(self),))
 
 
-class LockProxy(ObjectProxy):
-    """``with client.lock(name) as fence:`` acquires, yields the fencing token, releases.
-
-    ``held`` says whether this client still surely holds the lock (no round trip: False
-    once released, or once the session is lost, which happens before the server can
-    expire it and grant the lock to another); ``fence`` is the last token it got."""
+class FencedHold:
+    """What a lock proxy, sync or asyncio, knows of its hold: the last fencing token it got
+    (``fence``), whether the hold is still sure (``held``) and until when (``valid_until``).
+    The proxy passes each acquire's answer through ``_took``."""
 
     fence: Fence | None = None
+    client: Any
 
     def _took(self, value: Any) -> Any:
         if value is None:
             return None
         self.fence = Fence(value, Hold(self.client.lease))
         return self.fence
+
+    @property
+    def held(self) -> bool:
+        return self.fence is not None and self.fence.held
+
+    @property
+    def valid_until(self) -> float | None:
+        return self.fence.valid_until if self.fence is not None else None
+
+
+class LockProxy(FencedHold, ObjectProxy):
+    """``with client.lock(name) as fence:`` acquires, yields the fencing token, releases.
+
+    ``held`` says whether this client still surely holds the lock (no round trip: False
+    once released, or once the session is lost, which happens before the server can
+    expire it and grant the lock to another); ``fence`` is the last token it got."""
 
     def acquire(self, timeout: float | None = None) -> Fence:
         """Take the lock; returns the fencing token (the log index of the grant)."""
@@ -138,14 +154,6 @@ class LockProxy(ObjectProxy):
 
     def is_owner(self) -> bool:
         return bool(self.invoke("is_owner"))
-
-    @property
-    def held(self) -> bool:
-        return self.fence is not None and self.fence.held
-
-    @property
-    def valid_until(self) -> float | None:
-        return self.fence.valid_until if self.fence is not None else None
 
     def __enter__(self) -> Fence:
         return self.acquire()
