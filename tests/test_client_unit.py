@@ -611,7 +611,7 @@ def fence_of(n: int) -> Callable[..., Any]:
 
 
 def test_lease_states_are_a_function_of_the_clock():
-    from gesmas.client.core import Lease, SessionState, lease_margin
+    from gesmas.client.session import Lease, SessionState, lease_margin
     lease = Lease(7, ttl=10.0, sent=100.0, interval=2.5, deadline=1.0)
     assert lease_margin(10.0) == pytest.approx(1.1) and lease_margin(1.0) == 0.25
     assert lease.valid_until == pytest.approx(108.9)

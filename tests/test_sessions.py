@@ -22,6 +22,7 @@ import pytest
 
 from gesmas.aio import Client as AioClient
 from gesmas.client import Client, GesmasError, SessionExpired, Timeout, Unavailable, core
+from gesmas.client import session as session_
 
 WAIT = 30.0      # bound of every wait for an event: a failure, never a delay
 
@@ -45,7 +46,7 @@ def test_a_client_that_cannot_keep_alive_knows_before_the_lock_goes_to_another(c
         seen: dict[str, Any] = {}
         lost = threading.Event()
 
-        def listener(state: core.SessionState) -> None:
+        def listener(state: session_.SessionState) -> None:
             if state == "lost":
                 # what the holder knows at the moment it hears it
                 seen["lock_held"], seen["fence_held"] = lock.held, fence.held

@@ -43,7 +43,8 @@ from typing import Any
 import grpc
 
 from gesmas.client import convert, core
-from gesmas.client.core import Lease, SessionState
+from gesmas.client import session as session_
+from gesmas.client.session import Lease, SessionState
 from gesmas.aio.proxies import (PROXIES, BarrierProxy, LeaderElectionProxy, LockProxy,
                                 ObjectProxy, SemaphoreProxy)
 from gesmas.aio.streams import CallStream
@@ -80,7 +81,7 @@ class _Connection:
         self.busy = 0
 
 
-class Client(core.SessionView):
+class Client(session_.SessionView):
     """An asyncio connection to a gesmas cluster with one session. Use ``async with`` (or
     ``await c.connect()`` / ``await c.close()``); arguments as ``gesmas.client.Client``."""
 
@@ -118,7 +119,7 @@ class Client(core.SessionView):
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
         self._on_expiry = on_expiry
         self._lease: Lease | None = None
-        self._listeners = core.Listeners()
+        self._listeners = session_.Listeners()
         self._loser: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -150,7 +151,7 @@ class Client(core.SessionView):
                 if resp.leader:
                     with self._routing.lock:
                         self._routing.learn_leader(resp.leader)
-                schedule = core.KeepAlives(self._granted_ttl, self._routing, time.monotonic())
+                schedule = session_.KeepAlives(self._granted_ttl, self._routing, time.monotonic())
                 lease = Lease(resp.session, self._granted_ttl, sent, schedule.interval,
                               schedule.deadline)
                 self._seqs = core.Sequencer()
@@ -203,7 +204,7 @@ class Client(core.SessionView):
                 f"session {lease.session} expired: {lease.reason}", "SessionExpired")
         self._publish(lease)           # listeners hear it when calls already know
 
-    async def _keepalive_loop(self, lease: Lease, schedule: core.KeepAlives) -> None:
+    async def _keepalive_loop(self, lease: Lease, schedule: session_.KeepAlives) -> None:
         request = pb.KeepAliveRequest(session=lease.session,
                                       session_secret=self._session_secret)
         while not self._closed:

@@ -8,16 +8,16 @@ address, and one *session* (OpenSession on connect, CloseSession on close).
 Sessions. A daemon thread renews the session every ttl/4 seconds with KeepAlive, which must
 reach the leader: an UNAVAILABLE answer names the leader in ``leader_hint`` and the thread
 follows it, and keeps sending keep-alives there. Each keep-alive attempt has a deadline of
-ttl/(3 * replicas) within [0.5 s, 1 s] (``core.keepalive_deadline``); a replica that does not
+ttl/(3 * replicas) within [0.5 s, 1 s] (``session.keepalive_deadline``); a replica that does not
 answer in time is a *suspect* for 2 s: the keep-alive moves on to the next replica at once,
 hints naming the suspect are not followed (the followers of a hung leader name it until they
 elect another), and the call streams to it are cancelled, so calls blocked there are resent
 elsewhere with the same (session, seq). A keep-alive round ends only with an answer, the
-server saying the session is gone, or the lease running out (``core.KeepAlives``).
+server saying the session is gone, or the lease running out (``session_.KeepAlives``).
 
-The client knows how long its session is surely valid (``core.Lease``): ``valid_until`` is
+The client knows how long its session is surely valid (``session.Lease``): ``valid_until`` is
 the send time of the last acknowledged keep-alive plus the granted TTL minus
-``core.lease_margin`` (1 s for a leader that answered while already deposed, plus 1% of the
+``session.lease_margin`` (1 s for a leader that answered while already deposed, plus 1% of the
 TTL for clock drift; at most TTL/4). Its ``state`` is ``connected``, ``suspended`` (the
 keep-alive that was due is late: still valid until ``valid_until``) or ``lost`` (past
 ``valid_until``, or the server said the session is gone); listeners (``add_listener``) hear
@@ -78,9 +78,10 @@ from typing import Any
 import grpc
 
 from gesmas.client import convert, core
+from gesmas.client import session as session_
 from gesmas.client.accessors import StandardObjects
 from gesmas.client.admin import AdminCalls, ClassSource, NodeHealth, ObjectInfo, Status
-from gesmas.client.core import Lease, SessionState
+from gesmas.client.session import Lease, SessionState
 from gesmas.client.errors import (
     GesmasError,
     NotFound,
@@ -166,7 +167,7 @@ class ClientClosed(SessionExpired):
         super().__init__(message, type, leader_hint)
 
 
-class Client(core.SessionView, AdminCalls, StandardObjects):
+class Client(session_.SessionView, AdminCalls, StandardObjects):
     """A connection to a gesmas cluster with one session; safe to share between threads.
 
     ``cluster`` is "host:port,host:port,..." or a list (default: env GESMAS_CLUSTER, else
@@ -231,7 +232,7 @@ class Client(core.SessionView, AdminCalls, StandardObjects):
         self._seqs = core.Sequencer()
         self._on_expiry = on_expiry
         self._lease: Lease | None = None
-        self._listeners = core.Listeners()
+        self._listeners = session_.Listeners()
         if connect:
             try:
                 self.session
@@ -270,7 +271,7 @@ class Client(core.SessionView, AdminCalls, StandardObjects):
             if resp.leader:
                 with self._routing.lock:
                     self._routing.learn_leader(resp.leader)
-            schedule = core.KeepAlives(self._granted_ttl, self._routing, time.monotonic())
+            schedule = session_.KeepAlives(self._granted_ttl, self._routing, time.monotonic())
             lease = Lease(resp.session, self._granted_ttl, sent, schedule.interval,
                           schedule.deadline)
             self._seqs = core.Sequencer()
@@ -333,7 +334,7 @@ class Client(core.SessionView, AdminCalls, StandardObjects):
                     f"session {lease.session} expired: {lease.reason}", "SessionExpired")
             self._publish(lease)       # listeners hear it when calls already know
 
-    def _keepalive_loop(self, lease: Lease, schedule: core.KeepAlives) -> None:
+    def _keepalive_loop(self, lease: Lease, schedule: session_.KeepAlives) -> None:
         request = pb.KeepAliveRequest(session=lease.session,
                                       session_secret=self._session_secret)
         while not self._closed.is_set():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gesmas.client.client import Client
-    from gesmas.client.core import Lease
+    from gesmas.client.session import Lease
 
 __all__ = [
     "PROXIES",

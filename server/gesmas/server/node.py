@@ -41,7 +41,7 @@ HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
 #: A keep-alive is answered only by a leader that a majority answered within this many
 #: seconds, so that an acknowledged keep-alive cannot predate a new leader's fresh grant
 #: of the session's TTL by more than that (a leader paused, then resumed, has not stepped
-#: down yet): the client's lease margin counts on it (gesmas.client.core.LEADER_LEASE).
+#: down yet): the client's lease margin counts on it (gesmas.client.session.LEADER_LEASE).
 KEEPALIVE_LEASE = 1.0
 CATCH_UP = 1.0               # seconds a refusal decided on local users waits for the log
 
