@@ -195,6 +195,19 @@ ATTACKS = {
     'red team: sparse_set': 's = set(range(40000))\nfor i in range(1, 40000):\n    s.discard(i)\nn = 0\nfor i in range(160000):\n    n += next(iter(s))\nreturn n',
     'red team: punycode': "return len(bytes('\\u00e9' * 90000, 'punycode'))",
     "permutations pool": "import itertools\nx = [0] * 100000\nn = 0\nfor i in range(3000):\n    n += len(list(itertools.islice(itertools.permutations(x, 1), 1)))\nreturn n",
+    # typing's aliases walk, hash and substitute through their arguments
+    'typing: tuple_nested': 'import typing\nt = int\nfor i in range(40):\n    t = typing.Tuple[t, t]\nreturn 1',
+    'typing: tuple_eq': 'import typing\nt = int\nu = str\nfor i in range(40):\n    t = typing.Tuple[t, t]\n    u = typing.Tuple[u, u]\nreturn t == u',
+    'typing: union': 'import typing\nt = int\nfor i in range(40):\n    t = typing.Union[t, typing.List[t]]\nreturn 1',
+    'typing: literal': 'import typing\na = ()\nfor i in range(40):\n    a = (a, a)\nreturn typing.Literal[a] == typing.Literal[a]',
+    'typing: callable': 'import typing\nt = int\nfor i in range(40):\n    t = typing.Callable[[t, t], t]\nreturn 1',
+    'typing: optional': 'import typing\nt = int\nfor i in range(40):\n    t = typing.Optional[typing.Tuple[t, t]]\nreturn 1',
+    'typing: repr18': 'import typing\nt = int\nfor i in range(18):\n    t = typing.Tuple[t, t]\nreturn len(repr(t))',
+    'typing: in_list': 'import typing\nt = int\nfor i in range(18):\n    t = typing.Tuple[t, t]\nl = [t] * 1000\nreturn t in l',
+    'typing: set_of': 'import typing\nt = int\nfor i in range(18):\n    t = typing.Tuple[t, t]\nreturn len({t, typing.List[t]})',
+    'typing: hash18': 'import typing\nt = int\nfor i in range(18):\n    t = typing.Tuple[t, t]\nreturn hash(t) == 0',
+    'typing: params': "import typing\nT = typing.TypeVar('T')\nt = T\nfor i in range(40):\n    t = typing.Tuple[t, t]\nreturn 1",
+    'typing: subst': "import typing\nT = typing.TypeVar('T')\nt = typing.List[T]\nfor i in range(40):\n    t = t[typing.Tuple[T, T]]\nreturn 1",
 }
 
 _CHILD = r"""
@@ -369,6 +382,7 @@ class Hs:
     def __init__(self):
         self.values = {HASHED}
         self.names = {{"a", (1, "b"), frozenset({{2}})}}
+        self.code = [lambda: 1, (x for x in [1]), self.get, Hs]   # kept until a checkpoint
     def get(self):
         return self.values
     def none_in_set(self):
@@ -400,7 +414,8 @@ PINNED = [1852796517, 6573036347374721350, -4357908707672295215, -76174213444752
 def test_hashes_are_the_same_in_every_process_and_pinned():
     """The same log in processes with different hash seeds and address layouts gives the same
     hashes and the same state digest (a set holding None is refused on Python < 3.12, where
-    its order follows None's address: the digest must still agree)."""
+    its order follows None's address: the digest must still agree), also while the state
+    holds values no pickle can hold (a lambda, a generator, a bound method)."""
     runs = []
     for seed in ("0", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.path.dirname(__file__))
@@ -416,3 +431,118 @@ def test_hashes_are_the_same_in_every_process_and_pinned():
         assert "cannot hold a NoneType" in none_in_set
     else:
         assert none_in_set == 2
+
+
+def test_a_set_iterates_the_same_on_a_live_and_a_restored_replica():
+    """A set that shrank keeps its big table, so it iterates differently from the set a
+    checkpoint's unpickling rebuilds: from a checkpoint on, every replica iterates the copy
+    (the live replica too), waiters of uploaded classes re-run against it."""
+    from kernel_harness import H, replay
+    from gesmas.server.kernel import Kernel
+    src = ("class S:\n    def __init__(self):\n        self.s = set()\n"
+           "        self.w = Semaphore(0)\n"
+           "    def fill(self, xs):\n        for x in xs:\n            self.s.add(x)\n"
+           "    def shrink(self, keep):\n        for x in list(self.s):\n"
+           "            if x not in keep:\n                self.s.discard(x)\n"
+           "    def order(self):\n        return list(self.s)\n"
+           "    def wait_order(self):\n        self.w.acquire()\n        return list(self.s)\n"
+           "    def go(self):\n        self.w.release()\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("S", "a")
+    keep = [2 + 64 * i for i in range(6)] + [9, 3]       # colliding slots in a small table
+    h.value(h.call(s, "a", "fill", list(range(400))))
+    h.value(h.call(s, "a", "shrink", keep))
+    before = h.value(h.call(s, "a", "order"))
+    waiting = h.call(s, "a", "wait_order")              # an uploaded class's waiter: re-run
+    assert h.checkpoint().error is None
+    ck = h.index
+    restored = Kernel.restore(h.kernel.checkpoint_blob)
+    h.value(h.call(s, "a", "go"))
+    live = h.value(h.call(s, "a", "order"))
+    assert h.value(waiting) == live and sorted(live) == sorted(keep)
+    r, trace = replay([(i, c) for i, c in h.log if i > ck], restored)
+    assert trace == [(i, out) for i, out in h.trace if i > ck]
+    assert r.state_digest() == h.kernel.state_digest()
+    assert live != before, "the case this test is about: the rebuilt table iterates anew"
+
+
+RECURSING = ("def probe(n):\n    try:\n        return probe(n + 1)\n    except RecursionError:\n"
+             "        return n\n"
+             "DEPTH = probe(0)\n"
+             "class R:\n    def __init__(self):\n        self.w = Semaphore(0)\n"
+             "        self.at = probe(0)\n"
+             "    def deep(self):\n        return [probe(0), DEPTH, self.at]\n"
+             "    def wait_deep(self):\n        self.w.acquire()\n        return probe(0)\n"
+             "    def go(self):\n        self.w.release()\n")
+
+
+def _at_depth(k: int, f: Any) -> Any:
+    return f() if k == 0 else _at_depth(k - 1, f)
+
+
+def test_uploaded_code_recurses_equally_deep_whoever_applies_the_entry():
+    """RecursionError comes at the same depth of uploaded code (module level, constructor,
+    method, a waiter re-run by a checkpoint or by a restore) however deep the stack of
+    whoever applies the entry is: a live replica, a replay, a restore."""
+    from kernel_harness import H, replay
+    from gesmas.server.kernel import Kernel
+    runs = []
+    for k in (0, 150):
+        h = H()
+        s = h.open_session()
+
+        def go() -> Any:
+            assert h.register(RECURSING).error is None
+            h.create("R", "r")
+            deep = h.value(h.call(s, "r", "deep"))
+            waiting = h.call(s, "r", "wait_deep")
+            assert h.checkpoint().error is None
+            return deep, waiting
+
+        deep, waiting = _at_depth(k, go)
+        ck = h.index
+        restored = _at_depth(100 - k // 2, lambda: Kernel.restore(h.kernel.checkpoint_blob))
+        h.call(s, "r", "go")
+        runs.append((deep, h.value(waiting)))
+        rest = [(i, c) for i, c in h.log if i > ck]
+        r, trace = _at_depth(60, lambda: replay(rest, restored))
+        assert trace == [(i, out) for i, out in h.trace if i > ck]
+        assert r.state_digest() == h.kernel.state_digest()
+    assert runs[0] == runs[1]
+    (probe, at_load, at_init), rerun = runs[0]
+    assert probe == rerun and abs(at_init - probe) < 10 and at_load > 100, runs[0]
+
+
+@pytest.mark.parametrize("assign", ["e.put(big)", "e.args = big", "for e.args in [big]:\n        pass"])
+def test_an_exceptions_args_are_charged_however_they_are_assigned(assign):
+    """BaseException copies whatever is assigned to `args` into a tuple: in the exception's own
+    method (`self.args = v`, where `self` is not looked up through the sandbox), from outside,
+    or as a loop's target, the copy is charged (100 copies of 100,000 items: 1.25 M steps)."""
+    from test_hostile import call_m
+    body = ("big = [0] * 100000\ne = E()\nfor i in range(100):\n    " + assign + "\n"
+            "return len(e.args)")
+    h, s, err = call_m(body, prelude="class E(Exception):\n    def put(self, v):\n"
+                                     "        self.args = v\n")
+    assert err is not None and err.code == Code.RESOURCE_EXHAUSTED, (err, h.last)
+    h, s, err = call_m("e = E(1, 2)\ne.put([3])\nreturn [list(e.args), str(E('x')), "
+                       "repr(E('y', 1))]",
+                       prelude="class E(Exception):\n    def put(self, v):\n"
+                               "        self.args = v\n")
+    assert err is None and h.last == [[3], "x", "E('y', 1)"], err
+
+
+def test_typing_expressions_work_and_their_identity_is_not_observable():
+    """typing at load and in a call works as in Python; `is` between typing expressions
+    would follow typing's cache (evicted by whatever else the process did) and is refused."""
+    from test_hostile import call_m
+    prelude = ("import typing\nT = typing.TypeVar('T')\nPairs = typing.Dict[str, typing.List[T]]\n"
+               "class Box(typing.Generic[T]):\n    pass\n")
+    h, s, err = call_m("import typing\nreturn [str(Pairs[int]), Pairs[int] == Pairs[int], "
+                       "str(typing.Optional[typing.Tuple[int, str]]), str(Box[int])]",
+                       prelude=prelude)
+    assert err is None and h.last[1] is True and "typing.List[" in h.last[0] and \
+        "Optional" in h.last[2] and "Box[" in h.last[3], (err, h.last)
+    h, s, err = call_m("import typing\nreturn typing.List[int] is typing.List[int]")
+    assert err is not None and "typing's cache" in err.message

@@ -35,6 +35,8 @@ from __future__ import annotations
 import collections as _collections
 import dataclasses as _dataclasses
 import operator as _op
+import types as _types
+import typing as _typing
 from itertools import compress as _compress
 from typing import Any, Callable, Iterable
 
@@ -49,7 +51,13 @@ _VALUES: type = type({}.values())
 _ITEMS: type = type({}.items())
 
 # kinds of types, by what an operation that walks a value of the type walks
-ATOM, STR, SEQ, MAP, SET, RECORD, KEYS, VALUES, ITEMS, EXC, SLICE = range(11)
+ATOM, STR, SEQ, MAP, SET, RECORD, KEYS, VALUES, ITEMS, EXC, SLICE, ALIAS = range(12)
+# typing's generic aliases (typing.Tuple[a, b], Union, Optional, Callable, Literal...) compare,
+# hash and print through their arguments, and typing hashes them on every subscription (its
+# cache): 40 levels of `t = Tuple[t, t]` are 2^40 items to walk. They are walked as their
+# __args__. Their identity (`is`) follows typing's cache and is refused (runtime._is_).
+_ALIASES = (getattr(_typing, "_BaseGenericAlias"), _types.GenericAlias, _types.UnionType)
+ALIAS_WEIGHT = 64    # items an alias counts for: typing walks them in Python, not in C
 
 _KIND: dict[type, int] = {t: ATOM for t in (type(None), bool, int, float, complex)}
 _KIND.update({slice: SLICE, str: STR, bytes: STR, bytearray: STR, list: SEQ, tuple: SEQ, _deque: SEQ,
@@ -77,6 +85,8 @@ def kind(t: type) -> int:
             k = RECORD
         elif issubclass(t, BaseException):
             k = EXC                       # its message is the repr of its args
+        elif issubclass(t, _ALIASES):
+            k = ALIAS
         else:
             k = ATOM                      # compares by identity or by counted uploaded code
         _KIND[t] = k
@@ -141,6 +151,9 @@ class _Walk:
         elif k == EXC:
             args = getattr(v, "args", ())
             items = list(args) if type(args) is tuple else [args]
+        elif k == ALIAS:
+            args = getattr(v, "__args__", ())
+            items = args if type(args) is tuple else [args]
         else:                              # RECORD: the fields the generated code compares
             d = getattr(v, "__dict__", None)
             items = list(d.values()) if type(d) is dict else [
@@ -149,7 +162,7 @@ class _Walk:
         if self.charged:
             _charge(1 + (n >> 3))          # the walk itself: a visit and a C scan of the items
         self.open.add(key)
-        total = 1 + n
+        total = 1 + n if k != ALIAS else ALIAS_WEIGHT + n
         if k == MAP:
             total += self._items(dict.values(v), depth) + self._items(items, depth)
             total += n
@@ -261,6 +274,20 @@ def _key_(k: Any) -> Any:
         return k
     charge_value(k)
     return k
+
+
+_PLAIN = frozenset({list, dict, tuple, str, bytes, bytearray, _deque, range})
+
+
+def _sub_(x: Any) -> Any:
+    """`x`, about to be subscripted: a typing alias with type variables substitutes through
+    its whole tree of arguments (`t = t[Tuple[T, T]]` doubles it), so it is charged U(x)."""
+    t = type(x)
+    if t in _PLAIN:
+        return x
+    if kind(t) == ALIAS:
+        charge_value(x)
+    return x
 
 
 def keys(items: Any) -> Any:

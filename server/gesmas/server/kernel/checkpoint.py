@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import greenlet
 
-from . import codec
+from . import codec, stack
 from .auth import AuthState
 from .budget import Budget
 from .errors import Code, Error, KernelError
@@ -81,18 +81,31 @@ class Checkpoints:
                 "owners": {n: r.owner for n, r in st.objects.items() if r.owner},
                 "sizes": {n: r.size for n, r in st.objects.items() if r.size}}
 
-    def _save_objects(self) -> list[tuple[str, str, int, bytes]]:
+    def _save_objects(self, keep: set[str]) -> list[tuple[str, str, int, bytes]]:
         """Each object's state pickled on its own and loaded back once, as a restore would.
         An object whose state cannot be saved or loaded (a generator, a lambda, a failing
         __hash__...) is dropped, the same on every replica: the checkpoint always succeeds
-        and the log stays bounded. Objects over max_object_bytes are marked (see _start)."""
+        and the log stays bounded. Objects over max_object_bytes are marked (see _start).
+
+        The loaded copy replaces the live instance, except for objects whose waiters stay in
+        place (`keep`: standard classes, whose frames hold the live one). A replica restored
+        from this checkpoint holds exactly that copy, and a copy is not always the same as
+        the original: a set rebuilt by unpickling has a fresh table, so after discards its
+        iteration order can differ from the live set's ([2, 9] live, [9, 2] restored). From
+        here on every replica iterates the copy."""
+        with stack.relative():
+            return self._save_objects_here(keep)
+
+    def _save_objects_here(self, keep: set[str]) -> list[tuple[str, str, int, bytes]]:
         saved = []
         for name, rec in list(self.state.objects.items()):
             self.budget.steps = 0
             try:
                 data = pickle_state(self.registry, rec.instance)
                 self.budget.steps = 0
-                unpickle_state(self.registry, data)
+                copy = unpickle_state(self.registry, data)
+                if name not in keep:
+                    rec.instance = copy
             except BaseException as e:
                 self.lifecycle.drop(name, f"its state cannot be saved in a checkpoint "
                                           f"({type_name(e)}: {safe_str(e, 200)})")
@@ -143,6 +156,15 @@ class Checkpoints:
         owners, sizes = state.get("owners", {}), state.get("sizes", {})
         for s in st.sessions.values():
             st.usage.add(s.user, "sessions", 1)
+        with stack.relative():          # the same height above the pickles as _save_objects
+            self._load_objects(objects, owners, sizes)
+        self.index, self.blob = st.index, blob
+        self.runner.out = []
+        self._rerun(pending)
+
+    def _load_objects(self, objects: list[tuple[str, str, int, Any]], owners: dict[str, str],
+                      sizes: dict[str, int]) -> None:
+        st, registry = self.state, self.registry
         for name, cname, version, data in objects:
             cv = registry.get(cname, version)
             self.budget.steps = 0
@@ -158,9 +180,6 @@ class Checkpoints:
             except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
                 self.lifecycle.drop(name, f"its state cannot be restored ({type_name(e)}: "
                                           f"{safe_str(e, 200)})")
-        self.index, self.blob = st.index, blob
-        self.runner.out = []
-        self._rerun(pending)
 
     def _rerun(self, pending: list[PendingCall]) -> None:
         runner = self.runner
@@ -181,7 +200,13 @@ class Checkpoints:
         same log (without `volatile`, the log index and kernel time are left out). Pickled
         without a memo where it can be, so that which objects happen to be shared (an
         interned string, say) does not change the bytes; an object with reference cycles is
-        pickled with a memo instead. `parts`: filled with a short hash of each part."""
+        pickled with a memo instead. `parts`: filled with a short hash of each part.
+        A part that cannot be pickled (a lambda or a generator an object holds until the next
+        checkpoint drops it) is hashed by its content, the unpicklable values by their kind."""
+        with stack.relative():
+            return self._digest(volatile, parts)
+
+    def _digest(self, volatile: bool, parts: dict[str, str] | None) -> str:
         h = hashlib.sha256()
         registry = pickle.dumps(self.registry.dump(), protocol=5)
         h.update(registry)
@@ -217,7 +242,12 @@ class Checkpoints:
         try:
             p.dump(part)
         except ValueError:                       # a cycle
-            return pickle_state(self.registry, part)
+            try:
+                return pickle_state(self.registry, part)
+            except Exception:
+                return _tree_digest(part, self.registry.persistent_id)
+        except Exception:                        # a lambda, a generator, too deep a nesting...
+            return _tree_digest(part, self.registry.persistent_id)
         return buf.getvalue()
 
     # -- taking a checkpoint -------------------------------------------------------------------
@@ -244,7 +274,7 @@ class Checkpoints:
                    for r in blocked if r.obj in keep or r.index in interrupted]
         saving = SAVING.set(True)
         try:
-            objects = self._save_objects()   # drops what cannot be saved: never fails
+            objects = self._save_objects(keep)   # drops what cannot be saved: never fails
             self.blob, self.index = self._dump(pending, objects), st.index
         finally:
             SAVING.reset(saving)
@@ -307,12 +337,26 @@ class Checkpoints:
         deterministically, not whenever the garbage collector runs."""
         task, req.task = req.task, None
         if task is not None:
+            self.runner.use_limit()          # its finally blocks are uploaded code
             task.throw(greenlet.GreenletExit)
         self.runner.detach(req)
         s = self.state.sessions.get(req.session)
         if s is not None:
             s.inflight.pop(req.seq, None)
         self.runner.finish_error(req, error)
+
+
+def _described(v: Any) -> str:
+    """What the digest hashes of a value it cannot look into: its repr, unless that is the
+    default one (an address) or the value is code (a function, a generator, a method), which
+    is named by its kind and qualified name: the same on every replica."""
+    t = type(v)
+    name = getattr(v, "__qualname__", None)
+    if isinstance(name, str) and t.__repr__ is not type.__repr__:
+        return f"{t.__qualname__}:{name}"
+    if t.__repr__ is object.__repr__ or "0x" in (text := repr(v)):
+        return f"{t.__module__}.{t.__qualname__}"
+    return text
 
 
 def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
@@ -323,9 +367,9 @@ def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
     done: dict[int, bytes] = {}
     on_path: set[int] = set()
     keep: list[Any] = []                  # holds what `done` refers to by id while walking
-    stack: list[tuple[Any, bool]] = [(obj, False)]
-    while stack:
-        v, expanded = stack.pop()
+    todo: list[tuple[Any, bool]] = [(obj, False)]
+    while todo:
+        v, expanded = todo.pop()
         key = id(v)
         if key in done:
             continue
@@ -346,11 +390,11 @@ def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
             children = [v.__getstate__()]
         else:
             d = getattr(v, "__dict__", None)
-            children = [dict(d)] if type(d) is dict else [repr(v)]
+            children = [dict(d)] if type(d) is dict else [_described(v)]
         if not expanded:
             on_path.add(key)
-            stack.append((v, True))
-            stack.extend((c, False) for c in reversed(children)
+            todo.append((v, True))
+            todo.extend((c, False) for c in reversed(children)
                          if id(c) not in done and id(c) not in on_path)
             keep.append(children)
             continue

@@ -115,7 +115,10 @@ def encode_value(v: Any) -> bytes:
     return bytes(out)
 
 
-def _decode(buf: bytes, pos: int) -> tuple[Any, int]:
+MAX_NESTING = 100     # lists and maps in one value, as protobuf's own parser allows
+
+
+def _decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
     tag = buf[pos]
     pos += 1
     if tag == 0x53 or tag == 0x42 or tag == 0x49 or tag == 0x4C or tag == 0x4D:
@@ -140,18 +143,22 @@ def _decode(buf: bytes, pos: int) -> tuple[Any, int]:
             if end > len(buf):
                 raise DecodeError("truncated bytes")
             return bytes(buf[pos:end]), end
+        if tag == 0x4C or tag == 0x4D:
+            if depth >= MAX_NESTING:
+                raise DecodeError(f"value nested more than {MAX_NESTING} levels deep")
+            depth += 1
         if tag == 0x4C:
             items = []
             for _ in range(n):
-                item, pos = _decode(buf, pos)
+                item, pos = _decode(buf, pos, depth)
                 items.append(item)
             return items, pos
         d = {}
         for _ in range(n):
-            k, pos = _decode(buf, pos)
+            k, pos = _decode(buf, pos, depth)
             if type(k) is not str:
                 raise DecodeError("map key is not a string")
-            d[k], pos = _decode(buf, pos)
+            d[k], pos = _decode(buf, pos, depth)
         return d, pos
     if tag == 0x4E:
         return None, pos
@@ -209,7 +216,7 @@ def plain_copy(v: Any, path: str = "value") -> Any:
     return _copy(v, path, [MAX_COPY])
 
 
-def _copy(v: Any, path: str, left: list[int]) -> Any:
+def _copy(v: Any, path: str, left: list[int], depth: int = 0) -> Any:
     t = type(v)
     if t is str or t is int or t is float or t is bool or v is None:
         return v
@@ -219,15 +226,19 @@ def _copy(v: Any, path: str, left: list[int]) -> Any:
         left[0] -= 1 + len(v)
         if left[0] < 0:
             raise TooLarge(f"{path}: more than {MAX_COPY} values")
+        if depth >= MAX_NESTING:
+            where = path if len(path) < 80 else path[:40] + "..." + path[-20:]
+            raise TooLarge(f"{where}: nested more than {MAX_NESTING} levels deep")
+        depth += 1
         if t is dict:
             out = {}
             for k, x in v.items():
                 if type(k) is not str:
                     raise NotPlainValue(f"{path}: map key of type {type(k).__name__} is not "
                                         "a str")
-                out[k] = _copy(x, f"{path}[{k!r}]", left)
+                out[k] = _copy(x, f"{path}[{k!r}]", left, depth)
             return out
-        return [_copy(x, f"{path}[{i}]", left) for i, x in enumerate(v)]
+        return [_copy(x, f"{path}[{i}]", left, depth) for i, x in enumerate(v)]
     raise NotPlainValue(f"{path}: {t.__name__} is not a plain value "
                         "(use None, bool, int, float, str, bytes, list or dict)")
 

@@ -207,6 +207,8 @@ class _Policy(RestrictingNodeTransformer):
             return node
         if not isinstance(node.slice, ast.Constant):
             node.slice = _call("_key_", [node.slice], node.slice)    # hashed if a dict's key
+        if isinstance(node.ctx, ast.Load):      # a typing alias walks itself (charge._sub_)
+            node.value = _call("_sub_", [node.value], node.value)
         if isinstance(node.ctx, ast.Del):       # `del seq[i]` moves every item after i
             node.value = _call("_delfrom_", [node.value], node.value)
         return node

@@ -39,9 +39,10 @@ in insertion order.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Callable
 
-from . import codec
+from . import codec, stack
 from .auth import AuthState, Usage
 from .budget import Budget
 from .checkpoint import Checkpoints
@@ -120,6 +121,7 @@ class Kernel:
             self.runner.complete(cmd.tag, None, Error(
                 Code.INTERNAL, f"log entry {index} was skipped by the operator"))
             return out
+        limit = sys.getrecursionlimit()      # uploaded code moves it (stack.py); put back
         try:
             self._apply(cmd)
         except BaseException as e:   # a kernel bug: fail this command, keep the replica going
@@ -128,6 +130,8 @@ class Kernel:
             self.runner.complete(cmd.tag, None, Error(
                 Code.INTERNAL, f"the server failed applying this command: "
                                f"{type(e).__name__}", type(e).__name__))
+        finally:
+            stack.use(limit)
         return out
 
     def _begin(self, index: int) -> list[Completion]:
@@ -192,7 +196,11 @@ class Kernel:
     def restore(cls, blob: bytes, config: Config = Config()) -> Kernel:
         """A kernel in the state right after the checkpoint that made `blob`."""
         k = cls(config)
-        k.checkpoints.load(blob)
+        limit = sys.getrecursionlimit()
+        try:
+            k.checkpoints.load(blob)
+        finally:
+            stack.use(limit)
         return k
 
     def state_digest(self, volatile: bool = True) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any, Callable
 
-from . import dialect, failpoints, limits, sandbox
+from . import dialect, failpoints, limits, sandbox, stack
 from .modules import LOADING as _LOADING
 from .errors import Code, KernelError
 
@@ -104,7 +104,13 @@ class Registry:
         return out
 
     def _load(self, source: str, module: int) -> dict[str, Any]:
-        """Compile and run `source`; every failure, whatever it raises, is INVALID_ARGUMENT."""
+        """Compile and run `source`; every failure, whatever it raises, is INVALID_ARGUMENT.
+        Compiled and run with the recursion limit a fixed height above this frame (stack.py):
+        how deeply nested a source may be must not depend on who loads it."""
+        with stack.relative():
+            return self._load_here(source, module)
+
+    def _load_here(self, source: str, module: int) -> dict[str, Any]:
         filename = f"<class source {module}>"
         if len(source) > self._max_source:
             raise KernelError(Code.INVALID_ARGUMENT, f"bad class source: {len(source)} "

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import greenlet
 
-from . import codec
+from . import codec, stack
 from .budget import Budget, ResourceLimit
 from .errors import Code, Error, KernelError
 from .records import Completion, Config, Kind, ObjectRecord, PendingCall, Request, State
@@ -61,6 +61,7 @@ class Runner:
         self.ready: deque[tuple[Request, BaseException | None]] = deque()
         self.out: list[Completion] = []  # completions of the command being applied
         self.pending: list[PendingCall] = []   # calls unwound by a checkpoint, to re-run
+        self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None
 
     # -- the log's position and time (sched.Host) -----------------------------------------------
 
@@ -127,16 +128,52 @@ class Runner:
         task = req.task = Task(lambda: self._body(req, fn, args, kwargs))
         task.runner = self
         task.request = req
-        self.run(req)
+        self.run(req, start=True)
+
+    def _launcher(self) -> tuple[greenlet.greenlet, int]:
+        """The greenlet every request is first switched to from, and the recursion limit
+        that puts stack.HEADROOM frames above it. A greenlet starts at the call depth of the
+        switch that starts it, so starting every request from this one greenlet, which never
+        returns from its loop, starts them all at one depth, whoever applies the entry; its
+        depth is read once (per thread: greenlets belong to the thread that made them)."""
+        root = greenlet.getcurrent()
+        while root.parent is not None:
+            root = root.parent               # this thread's main greenlet
+        got = self._launch
+        if got is not None and got[2] is root and not got[0].dead:
+            return got[0], got[1]
+        limit: list[int] = []
+
+        def launch(task: greenlet.greenlet) -> None:
+            limit.append(stack.limit_for(stack.depth()))
+            parent = greenlet.getcurrent().parent
+            assert parent is not None
+            task = parent.switch()
+            while True:         # the request runs, then its parent (the kernel) gets control
+                task = task.switch()
+
+        g = greenlet.greenlet(launch)
+        g.switch(None)
+        self._launch = (g, limit[0], root)
+        return g, limit[0]
+
+    def use_limit(self) -> greenlet.greenlet:
+        """Set the recursion limit requests run under; returns the launcher."""
+        launcher, limit = self._launcher()
+        stack.use(limit)
+        return launcher
 
     def run(self, req: Request, throw: BaseException | None = None,
-            woken: bool = False) -> None:
+            woken: bool = False, start: bool = False) -> None:
         """Run `req` until it blocks or ends: start it, wake it (`woken`: its acquire returns
         True) or raise `throw` at its blocking point."""
         task = req.task
         assert task is not None
         self.budget.steps = 0
-        if throw is None:
+        launcher = self.use_limit()
+        if start:
+            outcome = launcher.switch(task)
+        elif throw is None:
             outcome = task.switch(True) if woken else task.switch()
         else:
             req.interrupting = isinstance(throw, Interrupted)

@@ -150,6 +150,9 @@ def _is_(a: Any, b: Any) -> bool:
         raise TypeError(f"'is' between two {type(a).__name__}/{type(b).__name__} values "
                         "depends on how they were made and is not the same on every replica "
                         "(use ==)")
+    if charge.kind(type(a)) == charge.ALIAS or charge.kind(type(b)) == charge.ALIAS:
+        raise TypeError("'is' with a typing expression depends on typing's cache and is not "
+                        "the same on every replica (use ==)")
     return a is b
 
 
@@ -226,7 +229,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "_key_": charge._key_, "_member_": measure._member_,
         "_members_": lambda items: charge.consume(items, measure._member_), "_cmp_": charge._cmp_,
         "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
-        "_consume_": charge.consume, "_excepts_": _excepts_, "_is_": _is_,
+        "_consume_": charge.consume, "_sub_": charge._sub_, "_excepts_": _excepts_, "_is_": _is_,
         "_delfrom_": _delfrom_,
         "_print_": PrintCollector,
         # the dialect's own names

@@ -344,10 +344,26 @@ class ClassMaker:
         if not real:
             real = (Object,)
         cls = meta(name, real, ns, **kw)
+        if issubclass(cls, BaseException) and not any(
+                "args" in vars(c) for c in cls.__mro__ if c.__module__ != "builtins"):
+            type.__setattr__(cls, "args", _CHARGED_ARGS)
         self._types.add(cls)
         assert self._types.loading is not None
         self._types.loading.append(cls)
         return cls
+
+
+_BASE_ARGS = vars(BaseException)["args"]
+
+
+def _set_args(exc: BaseException, value: Any) -> None:
+    _BASE_ARGS.__set__(exc, tuple(consume(value)))
+
+
+# An exception's `args`, however it is assigned (`self.args = v` in its own method, `e.args =
+# v`, a for loop's target): the native setter copies any iterable into a tuple, so the copy
+# is counted item by item.
+_CHARGED_ARGS = property(_BASE_ARGS.__get__, _set_args, doc="the exception's arguments")
 
 
 # -- after a source loaded: its classes are sealed, its top level must be immutable -------------
