@@ -3,7 +3,7 @@
 the same reads through the Raft log (the gesmas of a baseline commit), on 3-replica clusters
 on 127.0.0.1, fsync on.
 
-    python bench/read_bench.py                        # this checkout, and --baseline main's merge-base
+    python bench/read_bench.py                        # this checkout, and e09b0c3 through the log
     python bench/read_bench.py --baseline e09b0c3     # the old path: that commit's servers
     python bench/read_bench.py --baseline none        # this checkout only
     python bench/read_bench.py --quick                # tiny sizes (a smoke test)
