@@ -90,13 +90,15 @@ class Client(session_.SessionView):
                  tls: TLS | bool | str | dict[str, Any] | None = None,
                  user: str | None = None, password: str | None = None,
                  token: str | None = None, call_stream: bool | None = None,
-                 on_expiry: str = "fail") -> None:
+                 on_expiry: str = "fail", consistency: str = "linearizable") -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
         if on_expiry not in ON_EXPIRY:
             raise ValueError(f"on_expiry must be 'fail' or 'reopen', not {on_expiry!r}")
         if route not in ("leader", "replica"):
             raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
+        self._consistency = core.consistency_setting(consistency)
+        self._seen = core.Seen()
         self._routing = core.Routing(parse_cluster(cluster), route == "leader")
         tls_settings = resolve_tls(tls)
         self._credentials = tls_settings.credentials() if tls_settings is not None else None
@@ -306,14 +308,18 @@ class Client(session_.SessionView):
         metadata = await self._metadata(address) if login else ()
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
-                return await self._stream(address, metadata).call(request, deadline)
+                response = await self._stream(address, metadata).call(request, deadline)
+                self._seen.note(response)
+                return response
             except Unsupported:               # an older replica: unary Invoke there
                 self._unary_only.add(address)
         conn = self._connection(address)
         conn.busy += 1
         try:
-            return await getattr(conn.stub, method)(request, timeout=deadline,
-                                                    metadata=metadata)
+            response = await getattr(conn.stub, method)(request, timeout=deadline,
+                                                        metadata=metadata)
+            self._seen.note(response)
+            return response
         except grpc.RpcError as e:
             raise core.classify(e, address, self._login, metadata) from e
         finally:
@@ -441,10 +447,43 @@ class Client(session_.SessionView):
         convert.fill_map(request.args, args)
         return convert.from_value((await self._call("Auth", request)).result)
 
-    async def status(self) -> dict[str, Any]:
-        address, resp = await self._send("Status", pb.StatusRequest())
+    @property
+    def applied_index(self) -> int:
+        """The highest log index seen in an answer: sequential reads reflect at least it."""
+        return self._seen.index
+
+    def _read_options(self, consistency: str | None) -> Any:
+        return core.read_options(core.consistency_setting(consistency, self._consistency),
+                                 self._seen)
+
+    async def list_objects(self, *, consistency: str | None = None) -> list[dict[str, Any]]:
+        """Every live object, as ``gesmas.client.Client.list_objects`` (a read)."""
+        resp = await self._call("ListObjects", pb.ListObjectsRequest(
+            read=self._read_options(consistency)))
+        return [{"name": o.name, "class_name": o.class_name, "class_version": o.class_version,
+                 "waiters": o.waiters} for o in resp.objects]
+
+    async def list_classes(self, *, consistency: str | None = None) -> dict[str, int]:
+        """{class name: newest version} (a read)."""
+        resp = await self._call("ListClasses", pb.ListClassesRequest(
+            read=self._read_options(consistency)))
+        return {c.name: c.version for c in resp.classes}
+
+    async def get_class(self, name: str, version: int | None = None, *,
+                        consistency: str | None = None) -> dict[str, Any]:
+        """{"name", "version", "source"} of a class (a read)."""
+        request = pb.GetClassRequest(name=name, read=self._read_options(consistency))
+        if version is not None:
+            request.version = version
+        resp = await self._call("GetClass", request)
+        return {"name": resp.name, "version": resp.version, "source": resp.source}
+
+    async def status(self, *, consistency: str | None = None) -> dict[str, Any]:
+        """The answering replica's Status (a read, as ``list_objects``)."""
+        address, resp = await self._send("Status", pb.StatusRequest(
+            read=self._read_options(consistency)))
         return {"address": address, "leader_address": resp.leader_address,
                 "is_leader": resp.is_leader, "term": resp.term,
                 "commit_index": resp.commit_index, "last_applied": resp.last_applied,
                 "object_count": resp.object_count, "waiter_count": resp.waiter_count,
-                "session_count": resp.session_count}
+                "session_count": resp.session_count, "applied_index": resp.applied_index}

@@ -56,12 +56,15 @@ class Status(TypedDict):
     session_count: int
     nodes: list[NodeHealth]
     rejoining: bool  # the answering replica has not caught up after an empty start
+    applied_index: int  # the log index of the state the counts reflect
 
 
 class AdminCalls:
     """Listing, status and administration calls of ``Client``."""
 
     if TYPE_CHECKING:  # provided by Client
+        _consistency: str
+        _seen: core.Seen
         _login: Login
         _routing: core.Routing
         _call: Callable[..., Any]
@@ -69,9 +72,16 @@ class AdminCalls:
         _attempt: Callable[..., Any]
         _authenticate: Callable[[str], Callable[[str, str], tuple[str, float]]]
 
-    def list_objects(self) -> list[ObjectInfo]:
-        """Every live object: [{"name", "class_name", "class_version", "waiters"}, ...]."""
-        resp = self._call("ListObjects", pb.ListObjectsRequest())
+    def _read_options(self, consistency: str | None) -> pb.ReadOptions:
+        return core.read_options(core.consistency_setting(consistency, self._consistency),
+                                 self._seen)
+
+    def list_objects(self, *, consistency: str | None = None) -> list[ObjectInfo]:
+        """Every live object: [{"name", "class_name", "class_version", "waiters"}, ...].
+        A read without a log entry; ``consistency`` ("linearizable" or "sequential")
+        overrides the client's for this call (README "Reads")."""
+        resp = self._call("ListObjects", pb.ListObjectsRequest(
+            read=self._read_options(consistency)))
         return [ObjectInfo(name=o.name, class_name=o.class_name, class_version=o.class_version,
                            waiters=o.waiters) for o in resp.objects]
 
@@ -82,14 +92,17 @@ class AdminCalls:
         resp = self._call("RegisterClass", pb.RegisterClassRequest(source=source))
         return {c.name: c.version for c in resp.classes}
 
-    def list_classes(self) -> dict[str, int]:
-        """{class name: newest version}."""
-        resp = self._call("ListClasses", pb.ListClassesRequest())
+    def list_classes(self, *, consistency: str | None = None) -> dict[str, int]:
+        """{class name: newest version}. A read, as ``list_objects``."""
+        resp = self._call("ListClasses", pb.ListClassesRequest(
+            read=self._read_options(consistency)))
         return {c.name: c.version for c in resp.classes}
 
-    def get_class(self, name: str, version: int | None = None) -> ClassSource:
-        """{"name", "version", "source"} of a class (default: its newest version)."""
-        request = pb.GetClassRequest(name=name)
+    def get_class(self, name: str, version: int | None = None, *,
+                  consistency: str | None = None) -> ClassSource:
+        """{"name", "version", "source"} of a class (default: its newest version). A read,
+        as ``list_objects``."""
+        request = pb.GetClassRequest(name=name, read=self._read_options(consistency))
         if version is not None:
             request.version = version
         resp = self._call("GetClass", request)
@@ -97,14 +110,18 @@ class AdminCalls:
 
     # --- cluster ---------------------------------------------------------------------------
 
-    def status(self) -> Status:
+    def status(self, *, consistency: str | None = None) -> Status:
         """The cluster as the leader sees it (or, without a known leader, any replica): a
-        dict with the StatusResponse fields, ``address`` (who answered) and ``nodes``."""
-        address, resp = self._send("Status", pb.StatusRequest())
+        dict with the StatusResponse fields, ``address`` (who answered) and ``nodes``. A
+        read, as ``list_objects``: "sequential" answers from a replica that has no leader
+        too (what ``gesmas status`` asks)."""
+        request = pb.StatusRequest(read=self._read_options(consistency))
+        address, resp = self._send("Status", request)
         leader = resp.leader_address
         if not resp.is_leader and leader and leader != address:
             try:
-                resp = self._attempt(leader, "Status", pb.StatusRequest(), RPC_TIMEOUT)
+                request.read.min_index = self._seen.index
+                resp = self._attempt(leader, "Status", request, RPC_TIMEOUT)
                 address = leader
             except (core.Failure, GesmasError) as e:
                 log.debug("gesmas: status from leader %s failed: %s", leader, e)
@@ -115,7 +132,7 @@ class AdminCalls:
             is_leader=resp.is_leader, term=resp.term, commit_index=resp.commit_index,
             last_applied=resp.last_applied, object_count=resp.object_count,
             waiter_count=resp.waiter_count, session_count=resp.session_count, nodes=nodes,
-            rejoining=resp.rejoining,
+            rejoining=resp.rejoining, applied_index=resp.applied_index,
         )
 
     def state_digest(self) -> str:
@@ -124,7 +141,8 @@ class AdminCalls:
         where the request was applied. Replicas that agree give equal digests when nothing
         else changes the state in between. O(state) on every replica: for checks, not for
         polling."""
-        _, resp = self._send("Status", pb.StatusRequest(with_digest=True))
+        _, resp = self._send("Status", pb.StatusRequest(
+            with_digest=True, read=self._read_options(None)))
         return resp.state_digest
 
     # --- membership (administration) ---------------------------------------------------------

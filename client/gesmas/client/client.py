@@ -186,6 +186,10 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
     ``on_expiry`` is what the client does once its session is lost (see "Sessions" in the
     module doc): "fail" (every later call raises ``SessionExpired``; for lock holders) or
     "reopen" (the next call opens a new session; for stateless use).
+    ``consistency`` is that of the reads (objects and classes listed, status):
+    "linearizable" (they reflect every write acknowledged before them) or "sequential"
+    (the replica's own state, never older than what this client has seen:
+    ``applied_index``); each read can override it (README "Reads").
     """
 
     def __init__(
@@ -202,6 +206,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         token: str | None = None,
         call_stream: bool | None = None,
         on_expiry: str = "fail",
+        consistency: str = "linearizable",
     ) -> None:
         if not session_ttl > 0:
             raise ValueError(f"session_ttl must be > 0, not {session_ttl!r}")
@@ -209,6 +214,8 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             raise ValueError(f"on_expiry must be 'fail' or 'reopen', not {on_expiry!r}")
         if route not in ("leader", "replica"):
             raise ValueError(f"route must be 'leader' or 'replica', not {route!r}")
+        self._consistency = core.consistency_setting(consistency)
+        self._seen = core.Seen()
         self._routing = core.Routing(parse_cluster(cluster), route == "leader")
         self._tls = resolve_tls(tls)
         self._credentials = self._tls.credentials() if self._tls is not None else None
@@ -282,6 +289,11 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             self._keepalive.start()
             self._publish(lease)
             return self._session
+
+    @property
+    def applied_index(self) -> int:
+        """The highest log index seen in an answer: sequential reads reflect at least it."""
+        return self._seen.index
 
     @property
     def leader(self) -> str | None:
@@ -443,12 +455,16 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                     if login and self._login.enabled else ())
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
-                return self._stream(address, metadata).call(request, deadline)
+                response = self._stream(address, metadata).call(request, deadline)
+                self._seen.note(response)
+                return response
             except Unsupported:               # an older replica: unary Invoke there
                 self._unary_only.add(address)
         try:
-            return getattr(self._stub(address), method)(request, timeout=deadline,
-                                                         metadata=metadata)
+            response = getattr(self._stub(address), method)(request, timeout=deadline,
+                                                             metadata=metadata)
+            self._seen.note(response)
+            return response
         except grpc.RpcError as e:
             raise core.classify(e, address, self._login, metadata) from e
         except ValueError as e:  # "Cannot invoke RPC on closed channel!"

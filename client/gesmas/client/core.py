@@ -24,7 +24,8 @@ from gesmas.client.errors import (
 )
 from gesmas.client.security import Login
 
-__all__ = ["Attempts", "Failure", "Routing", "Sequencer", "classify", "classify_error"]
+__all__ = ["Attempts", "CONSISTENCIES", "Failure", "Routing", "Seen", "Sequencer", "classify",
+           "classify_error", "consistency_setting", "read_options"]
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 #: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
@@ -251,6 +252,44 @@ class Sequencer:
     def ack(self) -> int:
         with self._lock:
             return self._ack
+
+
+CONSISTENCIES = ("linearizable", "sequential")
+
+
+def consistency_setting(value: str | None, default: str = "linearizable") -> str:
+    """A read's consistency: ``value``, else ``default``; refused unless it is one of
+    ``CONSISTENCIES``."""
+    consistency = default if value is None else value
+    if consistency not in CONSISTENCIES:
+        raise ValueError(f"consistency must be 'linearizable' or 'sequential', not "
+                         f"{consistency!r}")
+    return consistency
+
+
+class Seen:
+    """The highest log index this client has seen in an answer (every response's
+    ``applied_index``): its sequential reads ask for at least that (``read_options``), so
+    that they never go back in time, whichever replica answers. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.index = 0
+
+    def note(self, response: Any) -> None:
+        index = getattr(response, "applied_index", 0)
+        if index > self.index:
+            with self._lock:
+                if index > self.index:
+                    self.index = index
+
+
+def read_options(consistency: str, seen: Seen) -> Any:
+    """The ReadOptions of a read: its consistency and the highest index seen."""
+    from gesmas.v1 import gesmas_pb2 as pb
+    return pb.ReadOptions(
+        consistency=pb.CONSISTENCY_SEQUENTIAL if consistency == "sequential"
+        else pb.CONSISTENCY_LINEARIZABLE, min_index=seen.index)
 
 
 def call_stream_setting(value: bool | None) -> bool:

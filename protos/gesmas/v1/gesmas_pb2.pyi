@@ -25,6 +25,11 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
     ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
     ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
+
+class Consistency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONSISTENCY_LINEARIZABLE: _ClassVar[Consistency]
+    CONSISTENCY_SEQUENTIAL: _ClassVar[Consistency]
 NULL_VALUE: NullValue
 ERROR_CODE_OK: ErrorCode
 ERROR_CODE_NOT_FOUND: ErrorCode
@@ -38,6 +43,8 @@ ERROR_CODE_ALREADY_EXISTS: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
 ERROR_CODE_UNAUTHENTICATED: ErrorCode
 ERROR_CODE_PERMISSION_DENIED: ErrorCode
+CONSISTENCY_LINEARIZABLE: Consistency
+CONSISTENCY_SEQUENTIAL: Consistency
 
 class Value(_message.Message):
     __slots__ = ("null_value", "bool_value", "int_value", "double_value", "string_value", "bytes_value", "list_value", "map_value")
@@ -90,6 +97,14 @@ class ErrorDetail(_message.Message):
     leader_hint: str
     def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., type: _Optional[str] = ..., leader_hint: _Optional[str] = ...) -> None: ...
 
+class ReadOptions(_message.Message):
+    __slots__ = ("consistency", "min_index")
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    MIN_INDEX_FIELD_NUMBER: _ClassVar[int]
+    consistency: Consistency
+    min_index: int
+    def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ..., min_index: _Optional[int] = ...) -> None: ...
+
 class OpenSessionRequest(_message.Message):
     __slots__ = ("ttl",)
     TTL_FIELD_NUMBER: _ClassVar[int]
@@ -97,16 +112,18 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, ttl: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session", "ttl", "leader", "session_secret")
+    __slots__ = ("session", "ttl", "leader", "session_secret", "applied_index")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     session: int
     ttl: float
     leader: str
     session_secret: str
-    def __init__(self, session: _Optional[int] = ..., ttl: _Optional[float] = ..., leader: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, session: _Optional[int] = ..., ttl: _Optional[float] = ..., leader: _Optional[str] = ..., session_secret: _Optional[str] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("session", "session_secret")
@@ -117,10 +134,12 @@ class KeepAliveRequest(_message.Message):
     def __init__(self, session: _Optional[int] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
-    __slots__ = ("ttl",)
+    __slots__ = ("ttl", "applied_index")
     TTL_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     ttl: float
-    def __init__(self, ttl: _Optional[float] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, ttl: _Optional[float] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session", "session_secret")
@@ -131,8 +150,10 @@ class CloseSessionRequest(_message.Message):
     def __init__(self, session: _Optional[int] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class CloseSessionResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("applied_index",)
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    applied_index: int
+    def __init__(self, applied_index: _Optional[int] = ...) -> None: ...
 
 class InvokeRequest(_message.Message):
     __slots__ = ("session", "seq", "ack", "class_name", "object_name", "method", "args", "kwargs", "timeout", "create", "ctor_args", "ctor_kwargs", "session_secret")
@@ -179,10 +200,12 @@ class InvokeRequest(_message.Message):
     def __init__(self, session: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., method: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., timeout: _Optional[float] = ..., create: _Optional[bool] = ..., ctor_args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., ctor_kwargs: _Optional[_Mapping[str, Value]] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class InvokeResponse(_message.Message):
-    __slots__ = ("result",)
+    __slots__ = ("result", "applied_index")
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     result: Value
-    def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class Call(_message.Message):
     __slots__ = ("id", "invoke", "cancel", "deadline")
@@ -230,10 +253,12 @@ class CreateObjectRequest(_message.Message):
     def __init__(self, session: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class CreateObjectResponse(_message.Message):
-    __slots__ = ("created",)
+    __slots__ = ("created", "applied_index")
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     created: bool
-    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, created: _Optional[bool] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class DeleteObjectRequest(_message.Message):
     __slots__ = ("object_name",)
@@ -242,8 +267,10 @@ class DeleteObjectRequest(_message.Message):
     def __init__(self, object_name: _Optional[str] = ...) -> None: ...
 
 class DeleteObjectResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("applied_index",)
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    applied_index: int
+    def __init__(self, applied_index: _Optional[int] = ...) -> None: ...
 
 class ObjectInfo(_message.Message):
     __slots__ = ("name", "class_name", "class_version", "waiters")
@@ -258,14 +285,18 @@ class ObjectInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., class_version: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class ListObjectsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("read",)
+    READ_FIELD_NUMBER: _ClassVar[int]
+    read: ReadOptions
+    def __init__(self, read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
 
 class ListObjectsResponse(_message.Message):
-    __slots__ = ("objects",)
+    __slots__ = ("objects", "applied_index")
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
-    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class ClassInfo(_message.Message):
     __slots__ = ("name", "version")
@@ -282,38 +313,48 @@ class RegisterClassRequest(_message.Message):
     def __init__(self, source: _Optional[str] = ...) -> None: ...
 
 class RegisterClassResponse(_message.Message):
-    __slots__ = ("classes",)
+    __slots__ = ("classes", "applied_index")
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     classes: _containers.RepeatedCompositeFieldContainer[ClassInfo]
-    def __init__(self, classes: _Optional[_Iterable[_Union[ClassInfo, _Mapping]]] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, classes: _Optional[_Iterable[_Union[ClassInfo, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class ListClassesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("read",)
+    READ_FIELD_NUMBER: _ClassVar[int]
+    read: ReadOptions
+    def __init__(self, read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
 
 class ListClassesResponse(_message.Message):
-    __slots__ = ("classes",)
+    __slots__ = ("classes", "applied_index")
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     classes: _containers.RepeatedCompositeFieldContainer[ClassInfo]
-    def __init__(self, classes: _Optional[_Iterable[_Union[ClassInfo, _Mapping]]] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, classes: _Optional[_Iterable[_Union[ClassInfo, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class GetClassRequest(_message.Message):
-    __slots__ = ("name", "version")
+    __slots__ = ("name", "version", "read")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    read: ReadOptions
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
 
 class GetClassResponse(_message.Message):
-    __slots__ = ("name", "version", "source")
+    __slots__ = ("name", "version", "source", "applied_index")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     source: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class NodeHealth(_message.Message):
     __slots__ = ("node_id", "address", "connected", "match_index")
@@ -328,13 +369,15 @@ class NodeHealth(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., connected: _Optional[bool] = ..., match_index: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ("with_digest",)
+    __slots__ = ("with_digest", "read")
     WITH_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     with_digest: bool
-    def __init__(self, with_digest: _Optional[bool] = ...) -> None: ...
+    read: ReadOptions
+    def __init__(self, with_digest: _Optional[bool] = ..., read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "leader_address", "is_leader", "term", "commit_index", "last_applied", "nodes", "object_count", "waiter_count", "session_count", "state_digest", "rejoining")
+    __slots__ = ("node_id", "leader_address", "is_leader", "term", "commit_index", "last_applied", "nodes", "object_count", "waiter_count", "session_count", "state_digest", "rejoining", "applied_index")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +390,7 @@ class StatusResponse(_message.Message):
     SESSION_COUNT_FIELD_NUMBER: _ClassVar[int]
     STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     REJOINING_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     leader_address: str
     is_leader: bool
@@ -359,7 +403,8 @@ class StatusResponse(_message.Message):
     session_count: int
     state_digest: str
     rejoining: bool
-    def __init__(self, node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., object_count: _Optional[int] = ..., waiter_count: _Optional[int] = ..., session_count: _Optional[int] = ..., state_digest: _Optional[str] = ..., rejoining: _Optional[bool] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., object_count: _Optional[int] = ..., waiter_count: _Optional[int] = ..., session_count: _Optional[int] = ..., state_digest: _Optional[str] = ..., rejoining: _Optional[bool] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class AddNodeRequest(_message.Message):
     __slots__ = ("raft_addr", "client_addr")
@@ -370,10 +415,12 @@ class AddNodeRequest(_message.Message):
     def __init__(self, raft_addr: _Optional[str] = ..., client_addr: _Optional[str] = ...) -> None: ...
 
 class AddNodeResponse(_message.Message):
-    __slots__ = ("changed",)
+    __slots__ = ("changed", "applied_index")
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     changed: bool
-    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, changed: _Optional[bool] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class RemoveNodeRequest(_message.Message):
     __slots__ = ("raft_addr",)
@@ -382,10 +429,12 @@ class RemoveNodeRequest(_message.Message):
     def __init__(self, raft_addr: _Optional[str] = ...) -> None: ...
 
 class RemoveNodeResponse(_message.Message):
-    __slots__ = ("changed",)
+    __slots__ = ("changed", "applied_index")
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     changed: bool
-    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, changed: _Optional[bool] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class AuthenticateRequest(_message.Message):
     __slots__ = ("user", "password")
@@ -396,12 +445,14 @@ class AuthenticateRequest(_message.Message):
     def __init__(self, user: _Optional[str] = ..., password: _Optional[str] = ...) -> None: ...
 
 class AuthenticateResponse(_message.Message):
-    __slots__ = ("token", "ttl")
+    __slots__ = ("token", "ttl", "applied_index")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     token: str
     ttl: float
-    def __init__(self, token: _Optional[str] = ..., ttl: _Optional[float] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, token: _Optional[str] = ..., ttl: _Optional[float] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class AuthRequest(_message.Message):
     __slots__ = ("op", "args")
@@ -419,7 +470,9 @@ class AuthRequest(_message.Message):
     def __init__(self, op: _Optional[str] = ..., args: _Optional[_Mapping[str, Value]] = ...) -> None: ...
 
 class AuthResponse(_message.Message):
-    __slots__ = ("result",)
+    __slots__ = ("result", "applied_index")
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     result: Value
-    def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    applied_index: int
+    def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ..., applied_index: _Optional[int] = ...) -> None: ...

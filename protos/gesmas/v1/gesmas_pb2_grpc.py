@@ -221,11 +221,9 @@ class GesmasServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Reports this replica's view of the cluster. With auth on, every RPC that becomes a log
-        entry needs a login (UNAUTHENTICATED before anything is proposed); a Status without a
-        login is answered from this replica's applied state, without a log entry, and one with
-        with_digest needs a login. With a login (or auth off) the counts are read through the
-        log: only a replica that commits answers.
+        """Reports this replica's view of the cluster and the counts of its applied state, read
+        as StatusRequest.read asks (no log entry). Without a login it needs none, even with
+        auth on; with_digest needs, with auth on, a user with the admin permission.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

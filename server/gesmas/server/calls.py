@@ -32,9 +32,10 @@ class CallFailed(Exception):
 
 @dataclass
 class Pending:
-    """One call waiting on this replica."""
+    """One call waiting on this replica. Its future's result is (the completion, the log
+    index of the entry whose applying produced it: the state the answer reflects)."""
 
-    future: asyncio.Future[Completion]
+    future: asyncio.Future[tuple[Completion, int]]
     proposed_at: float                 # monotonic time of the proposal
     applied: bool = False              # its command was applied here (its answer may wait on)
 
@@ -46,7 +47,7 @@ class PendingCalls:
     _table: dict[str, Pending] = field(default_factory=dict)
     _tags: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
-    _ready: list[tuple[list[Completion], str]] = field(default_factory=list)
+    _ready: list[tuple[list[Completion], str, int]] = field(default_factory=list)
     _ready_scheduled: bool = False
 
     def new_tag(self) -> str:
@@ -54,20 +55,22 @@ class PendingCalls:
 
     # -- apply thread ---------------------------------------------------------------------------
 
-    def applied(self, out: list[Completion], applied_tag: str) -> None:
-        """The command `applied_tag` was applied with completions `out`: hand over the ones
-        this run of this replica waits for (other replicas answer their own calls)."""
+    def applied(self, out: list[Completion], applied_tag: str, index: int) -> None:
+        """The command `applied_tag` was applied at log `index` with completions `out`: hand
+        over the ones this run of this replica waits for (other replicas answer their own
+        calls)."""
         prefix = self.prefix
         mine = [c for c in out if c.tag.startswith(prefix)]
         if mine or applied_tag.startswith(prefix):
-            self.post(mine, applied_tag)
+            self.post(mine, applied_tag, index)
 
-    def post(self, out: list[Completion], applied_tag: str) -> None:
-        """Hand completions to the event loop; one wake-up per batch."""
+    def post(self, out: list[Completion], applied_tag: str, index: int = 0) -> None:
+        """Hand completions (made when applying log `index`; 0: none, a failure) to the
+        event loop; one wake-up per batch."""
         if self.loop is None:
             return
         with self._ready_lock:
-            self._ready.append((out, applied_tag))
+            self._ready.append((out, applied_tag, index))
             if self._ready_scheduled:
                 return
             self._ready_scheduled = True
@@ -79,19 +82,19 @@ class PendingCalls:
         with self._ready_lock:
             ready, self._ready = self._ready, []
             self._ready_scheduled = False
-        for out, tag in ready:
+        for out, tag, index in ready:
             p = self._table.get(tag)
             if p is not None:
                 p.applied = True
             for c in out:
                 p = self._table.get(c.tag)
                 if p is not None and not p.future.done():
-                    p.future.set_result(c)
+                    p.future.set_result((c, index))
 
-    def open(self, tag: str, now: float) -> asyncio.Future[Completion]:
+    def open(self, tag: str, now: float) -> asyncio.Future[tuple[Completion, int]]:
         """Start waiting for the call `tag`, proposed at monotonic time `now`."""
         assert self.loop is not None
-        fut: asyncio.Future[Completion] = self.loop.create_future()
+        fut: asyncio.Future[tuple[Completion, int]] = self.loop.create_future()
         self._table[tag] = Pending(fut, now)
         return fut
 
@@ -104,9 +107,9 @@ class PendingCalls:
         limit = now - timeout
         for tag, p in list(self._table.items()):
             if not p.applied and p.proposed_at < limit and not p.future.done():
-                p.future.set_result(Completion(tag, None, Error(
+                p.future.set_result((Completion(tag, None, Error(
                     Code.UNAVAILABLE, "the command was not committed in time; retry",
-                    "NotCommitted")))
+                    "NotCommitted")), 0))
 
     def __len__(self) -> int:
         return len(self._table)

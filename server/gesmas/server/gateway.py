@@ -1,34 +1,40 @@
-"""The gRPC servicer: authenticate, validate, build a command, await its completion, convert
-the reply.
+"""The gRPC servicer: authenticate, validate, build a command or a read, await its answer,
+convert the reply.
 
-Nothing here decides anything: every RPC that reads or changes the replicated state becomes
-one command through the Raft log (reads too), proposed by `Node.call`, which resolves when
-this replica applies the command and the kernel answers under the call's tag. Only the replica
-that accepted a call answers it.
+Nothing here decides anything. An RPC that changes the replicated state becomes one command
+through the Raft log, proposed by `Node.call`, which resolves when this replica applies the
+command and the kernel answers under the call's tag; only the replica that accepted a call
+answers it. An RPC that only reads (ListObjects, ListClasses, GetClass, Status) is no log
+entry: `_read` runs a function of the kernel on this replica's applied state through
+`Node.read`, with the consistency the request asks for (README "Reads"). Every successful
+answer carries the log index of the state it reflects (`applied_index`; `_reflects`).
 
 Authentication happens here, authorization in the kernel: `_caller` reads the caller's token
 ("authorization: Bearer ...", tokens.py) or, under mutual TLS, its certificate's common name,
 and every command carries that user; the kernel checks it against the replicated users and
-roles (kernel/auth.py). Passwords are hashed here before a user_add/user_passwd enters the log.
+roles (kernel/auth.py), for a read too (`Queries.answer` gets the user). Passwords are hashed
+here before a user_add/user_passwd enters the log.
 
-A log entry costs every replica (an fsync, the apply, the digest's hash of the whole state),
-so **every request that becomes a log entry needs a login when auth is on** (`_user`), checked
-here before anything is proposed: a missing login, a token revoked (its user deleted, or its
-password changed: tokens.py binds a token to its user record) and a certificate naming no user
-are refused against this replica's applied users, after it has applied what it knows to be
-committed (`Node.catch_up`). The kernel checks again, at the entry's place in the log. What
-stays open without a login commits nothing:
+A log entry costs every replica (an fsync, the apply), so **every request that becomes a log
+entry needs a login when auth is on** (`_user`), checked here before anything is proposed: a
+missing login, a token revoked (its user deleted, or its password changed: tokens.py binds a
+token to its user record) and a certificate naming no user are refused against this
+replica's applied users, after it has applied what it knows to be committed
+(`Node.catch_up`). The kernel checks again, at the entry's place in the log. What stays open
+without a login commits nothing:
 
 - Authenticate checks the password against this replica's applied record first; only a
   caller who gave a correct password gets the read through the log that confirms it (a login
   costs one entry, and at most two scrypt checks run at a time);
-- Status without a digest answers from this replica's own view (`Node.local_stats`);
+- Status without a digest gives the counts (a read, no log entry); its digest needs a login
+  and, with auth on, the admin permission (it hashes the whole state);
 - KeepAlive (the session's secret is its credential) is answered by the leader's memory;
 - health checks and server reflection are grpc's own services.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import time
@@ -43,8 +49,9 @@ from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 from . import streams, tokens, wire
 from .calls import CallFailed
 from .config import MAX_MESSAGE
-from .kernel import auth, codec
+from .kernel import auth, codec, queries
 from .kernel.errors import Code, Error
+from .replication.reads import LINEARIZABLE, SEQUENTIAL
 
 if TYPE_CHECKING:  # pragma: no cover
     from .node import Node
@@ -52,6 +59,29 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 MAX_NAME = 256
+_CONSISTENCY = {pb.CONSISTENCY_LINEARIZABLE: LINEARIZABLE, pb.CONSISTENCY_SEQUENTIAL: SEQUENTIAL}
+
+#: The highest log index that the answer of the request being served reflects: raised by
+#: `_answer` and `_read`, written into the response's applied_index by `_guard` (and by
+#: `_invoke`, which the Calls stream runs without `_guard`). One value per asyncio task.
+_reflects: contextvars.ContextVar[int] = contextvars.ContextVar("gesmas_reflects", default=0)
+
+
+def _saw(index: int) -> None:
+    if index > _reflects.get():
+        _reflects.set(index)
+
+
+def _read_options(request: Any) -> tuple[str, int]:
+    """(consistency, min_index) of a read request's ReadOptions, checked."""
+    opts = request.read
+    consistency = _CONSISTENCY.get(opts.consistency)
+    if consistency is None:
+        raise _invalid(f"read.consistency must be CONSISTENCY_LINEARIZABLE (0) or "
+                       f"CONSISTENCY_SEQUENTIAL (1), not {opts.consistency}")
+    if opts.min_index < 0:
+        raise _invalid(f"read.min_index must be >= 0, not {opts.min_index}")
+    return consistency, opts.min_index
 
 
 def _invalid(message: str) -> CallFailed:
@@ -210,10 +240,19 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _answer(self, context: grpc.aio.ServicerContext, cmd: codec.Command) -> Any:
         """Propose `cmd` and return the kernel's value, or abort the RPC with its error."""
-        c = await self.node.call(cmd)
+        c, index = await self.node.call(cmd)
         if c.error is not None:
             raise CallFailed(c.error)
+        _saw(index)
         return c.value
+
+    async def _read(self, request: Any, fn: Any) -> Any:
+        """`fn(kernel)` on this replica's applied state, as the request's ReadOptions ask
+        (no log entry); its value, or the RPC fails with its error."""
+        consistency, min_index = _read_options(request)
+        value, index = await self.node.read(fn, consistency, min_index)
+        _saw(index)
+        return value
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
                      leader_hint: str = "", request: Any = None) -> None:
@@ -248,6 +287,7 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _keep_alive(self, request: Any, context: Any) -> Any:
         ttl = self.node.keep_alive(request.session, request.session_secret)
+        _saw(self.node.applied_index())
         return pb.KeepAliveResponse(ttl=ttl)
 
     async def CloseSession(self, request: Any, context: Any) -> Any:
@@ -265,6 +305,7 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._invoke, request)
 
     async def _invoke(self, request: Any, context: Any) -> Any:
+        _reflects.set(0)
         if request.seq < 1:
             raise _invalid(f"seq must be >= 1, not {request.seq}")
         timeout = request.timeout if request.HasField("timeout") else None
@@ -288,7 +329,8 @@ class Gateway(pb_grpc.GesmasServicer):
             if self.node.metrics is not None:
                 self.node.metrics.invoked(request.class_name or "?", request.method,
                                           time.perf_counter() - started)
-        return pb.InvokeResponse(result=values.to_value(value, "result"))
+        return pb.InvokeResponse(result=values.to_value(value, "result"),
+                                 applied_index=_reflects.get())
 
     async def Calls(self, request_iterator: Any, context: Any) -> None:
         """Invocations as messages on one stream (streams.py)."""
@@ -336,7 +378,7 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _list_classes(self, request: Any, context: Any) -> Any:
         user = await self._user(context)
-        value = await self._answer(context, self._cmd(codec.Query, what="classes", user=user))
+        value = await self._read(request, lambda k: k.queries.answer("classes", None, user))
         return pb.ListClassesResponse(classes=[
             pb.ClassInfo(name=c["name"], version=c["version"])
             for c in sorted(value, key=lambda c: c["name"])])
@@ -348,8 +390,8 @@ class Gateway(pb_grpc.GesmasServicer):
         version = request.version if request.HasField("version") else None
         name = _name("name", request.name)
         user = await self._user(context)
-        value = await self._answer(context, self._cmd(codec.Query, what="class",
-                                                      arg=[name, version], user=user))
+        value = await self._read(request, lambda k: k.queries.answer("class", [name, version],
+                                                                     user))
         return pb.GetClassResponse(name=value["name"], version=value["version"],
                                    source=value["source"])
 
@@ -358,7 +400,7 @@ class Gateway(pb_grpc.GesmasServicer):
 
     async def _list_objects(self, request: Any, context: Any) -> Any:
         user = await self._user(context)
-        value = await self._answer(context, self._cmd(codec.Query, what="objects", user=user))
+        value = await self._read(request, lambda k: k.queries.answer("objects", None, user))
         return pb.ListObjectsResponse(objects=[
             pb.ObjectInfo(name=o["name"], class_name=o["class"], class_version=o["version"],
                           waiters=o["waiters"])
@@ -370,23 +412,22 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._status, request)
 
     async def _status(self, request: Any, context: Any) -> Any:
-        """Through the log for a logged-in caller (or any caller with auth off): answered only
-        by a replica that commits, the counts at the request's place in the log. Without a
-        login (auth on): this replica's own view, and nothing proposed. The digest is always
-        read through the log, so it needs a login."""
+        """A read (no log entry) of the counts, as StatusRequest.read asks; this replica's
+        view of the cluster besides. Without a login: the counts only (even with auth on).
+        The digest needs a login and, with auth on, the admin permission: it hashes the
+        whole state."""
         user = await self._caller(context)
-        digest = ""
-        if not user and not request.with_digest and (self.node.auth_enabled()
-                                                     or self.node.requires_auth()):
-            stats = self.node.local_stats()
-        else:
-            user = self._logged_in(user, "Status with_digest (every replica hashes its whole "
-                                         "state)")
-            stats = await self._answer(context, self._cmd(codec.Query, what="stats",
-                                                          user=user))
-            if request.with_digest:
-                digest = await self._answer(context, self._cmd(codec.Query, what="digest",
-                                                               user=user))
+        with_digest = request.with_digest
+        if with_digest:
+            user = self._logged_in(user, "Status with_digest (it hashes the whole state)")
+
+        def read(k: Any) -> tuple[dict[str, Any], str]:
+            stats = k.queries.answer("stats", None, user) if user else queries.stats(k)
+            if not with_digest:
+                return stats, ""
+            k.auth.check(user, "admin", "")
+            return stats, k.queries.answer("digest", None, user)
+        stats, digest = await self._read(request, read)
         st = self.node.status()
         return pb.StatusResponse(
             node_id=st["node_id"], leader_address=st["leader_address"] or "",
@@ -431,8 +472,13 @@ class Gateway(pb_grpc.GesmasServicer):
         metrics = self.node.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         code: str | None = None
+        _reflects.set(0)
         try:
-            return await handler(request, context)
+            response = await handler(request, context)
+            index = _reflects.get()
+            if index:
+                response.applied_index = index
+            return response
         except CallFailed as e:
             code = e.error.code.name
             await self._abort(context, e.error, e.leader_hint, request)

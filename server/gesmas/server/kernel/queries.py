@@ -1,14 +1,17 @@
-"""Reads through the log (`Query` commands): classes, objects, sessions, counts and the
-state digest.
+"""Reads of the replicated state: classes, objects, sessions, counts and the state digest.
 
-Interface: `Queries(state, registry, runner, checkpoints)`; the kernel hands it `Query`
-commands (`query`). It changes nothing: it reads the shared state, the registry, the runner's
-waiters and the last checkpoint, and answers through the runner. `stats()` (and the function
-`stats(kernel)`) gives the counts the gateway also reads outside the log.
+Interface: `Queries(state, registry, runner, checkpoints)`. `answer(what, arg, user)` returns
+the value of one read and changes nothing: it reads the shared state, the registry, the
+runner's waiters and the last checkpoint. Two callers:
 
-Every query needs an authenticated user when auth is enabled: a query is a log entry (the
-digest makes every replica hash its whole state). The gateway answers a Status without a
-login from `stats` read outside the log instead."""
+- the read path of a replica (node.py `Node.read`, no log entry): the gateway's ListObjects,
+  ListClasses, GetClass and Status call `answer` on the replica's applied state, serialized
+  with the applying of entries;
+- `Query` commands in the log (`query`), which answer through the runner: kept so that a log
+  written by an older gesmas replays the same, and for tests that drive the kernel alone.
+
+Every answer needs an authenticated user when auth is enabled (the gateway also reads
+`stats()`, the counts, for a caller without a login)."""
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -30,15 +33,18 @@ class Queries:
         self.checkpoints = checkpoints
 
     def query(self, cmd: codec.Query) -> None:
+        self.runner.complete(cmd.tag, self.answer(cmd.what, cmd.arg, cmd.user))
+
+    def answer(self, what: str, arg: Any, user: Any) -> Any:
+        """The value of the read `what` (with its `arg`) for `user`; raises KernelError
+        (UNAUTHENTICATED, NOT_FOUND, INVALID_ARGUMENT). Changes nothing."""
         st, registry = self.state, self.registry
-        what = cmd.what
-        st.auth.authenticated(cmd.user)
+        st.auth.authenticated(user)
         if what == "classes":
             value: Any = [{"name": n, "version": vs[-1].version, "methods": vs[-1].methods()}
                           for n, vs in registry.versions.items()]
         elif what == "class":
-            name, version = (cmd.arg + [None])[:2] if isinstance(cmd.arg, list) else (cmd.arg,
-                                                                                     None)
+            name, version = (arg + [None])[:2] if isinstance(arg, list) else (arg, None)
             cv = (registry.get(name, version) if version else registry.latest(name))
             if cv is None:
                 raise KernelError(Code.NOT_FOUND, f"no class {name!r} version {version}")
@@ -50,7 +56,7 @@ class Queries:
                 waiting[r.obj] = waiting.get(r.obj, 0) + 1
             value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
                       "waiters": waiting.get(n, 0)} for n, r in st.objects.items()
-                     if st.auth.visible(cmd.user, n)]
+                     if st.auth.visible(user, n)]
         elif what == "digest":
             value = self.checkpoints.digest(volatile=False)
         elif what == "digest_parts":           # which part of the state two replicas differ in
@@ -63,7 +69,7 @@ class Queries:
             value = self.stats()
         else:
             raise KernelError(Code.INVALID_ARGUMENT, f"unknown query {what!r}")
-        self.runner.complete(cmd.tag, value)
+        return value
 
     def stats(self) -> dict[str, Any]:
         """The counts of the "stats" query. Also read by the gateway outside the log, on the

@@ -45,6 +45,10 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
      ``_RaftNode._onTick``, ``Replica._on_tick``).
   11. ``_RaftNode._SyncObj__tryLogCompaction``: no snapshot is taken while entries are held
      back behind one that ran away (applier.py): the state machine has not applied them.
+  12. ``_DurableTransport._onMessageReceived`` hands gesmas' ReadIndex messages (probe, ack,
+     ask, grant) to ``reads.ReadIndex`` before pysyncobj sees them; ``Replica._on_tick``
+     starts the rounds and runs the reads whose index is applied (reads.py: reads without a
+     log entry, serialized with the applying of entries by ``AppliedReads.lock``).
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

@@ -22,7 +22,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from . import raftwire
+from . import raftwire, reads
 from .journal import DurableJournal
 from .transport import BATCH, batch, coalesce, filter_append_entries, split_early
 
@@ -398,6 +398,10 @@ class _DurableTransport(TCPTransport):
                 self._onMessageReceived(node, part)
             return
         replica = self._syncObj._gesmas_replica
+        if isinstance(message, dict) and message.get("type") in reads.MESSAGE_TYPES:
+            if replica is not None:      # override 12: ReadIndex messages (reads.py)
+                replica.read_index.on_message(self._syncObj, self, node, message)
+            return
         guard = replica.rejoin if replica is not None else None
         if isinstance(message, dict) and message.get("type") == "append_entries":
             if guard is not None:

@@ -18,6 +18,7 @@ from pysyncobj.node import TCPNode
 
 from .applier import ABORT_PREFIX, Applier, ApplyFailed, decode_abort
 from .journal import DurableJournal, fsync_dir
+from .reads import AppliedReads, IndexCallback, ReadIndex
 from .rejoin import RejoinGuard
 from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
@@ -87,6 +88,11 @@ class Replica:
                                 forget_record=lambda: remove_record(data_dir),
                                 pending_abort=self._pending_abort)
         self._startup_snapshot = os.path.isfile(os.path.join(data_dir, SNAPSHOT_NAME))
+        # Reads without a log entry (reads.py): the ReadIndex protocol, and the reads that
+        # run against the applied state under the lock the apply thread holds per entry
+        self.read_index = ReadIndex(self._journal.term_at)
+        self.applied_reads = AppliedReads(self.applied_index, lambda: self._applier.sm,
+                                          lambda: self._applier.applied, self._wake)
         _install_journal_factory()
         t = tuning
         conf = SyncObjConf(
@@ -154,6 +160,43 @@ class Replica:
         since = time.monotonic() - within
         count = 1 + sum(1 for n in others if heard.get(n, 0.0) > since)
         return count > (len(others) + 1) / 2
+
+    def applied_index(self) -> int:
+        """The highest log index whose effects the state machine holds (the entries after the
+        last one it applied change nothing: pysyncobj's no-ops, membership changes), minus
+        any held back (applier.py). Any thread; a plain read."""
+        node = self._raft
+        if node is None:
+            return self._applier.applied
+        held = self._applier.held
+        if held:
+            return held[0][0] - 1
+        return node.raftLastApplied
+
+    def request_read_index(self, callback: IndexCallback) -> None:
+        """Ask for the index a linearizable read must wait for (reads.py): ``callback(index,
+        None)`` or ``callback(None, reason)``, later, on the tick thread. Thread-safe."""
+        self._live_node()
+        self.read_index.request(callback)
+        self._wake()
+
+    def read_applied(self, need: int, fn: Callable[[Any], Any],
+                     done: Callable[[Any, int, Optional[BaseException]], None]) -> Any:
+        """Run ``fn(state machine)`` once index ``need`` is applied, serialized with the
+        applying of entries, then ``done(value, index it reflects, error)``: at once on this
+        thread when it can, else on the tick thread. Returns a handle whose ``cancelled``
+        flag drops the read while it waits. Thread-safe."""
+        return self.applied_reads.submit(need, fn, done)
+
+    def _wake(self) -> None:
+        """Make the tick thread run a loop iteration now rather than after its poll."""
+        node = getattr(self, "_node", None)
+        notifier = getattr(node, "_SyncObj__pipeNotifier", None) if node is not None else None
+        if notifier is not None:
+            try:
+                notifier.notify()
+            except OSError:       # the pipe is full (the loop is awake anyway) or closed
+                pass
 
     def leader(self) -> Optional[str]:
         node = self._node
@@ -259,7 +302,8 @@ class Replica:
             return
         log.debug("applying log entry %d", index)
         try:
-            self._applier.apply(index, data)
+            with self.applied_reads.lock:        # reads see the state between two entries
+                self._applier.apply(index, data)
         except ApplyFailed as e:
             self._fail(e.cause, e.what)
 
@@ -304,7 +348,14 @@ class Replica:
         node = self._node
         if node is None:
             return
-        close_stale_handshakes(node._SyncObj__transport, time.monotonic())
+        transport = node._SyncObj__transport
+        now = time.monotonic()
+        close_stale_handshakes(transport, now)
+        # reads (reads.py): start a ReadIndex round or ask the leader, and send that now
+        # rather than after the poll; then run the reads whose index is applied
+        if self.read_index.tick(node, transport, now) or transport._outbox:
+            transport.flush()
+        self.applied_reads.run_due()
         guard = self.rejoin
         if guard is not None:
             applied = node.raftLastApplied
@@ -371,7 +422,8 @@ class Replica:
                 raise ValueError(f"snapshot format {payload.get('format')!r} is not the one "
                                  "this gesmas reads (1, or 2 with aborted entries): run the "
                                  "gesmas version that wrote it, or a newer one")
-            self._applier.load(payload, payload["last_entry"][1])
+            with self.applied_reads.lock:
+                self._applier.load(payload, payload["last_entry"][1])
             if self._startup_snapshot:
                 self._startup_snapshot = False
                 self._align_journal(payload["prev_entry"], payload["last_entry"])

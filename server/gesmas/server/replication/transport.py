@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Tuple
 
 
 from .journal import DurableJournal
+from .reads import MESSAGE_TYPES as READ_MESSAGES
 
 log = logging.getLogger(__name__)
 
