@@ -25,7 +25,7 @@ class Node:
     def auth_enabled(self) -> bool:
         return self._auth
 
-    def is_current(self) -> bool:
+    def caught_up_once(self) -> bool:
         return self._current
 
     def requires_auth(self) -> bool:

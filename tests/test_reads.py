@@ -322,6 +322,18 @@ def _leader_commit(cluster: LocalCluster) -> int:
     return st["commit_index"]
 
 
+def _retrying(call: Any, attempts: int = 20) -> Any:
+    """A raw stub's call, tried again on UNAVAILABLE as the client library does (a read is
+    refused while the replicas change leader, which a loaded machine can make happen)."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == attempts - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))       # back-off before the retry
+
+
 def test_a_read_only_load_adds_nothing_to_the_log(cluster):
     """400 reads of every kind and both consistencies through every replica: the leader's
     commit index (the last entry of the log) does not move; through the log each read was
@@ -333,10 +345,12 @@ def test_a_read_only_load_adds_nothing_to_the_log(cluster):
             meta = cluster.metadata(channel)
             for i in range(34):
                 for kind in ("ListObjects", "ListClasses", "GetClass", "Status"):
-                    getattr(stub, kind)(_read_request(kind, i % 2), timeout=WAIT,
-                                        metadata=meta)
+                    _retrying(lambda: getattr(stub, kind)(_read_request(kind, i % 2),
+                                                          timeout=WAIT, metadata=meta))
     after = _leader_commit(cluster)
-    assert after - before <= 1, (before, after)     # 1: a duty (a tick) may fall in between
+    # through the log each of the 136 reads was an entry; a duty (a tick) or a new leader's
+    # no-op may fall in between
+    assert after - before <= 3, (before, after)
 
 
 def test_every_answer_carries_the_index_it_reflects(cluster):

@@ -161,12 +161,13 @@ class Gateway(pb_grpc.GesmasServicer):
     async def _user(self, context: Any) -> str:
         """The caller of a request that becomes a log entry: with auth on (as this replica has
         applied it), one without a login is refused before anything is proposed. A replica
-        that has not caught up (just started, lagging) cannot tell whether auth is on yet:
-        it proposes nothing for a caller without a login, it says UNAVAILABLE."""
+        that has not caught up with the log once since it started cannot tell whether auth
+        is on yet: it proposes nothing for a caller without a login, it says UNAVAILABLE.
+        (One that lags later may still propose such a request; the kernel refuses it.)"""
         user = await self._caller(context)
-        if not user and not self.node.auth_enabled() and not self.node.is_current():
+        if not user and not self.node.auth_enabled() and not self.node.caught_up_once():
             await self.node.catch_up()
-            if not self.node.auth_enabled() and not self.node.is_current():
+            if not self.node.auth_enabled() and not self.node.caught_up_once():
                 raise CallFailed(Error(
                     Code.UNAVAILABLE, "this replica has not caught up with the log, so it "
                     "cannot tell yet whether this cluster needs a login; retry (or another "

@@ -338,6 +338,11 @@ class Node(Membership):
         except TimeoutError:
             pass
 
+    def caught_up_once(self) -> bool:
+        """Whether this replica has applied the log up to its leader's commit once since it
+        started (pysyncobj's onReady)."""
+        return self.replica is not None and self.replica.wait_ready(0)
+
     def is_current(self) -> bool:
         """Whether this replica knows a leader, has caught up with it once, and has applied
         every entry it knows to be committed: its local reads of the users are the log's."""
