@@ -92,11 +92,22 @@ class InProcessCluster:
     def commit(self, data: bytes, among=None) -> None:
         """Propose through a follower (forwarded to the leader), or through the leader when
         only `among` are up; wait until all (or `among`) applied it."""
-        leader = self.leader()
-        proposer = leader if among is not None else \
-            next(r for r in self.replicas if r is not leader)
-        proposer.propose(data, on_failure=self._failed)
-        self.wait_applied([hashlib.sha256(data).hexdigest()], among)
+        digest = hashlib.sha256(data).hexdigest()
+        for attempt in range(5):    # a leader elected just now may discard it: propose again
+            leader = self.leader()
+            proposer = leader if among is not None else \
+                next(r for r in self.replicas if r is not leader)
+            with self.cond:
+                self.failure = None
+            proposer.propose(data, on_failure=self._failed)
+            sets = self.applied if among is None else [self.applied[i] for i in among]
+            with self.cond:
+                self.cond.wait_for(lambda: self.failure or all(digest in a for a in sets),
+                                   COMMIT_TIMEOUT)
+                if self.failure is None or \
+                        self.failure.reason not in ("leader_changed", "discarded"):
+                    break
+        self.wait_applied([digest], among)
 
     def wait_applied(self, digests, among=None, timeout=COMMIT_TIMEOUT):
         sets = self.applied if among is None else [self.applied[i] for i in among]
