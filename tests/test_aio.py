@@ -44,6 +44,9 @@ def test_calls_locks_and_barriers(cluster):
             assert sorted(results) == [0, 1, 2]
             with pytest.raises(AlreadyExists):
                 await a.lock("aio-q").acquire()           # a Queue: said by the first call
+            assert await a.queue("aio-cap", capacity=2).size() == 0
+            with pytest.raises(AlreadyExists, match="capacity=2, not capacity=3"):
+                await a.queue("aio-cap", capacity=3).size()
     run(main())
 
 

@@ -194,6 +194,10 @@ def test_bad_inputs_get_their_codes_and_cluster_stays_healthy(cluster):
             c.queue("t7c", capacity=1, size=2)            # no such constructor argument
         with pytest.raises(AlreadyExists):
             c.lock("t7")                                  # t7 is a Queue
+        c.queue("t7d", capacity=100)
+        with pytest.raises(AlreadyExists, match="exists with capacity=100, not capacity=1"):
+            c.queue("t7d", capacity=1)                    # not answered from the client's cache
+        assert c.queue("t7d").size() == 0                 # no capacity named: any will do
         with pytest.raises(InvalidArgument, match="line 2"):
             c.register_class("class Broken:\n    def f(self)\n        return 1\n")
         with pytest.raises(InvalidArgument, match="not allowed"):

@@ -384,10 +384,12 @@ class Client(session_.SessionView):
 
     def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
         """A proxy for the object ``name`` of class ``class_name``, made with these
-        constructor arguments by its first call if it does not exist. No round trip."""
+        constructor arguments by its first call if it does not exist. No round trip: a
+        name taken by another class, or by an object made with other constructor arguments
+        (those given; the others are not compared), fails each call with AlreadyExists."""
         key = (class_name, name)
         proxy = self._proxies.get(key)
-        if proxy is None:
+        if proxy is None or proxy._create != (args, kwargs):
             proxy = PROXIES.get(class_name, ObjectProxy)(self, class_name, name,
                                                           (args, kwargs))
             self._proxies[key] = proxy

@@ -562,19 +562,21 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             seqs.end(request.seq)
 
     def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
-        """Get or create the object ``name`` of class ``class_name`` (constructor arguments
-        are used only if it is new) and return a proxy for it. Raises AlreadyExists if the
-        name is taken by an object of another class.
+        """Get or create the object ``name`` of class ``class_name`` and return a proxy for
+        it. Raises AlreadyExists if the name is taken by an object of another class, or by
+        one made with other constructor arguments than those given here (arguments left out
+        are not compared: ``c.queue("jobs")`` takes the queue whatever its capacity).
 
-        One commit the first time this client asks for (class_name, name); later accessor
-        calls return the proxy it remembers (the last 1024) without a round trip. Every call
+        One commit the first time this client asks for (class_name, name) with these
+        arguments; later accessor calls return the proxy it remembers (the last 1024) without
+        a round trip. Every call
         through the proxy is a get-or-create in the same command, so an object deleted
         meanwhile is made again with these constructor arguments, as a new accessor call
         would do, and ``c.queue("jobs").produce(x)`` in a loop costs one commit per item."""
         key = (class_name, name)
         with self._lock:
             proxy = self._proxies.get(key)
-            if proxy is not None:
+            if proxy is not None and proxy._create == (args, kwargs):
                 self._proxies.move_to_end(key)
                 return proxy
         request = pb.CreateObjectRequest(class_name=class_name, object_name=name)
