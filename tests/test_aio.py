@@ -4,6 +4,7 @@ login. The retry rules are the synchronous client's (gesmas.client.core)."""
 from __future__ import annotations
 
 import asyncio
+import queue
 
 import pytest
 
@@ -45,6 +46,16 @@ def test_calls_locks_and_barriers(cluster):
             with pytest.raises(AlreadyExists):
                 await a.lock("aio-q").acquire()           # a Queue: said by the first call
             assert await a.queue("aio-cap", capacity=2).size() == 0
+            # threading idioms, awaited (issue 26, point 14)
+            la, lb = a.lock("aio-idiom"), b.lock("aio-idiom")
+            assert await la.acquire(False) > 0 and await lb.locked()
+            assert await lb.acquire(blocking=False) is False
+            await la.release()
+            assert not await lb.locked()
+            assert await a.semaphore("aio-sem", permits=1).acquire(False) is True
+            assert await b.semaphore("aio-sem").acquire(False) is False
+            with pytest.raises(queue.Empty):
+                await a.queue("aio-cap").consume(timeout=0)
             with pytest.raises(AlreadyExists, match="capacity=2, not capacity=3"):
                 await a.queue("aio-cap", capacity=3).size()
     run(main())

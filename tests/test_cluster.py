@@ -328,6 +328,48 @@ def test_objects_behave_as_threading_users_expect(cluster):
             bounded.release()
 
 
+def test_threading_idioms_acquire_false_locked_and_timeouts(cluster):
+    """Issue 26, point 14: ``acquire(False)`` answers False instead of failing, lock
+    proxies have ``locked()``, a Timeout is a TimeoutError, and a Queue's timeouts are
+    ``queue.Empty`` / ``queue.Full`` as ``queue.Queue``'s."""
+    import queue
+    with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+        lock, other = a.lock("idiom-lock"), b.lock("idiom-lock")
+        assert not lock.locked()
+        fence = lock.acquire(False)
+        assert fence is not False and fence > 0 and fence.held
+        assert lock.locked() and other.locked()
+        assert other.acquire(False) is False
+        assert other.acquire(blocking=False) is False
+        with pytest.raises(ValueError, match="non-blocking"):
+            other.acquire(False, timeout=1)
+        with pytest.raises(TypeError, match=r"acquire\(timeout=5\)"):
+            other.acquire(5)                      # not taken for a timeout: it would wait
+        with pytest.raises(TimeoutError):
+            other.acquire(timeout=0)
+        lock.release()
+        assert not lock.locked()
+        assert other.acquire(blocking=False) > fence
+        other.release()
+
+        sem = a.semaphore("idiom-sem", permits=1)
+        assert sem.acquire(False) is True
+        assert b.semaphore("idiom-sem").acquire(blocking=False) is False
+        sem.release()
+
+        q = a.queue("idiom-q", capacity=1)
+        with pytest.raises(queue.Empty) as empty:
+            q.consume(timeout=0)
+        assert isinstance(empty.value, Timeout) and isinstance(empty.value, TimeoutError)
+        with pytest.raises(queue.Empty):
+            q.reserve(timeout=0)
+        q.produce("x")
+        with pytest.raises(queue.Full) as full:
+            q.produce("y", timeout=0)
+        assert isinstance(full.value, Timeout) and not isinstance(full.value, queue.Empty)
+        assert q.consume(timeout=0) == "x"
+
+
 def _wait(pred, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():

@@ -46,7 +46,7 @@ from gesmas.client import convert, core
 from gesmas.client import session as session_
 from gesmas.client.session import Lease, SessionState
 from gesmas.aio.proxies import (PROXIES, BarrierProxy, LeaderElectionProxy, LockProxy,
-                                ObjectProxy, SemaphoreProxy)
+                                ObjectProxy, QueueProxy, SemaphoreProxy)
 from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
@@ -58,7 +58,7 @@ from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 __all__ = ["BarrierProxy", "Client", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
-           "SemaphoreProxy", "SessionState"]
+           "QueueProxy", "SemaphoreProxy", "SessionState"]
 
 log = logging.getLogger(__name__)
 
@@ -397,8 +397,10 @@ class Client(session_.SessionView):
                 self._proxies.popitem(last=False)
         return proxy
 
-    def queue(self, name: str, **kwargs: Any) -> ObjectProxy:
-        return self.object("Queue", name, **kwargs)
+    def queue(self, name: str, **kwargs: Any) -> QueueProxy:
+        proxy = self.object("Queue", name, **kwargs)
+        assert isinstance(proxy, QueueProxy)
+        return proxy
 
     def lock(self, name: str, **kwargs: Any) -> LockProxy:
         proxy = self.object("Lock", name, **kwargs)

@@ -2,14 +2,15 @@
 lock and semaphore proxies are async context managers (``gesmas.aio.Client`` makes them)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from gesmas.client.proxies import Fence, FencedHold, Hold
+from gesmas.client.errors import Timeout, queue_timeout
+from gesmas.client.proxies import Fence, FencedHold, Hold, blocking_flag
 
 if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
 
-__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
+__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy", "QueueProxy",
            "SemaphoreProxy", "PROXIES"]
 
 
@@ -42,11 +43,35 @@ class ObjectProxy:
         return call
 
 
+class QueueProxy(ObjectProxy):
+    """A Queue; timeouts as the sync proxy's: ``QueueEmpty`` (also ``queue.Empty``) for
+    ``consume`` / ``reserve``, ``QueueFull`` (also ``queue.Full``) for ``produce``."""
+
+    async def invoke(self, method: str, *args: Any, timeout: float | None = None,
+                     **kwargs: Any) -> Any:
+        try:
+            return await super().invoke(method, *args, timeout=timeout, **kwargs)
+        except Timeout as e:
+            error = queue_timeout(method, e)
+            if error is e:
+                raise
+            raise error from None
+
+
 class LockProxy(FencedHold, ObjectProxy):
     """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases.
     ``held`` / ``fence.held``: whether the hold is still sure (as the sync proxy's)."""
 
-    async def acquire(self, timeout: float | None = None) -> Fence:
+    async def acquire(self, blocking: bool = True, timeout: float | None = None
+                      ) -> Fence | Literal[False]:
+        """The fencing token; ``acquire(False)`` does not wait and answers False if the lock
+        is taken (as the sync proxy's)."""
+        if not blocking_flag(blocking, timeout):
+            fence = await self.try_acquire()
+            return False if fence is None else fence
+        return await self._acquire(timeout)
+
+    async def _acquire(self, timeout: float | None) -> Fence:
         fence: Fence = self._took(await self.invoke("acquire", timeout=timeout))
         return fence
 
@@ -59,22 +84,29 @@ class LockProxy(FencedHold, ObjectProxy):
             self.fence.hold.released = True
         await self.invoke("release")
 
+    async def locked(self) -> bool:
+        """Whether any session holds the lock."""
+        return await self.invoke("holder") is not None
+
     async def __aenter__(self) -> Fence:
-        return await self.acquire()
+        return await self._acquire(None)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
 
 
 class SemaphoreProxy(ObjectProxy):
-    async def acquire(self, timeout: float | None = None) -> Any:
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> Any:
+        """As the sync proxy's: ``acquire(False)`` answers True or False without waiting."""
+        if not blocking_flag(blocking, timeout):
+            return bool(await self.invoke("try_acquire"))
         return await self.invoke("acquire", timeout=timeout)
 
     async def release(self, n: int = 1) -> None:
         await self.invoke("release", n)
 
     async def __aenter__(self) -> Any:
-        return await self.acquire()
+        return await self.invoke("acquire")
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
@@ -107,6 +139,6 @@ class LeaderElectionProxy(ObjectProxy):
         return self._hold is not None and self._hold.held
 
 
-PROXIES: dict[str, type[ObjectProxy]] = {"Lock": LockProxy, "Semaphore": SemaphoreProxy,
+PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy, "Semaphore": SemaphoreProxy,
                                          "Barrier": BarrierProxy,
                                          "LeaderElection": LeaderElectionProxy}

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from gesmas.client.errors import Timeout, queue_timeout
 
 if TYPE_CHECKING:
     from gesmas.client.client import Client
@@ -26,8 +28,10 @@ __all__ = [
     "LeaderElectionProxy",
     "LockProxy",
     "ObjectProxy",
+    "QueueProxy",
     "ReadWriteLockProxy",
     "SemaphoreProxy",
+    "blocking_flag",
 ]
 
 
@@ -61,6 +65,33 @@ class ObjectProxy:
 
         call.__name__ = call.__qualname__ = method
         return call
+
+
+def blocking_flag(blocking: Any, timeout: float | None) -> bool:
+    """``acquire(blocking, timeout)``'s first argument as threading takes it: True waits (up
+    to ``timeout``), False does not wait and answers False if it cannot take at once.
+    A number other than 0 or 1 is refused rather than taken for a timeout."""
+    if type(blocking) is not bool and not (type(blocking) is int and blocking in (0, 1)):
+        raise TypeError(f"blocking must be True or False, not {blocking!r} (a timeout "
+                        f"goes by name: acquire(timeout={blocking!r}))")
+    if not blocking and timeout is not None:
+        raise ValueError("can't specify a timeout for a non-blocking call")
+    return bool(blocking)
+
+
+class QueueProxy(ObjectProxy):
+    """A Queue; ``consume`` / ``reserve`` that time out raise ``QueueEmpty`` (also
+    ``queue.Empty``), a ``produce`` on a full bounded queue ``QueueFull`` (also
+    ``queue.Full``): both are ``Timeout``, as ``queue.Queue`` users expect."""
+
+    def invoke(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        try:
+            return super().invoke(method, *args, timeout=timeout, **kwargs)
+        except Timeout as e:
+            error = queue_timeout(method, e)
+            if error is e:
+                raise
+            raise error from None
 
 
 class Hold:
@@ -137,8 +168,18 @@ class LockProxy(FencedHold, ObjectProxy):
     once released, or once the session is lost, which happens before the server can
     expire it and grant the lock to another); ``fence`` is the last token it got."""
 
-    def acquire(self, timeout: float | None = None) -> Fence:
-        """Take the lock; returns the fencing token (the log index of the grant)."""
+    def acquire(self, blocking: bool = True, timeout: float | None = None
+                ) -> Fence | Literal[False]:
+        """Take the lock; returns the fencing token (the log index of the grant), waiting up
+        to ``timeout`` (None: for ever; Timeout after it). ``acquire(False)`` (or
+        ``blocking=False``) does not wait: the token, or False if the lock is taken, as
+        ``threading.Lock.acquire(False)`` answers."""
+        if not blocking_flag(blocking, timeout):
+            fence = self.try_acquire()
+            return False if fence is None else fence
+        return self._acquire(timeout)
+
+    def _acquire(self, timeout: float | None) -> Fence:
         fence: Fence = self._took(self.invoke("acquire", timeout=timeout))
         return fence
 
@@ -155,8 +196,12 @@ class LockProxy(FencedHold, ObjectProxy):
     def is_owner(self) -> bool:
         return bool(self.invoke("is_owner"))
 
+    def locked(self) -> bool:
+        """Whether any session holds the lock (``threading.Lock.locked()``)."""
+        return self.invoke("holder") is not None
+
     def __enter__(self) -> Fence:
-        return self.acquire()
+        return self._acquire(None)
 
     def __exit__(self, *exc: object) -> None:
         self.release()
@@ -165,7 +210,12 @@ class LockProxy(FencedHold, ObjectProxy):
 class SemaphoreProxy(ObjectProxy):
     """``with client.semaphore(name, permits=4): ...`` holds one permit."""
 
-    def acquire(self, timeout: float | None = None) -> Any:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Any:
+        """Take a permit, waiting up to ``timeout``: the permits this session now holds (an
+        owned semaphore) or True. ``acquire(False)`` does not wait: True or False, as
+        ``threading.Semaphore.acquire(False)`` answers."""
+        if not blocking_flag(blocking, timeout):
+            return bool(self.invoke("try_acquire"))
         return self.invoke("acquire", timeout=timeout)
 
     def release(self, n: int = 1) -> None:
@@ -258,6 +308,7 @@ class LeaderElectionProxy(ObjectProxy):
 
 #: Standard class name -> proxy class that ``Client.object`` returns for it.
 PROXIES: dict[str, type[ObjectProxy]] = {
+    "Queue": QueueProxy,
     "Lock": LockProxy,
     "Semaphore": SemaphoreProxy,
     "Barrier": BarrierProxy,
