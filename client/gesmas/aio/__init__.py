@@ -347,7 +347,7 @@ class Client(session_.SessionView):
 
     # --- calls -----------------------------------------------------------------------------
 
-    async def invoke(self, class_name: str, object_name: str, method: str, *args: Any,
+    async def invoke(self, class_name: str, object_name: str, method: str, /, *args: Any,
                      timeout: float | None = None, **kwargs: Any) -> Any:
         """Call ``method`` on the existing object ``object_name``; as the sync client's."""
         return await self._invoke(class_name, object_name, method, args, kwargs, timeout, None)
@@ -382,7 +382,7 @@ class Client(session_.SessionView):
         finally:
             seqs.end(request.seq)
 
-    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
+    def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
         """A proxy for the object ``name`` of class ``class_name``, made with these
         constructor arguments by its first call if it does not exist. No round trip: a
         name taken by another class, or by an object made with other constructor arguments

@@ -27,7 +27,7 @@ class ObjectProxy:
     def __repr__(self) -> str:
         return f"<aio {type(self).__name__} {self.class_name} {self.object_name!r}>"
 
-    async def invoke(self, method: str, *args: Any, timeout: float | None = None,
+    async def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
                      **kwargs: Any) -> Any:
         return await self.client._invoke(self.class_name, self.object_name, method, args,
                                          kwargs, timeout, self._create)
@@ -47,7 +47,7 @@ class QueueProxy(ObjectProxy):
     """A Queue; timeouts as the sync proxy's: ``QueueEmpty`` (also ``queue.Empty``) for
     ``consume`` / ``reserve``, ``QueueFull`` (also ``queue.Full``) for ``produce``."""
 
-    async def invoke(self, method: str, *args: Any, timeout: float | None = None,
+    async def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
                      **kwargs: Any) -> Any:
         try:
             return await super().invoke(method, *args, timeout=timeout, **kwargs)

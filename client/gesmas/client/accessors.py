@@ -14,7 +14,7 @@ T = TypeVar("T")
 class StandardObjects:
     """A base class of ``Client``: accessors for the standard classes."""
 
-    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
+    def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
         raise NotImplementedError     # Client.object
 
     def queue(self, name: str, **kwargs: Any) -> QueueProxy:

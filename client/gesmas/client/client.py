@@ -518,6 +518,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         class_name: str,
         object_name: str,
         method: str,
+        /,
         *args: Any,
         timeout: float | None = None,
         **kwargs: Any,
@@ -561,7 +562,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         finally:
             seqs.end(request.seq)
 
-    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
+    def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
         """Get or create the object ``name`` of class ``class_name`` and return a proxy for
         it. Raises AlreadyExists if the name is taken by an object of another class, or by
         one made with other constructor arguments than those given here (arguments left out

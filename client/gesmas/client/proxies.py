@@ -51,7 +51,8 @@ class ObjectProxy:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.class_name} {self.object_name!r}>"
 
-    def invoke(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
+               **kwargs: Any) -> Any:
         """Invoke ``method`` by name (also for methods whose name a proxy attribute hides)."""
         return self.client._invoke(self.class_name, self.object_name, method, args, kwargs,
                                    timeout, self._create)
@@ -84,7 +85,8 @@ class QueueProxy(ObjectProxy):
     ``queue.Empty``), a ``produce`` on a full bounded queue ``QueueFull`` (also
     ``queue.Full``): both are ``Timeout``, as ``queue.Queue`` users expect."""
 
-    def invoke(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
+               **kwargs: Any) -> Any:
         try:
             return super().invoke(method, *args, timeout=timeout, **kwargs)
         except Timeout as e:
