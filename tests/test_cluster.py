@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from gesmas.client import (AlreadyExists, ApplicationError, Client, InvalidArgument, NotFound,
-                           ResourceExhausted, Timeout)
+from gesmas.client import (AlreadyExists, ApplicationError, Client, Fence, InvalidArgument,
+                           NotFound, ResourceExhausted, Timeout)
 from gesmas.server.cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -368,6 +368,26 @@ def test_threading_idioms_acquire_false_locked_and_timeouts(cluster):
             q.produce("y", timeout=0)
         assert isinstance(full.value, Timeout) and not isinstance(full.value, queue.Empty)
         assert q.consume(timeout=0) == "x"
+
+
+def test_peek_len_and_campaign_as_the_readme_says(cluster):
+    """Issue 26, point 17: peek tells an empty queue from a queued None, len(proxy) calls
+    the class's __len__, campaign() returns the term (a fence)."""
+    with Client(cluster.addresses) as c:
+        q = c.queue("small-q")
+        assert len(q) == 0 and q                          # a proxy is true, even when empty
+        with pytest.raises(IndexError):
+            q.peek()
+        q.produce(None)
+        assert q.peek() is None and len(q) == 1
+        with pytest.raises(TypeError, match="Counter objects have no len"):
+            len(c.counter("small-c"))
+        election = c.election("small-e")
+        term = election.campaign("me")
+        assert type(term) is Fence and term > 0 and term.held and election.leading
+        assert election.leader() == {"session": c.session, "value": "me", "term": term}
+        election.resign()
+        assert not term.held
 
 
 def _wait(pred, timeout: float = 20.0) -> None:

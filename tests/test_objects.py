@@ -111,7 +111,7 @@ def test_queue_fifo_size_peek_try_consume():
     h.make("Queue", "q")
     s = h.open_session()
     assert h.ok(s, "q", "size") == 0
-    assert h.ok(s, "q", "peek") is None
+    h.fails(s, "q", "peek", type="IndexError")           # empty: not None, a queued None is
     assert h.ok(s, "q", "try_consume") is None
     for item in ["a", 2, {"k": [1, b"x"]}, None]:
         assert h.ok(s, "q", "produce", item) is None
@@ -341,6 +341,8 @@ def test_queue_bad_method_arguments():
     h.fails(s, "q", "produce", kwargs={"thing": 1}, code=INVALID)
     h.fails(s, "q", "pop", code=NOT_FOUND)
     h.fails(s, "q", "_on_session_end", s, code=NOT_FOUND)               # private
+    h.fails(s, "q", "__init__", code=NOT_FOUND)                          # special, not callable
+    h.fails(s, "q", "__eq__", 1, code=NOT_FOUND)
     h.fails(s, "q", "_items", code=NOT_FOUND)
     h.fails(s, "q", "capacity", code=NOT_FOUND)                          # an attribute
     h.fails(s, "q", "size", class_name="Lock", code=INVALID)
@@ -349,6 +351,19 @@ def test_queue_bad_method_arguments():
     assert h.ok(s, "q", "size") == 0                   # none of this changed the queue
     assert h.ok(s, "q", "produce", kwargs={"item": "k"}) is None
     assert h.ok(s, "q", "consume") == "k"
+
+
+def test_queue_peek_tells_a_queued_none_from_an_empty_queue_and_len_is_size():
+    h = OH()
+    h.make("Queue", "q")
+    s = h.open_session()
+    h.fails(s, "q", "peek", code=APP, type="IndexError")
+    assert h.ok(s, "q", "__len__") == 0
+    h.ok(s, "q", "produce", None)
+    assert h.ok(s, "q", "peek") is None and h.ok(s, "q", "__len__") == 1
+    h.ok(s, "q", "produce", "b")
+    assert h.ok(s, "q", "__len__") == h.ok(s, "q", "size") == 2
+    assert h.ok(s, "q", "consume") is None and h.ok(s, "q", "peek") == "b"
 
 
 def test_queue_create_is_get_or_create():

@@ -124,10 +124,11 @@ class LeaderElectionProxy(ObjectProxy):
 
     _hold: Hold | None = None
 
-    async def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
-        term = await self.invoke("campaign", value, timeout=timeout)
+    async def campaign(self, value: Any = None, timeout: float | None = None) -> Fence:
+        """The term, as a ``Fence`` (as the sync proxy's)."""
+        won = await self.invoke("campaign", value, timeout=timeout)
         self._hold = Hold(self.client.lease)
-        return term
+        return Fence(won["term"], self._hold)
 
     async def resign(self) -> Any:
         if self._hold is not None:

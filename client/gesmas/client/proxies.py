@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
-from gesmas.client.errors import Timeout, queue_timeout
+from gesmas.client.errors import NotFound, Timeout, queue_timeout
 
 if TYPE_CHECKING:
     from gesmas.client.client import Client
@@ -66,6 +66,23 @@ class ObjectProxy:
 
         call.__name__ = call.__qualname__ = method
         return call
+
+    def __len__(self) -> int:
+        """``len(proxy)``: the remote object's ``__len__`` (one call); TypeError if its class
+        has none."""
+        try:
+            n = self.invoke("__len__")
+        except NotFound as e:
+            if "has no method '__len__'" not in e.message:
+                raise
+            raise TypeError(f"{self.class_name} objects have no len() (the class defines no "
+                            f"__len__)") from None
+        if type(n) is not int or n < 0:
+            raise TypeError(f"{self.class_name}.__len__ returned {n!r}, not an int >= 0")
+        return n
+
+    def __bool__(self) -> bool:          # a proxy is true, whatever its object's len()
+        return True
 
 
 def blocking_flag(blocking: Any, timeout: float | None) -> bool:
@@ -285,11 +302,13 @@ class LeaderElectionProxy(ObjectProxy):
 
     _hold: Hold | None = None
 
-    def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
-        """Block until this session leads (or ``timeout``); ``value`` is published."""
-        term = self.invoke("campaign", value, timeout=timeout)
+    def campaign(self, value: Any = None, timeout: float | None = None) -> Fence:
+        """Block until this session leads (or ``timeout``); ``value`` is published. Returns
+        the term (the log index of the election, strictly increasing: a fencing token), as
+        a ``Fence`` that also tells whether the leadership is still sure."""
+        won = self.invoke("campaign", value, timeout=timeout)
         self._hold = Hold(self.client.lease)
-        return term
+        return Fence(won["term"], self._hold)
 
     def resign(self) -> Any:
         if self._hold is not None:
