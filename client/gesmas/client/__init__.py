@@ -7,6 +7,8 @@
         item = q.consume(timeout=5.0)
         with c.lock("schema") as fence:
             ...
+
+TLS and a login: ``Client(..., tls=TLS(ca="ca.pem"), user="alice", password=...)``.
 """
 from gesmas.client.client import (
     DEFAULT_CLUSTER,
@@ -35,6 +37,7 @@ from gesmas.client.errors import (
     Unauthenticated,
     Unavailable,
 )
+from gesmas.client.security import TLS
 from gesmas.client.proxies import (
     Fence,
     LeaderElectionProxy,
@@ -73,6 +76,7 @@ __all__ = [
     "SessionExpired",
     "SessionState",
     "Status",
+    "TLS",
     "Timeout",
     "Unauthenticated",
     "Unavailable",
