@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -32,6 +33,7 @@ from gesmas.client import (
     cli,
     convert,
 )
+from gesmas.client.client import parse_cluster
 from gesmas.client.errors import ERROR_METADATA_KEY
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -233,6 +235,61 @@ def test_connection_refused_moves_on(replicas):
     assert invokes(replicas[1]) == [(SESSION, 1, 0)]
 
 
+def test_a_cluster_that_is_not_there_is_said_at_once_naming_every_address():
+    """Issue 26, point 10: every address refuses and nothing ever answered: the client gives
+    up after about core.UNREACHABLE_FOR, not its retry_timeout, and names each address."""
+    a, b = closed_port(), closed_port()
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as e:
+        Client(f"{a},{b}", retry_timeout=60)
+    assert time.monotonic() - started < 20              # far below the 60 s retry_timeout
+    assert f"{a}: connection refused" in e.value.message
+    assert f"{b}: connection refused" in e.value.message
+
+
+def test_a_cluster_that_was_there_is_retried_for_retry_timeout(replicas):
+    with Client(cluster(replicas), retry_timeout=2.5) as c:
+        assert c.invoke("Queue", "q", "produce", 1) == "produce#1"
+        for r in replicas:
+            r.stop()
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as e:
+            c.invoke("Queue", "q", "produce", 2)
+        assert time.monotonic() - started >= 2.4        # it may be coming back: retried
+        assert all(f"{r.address}: connection refused" in e.value.message for r in replicas), e.value.message
+
+
+@pytest.mark.parametrize("address, says", [
+    ("127.0.0.1", "has no port"), ("::1", "IPv6 host goes in brackets"),
+    ("h:0", "from 1 to 65535"), ("h:http", "from 1 to 65535"), (":7101", "has no host"),
+    ("http://h:7101", "without a scheme"),
+])
+def test_addresses_must_be_host_and_port(address, says):
+    with pytest.raises(ValueError, match=says):
+        Client(f"127.0.0.1:7101,{address}", connect=False)
+    for good in ("127.0.0.1:7101", "[::1]:7101", "db-1.example:7101", "unix:/tmp/g.sock"):
+        assert parse_cluster(good) == [good]
+
+
+@pytest.mark.parametrize("details, why", [
+    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to "
+     "connect to remote host: Connection refused", "connection refused"),
+    ("errors resolving no-such-host.invalid:7101: [field:hostname lookup error:address "
+     "lookup failed for no-such-host.invalid:7101: Domain name not found]", "unknown host"),
+    ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:2: Socket "
+     "closed", "a TLS port? give its CA"),
+    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:3: Tls "
+     "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:100000f7:SSL "
+     "routines:OPENSSL_internal:WRONG_VERSION_NUMBER", "a port without TLS?"),
+    ("Socket closed", None),                          # a replica that went away mid-call
+    ("keepalive watchdog timeout", None),
+])
+def test_what_an_unreachable_replica_is_told(details, why):
+    from gesmas.client import core
+    said = core.unreachable(details)
+    assert said is None if why is None else why in said
+
+
 def test_blocked_call_reattaches_when_its_replica_dies(replicas):
     a, b, _ = replicas
     arrived, release = threading.Event(), threading.Event()
@@ -275,8 +332,10 @@ def test_gives_up_after_retry_timeout(replicas):
     for r in replicas:
         r.fake.handlers["Invoke"] = unavailable()
     with Client(cluster(replicas), retry_timeout=0.3) as c:
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable) as e:
             c.invoke("Queue", "q", "produce", 1)
+    for r in replicas:                                   # each address, with what it said
+        assert f"{r.address}: not the leader" in e.value.message
     seqs = {q.seq for r in replicas for q in r.fake.seen("Invoke")}
     assert seqs == {1} and sum(len(invokes(r)) for r in replicas) >= 3
 

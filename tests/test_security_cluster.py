@@ -526,3 +526,16 @@ def test_tooz_takes_tls_and_the_login_from_the_url(cluster, monkeypatch):
                                          b"plain")
     with pytest.raises(coordination.ToozConnectionError):
         plain.start()
+
+
+def test_a_plain_text_client_at_a_tls_port_is_told_at_once(cluster):
+    """Issue 26, point 10: no 'Socket closed' after a 30 s retry_timeout, but a hint at
+    TLS for every address, about a second after the client tried them all."""
+    import time
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as e:
+        Client(cluster.addresses, tls=False, retry_timeout=30)
+    assert time.monotonic() - started < 15
+    for m in cluster.members:
+        assert f"{m.client_addr}: the connection was closed while connecting (a TLS port? " \
+               "give its CA" in e.value.message

@@ -336,11 +336,13 @@ class Client(session_.SessionView):
                 return attempts.address, response
             except core.Failure as failure:
                 error, unresponsive = failure.error, failure.unresponsive
+                unreachable = failure.unreachable
             if self._closed and not closing:
                 raise ClientClosed() from None
             if unresponsive:
                 self._unresponsive(attempts.address)
-            pause = attempts.failed(error, started, time.monotonic(), unresponsive)
+            pause = attempts.failed(error, started, time.monotonic(), unresponsive,
+                                    unreachable)
             await asyncio.sleep(pause)
             if on_retry is not None:
                 on_retry()

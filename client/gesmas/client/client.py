@@ -150,10 +150,34 @@ def parse_cluster(cluster: str | list[str] | tuple[str, ...] | None) -> list[str
     if cluster is None:
         cluster = os.environ.get("GESMAS_CLUSTER") or DEFAULT_CLUSTER
     parts = cluster.split(",") if isinstance(cluster, str) else list(cluster)
-    addresses = [a.strip() for a in parts if a.strip()]
+    addresses = [check_address(a.strip()) for a in parts if a.strip()]
     if not addresses:
         raise ValueError(f"no address in cluster {cluster!r}")
     return list(dict.fromkeys(addresses))  # drop duplicates, keep order
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is ``host:port`` (an IPv6 host in brackets) or a gRPC ``unix:``
+    path; ValueError saying what is wrong otherwise (gRPC would take a missing port for
+    443)."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return address
+    if "://" in address or "/" in address:
+        raise ValueError(f"address {address!r}: write host:port, without a scheme or path")
+    host, colon, port = address.rpartition(":")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"address {address!r}: an IPv6 host goes in brackets, with the "
+                         f"port: [::1]:7101")
+    if not colon:
+        raise ValueError(f"address {address!r} has no port: write host:port, e.g. "
+                         f"{address}:7101")
+    if not host:
+        raise ValueError(f"address {address!r} has no host: write host:port, e.g. "
+                         f"127.0.0.1{address}")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address {address!r}: the port must be a number from 1 to 65535, "
+                         f"not {port!r}")
+    return address
 
 
 # --- the client ---------------------------------------------------------------------------
@@ -485,12 +509,14 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                 return attempts.address, response
             except core.Failure as failure:
                 error, unresponsive = failure.error, failure.unresponsive
+                unreachable = failure.unreachable
             if self._closed.is_set() and not closing:
                 raise ClientClosed() from None
             previous = attempts.address
             if unresponsive:
                 self._unresponsive(previous)
-            pause = attempts.failed(error, started, time.monotonic(), unresponsive)
+            pause = attempts.failed(error, started, time.monotonic(), unresponsive,
+                                    unreachable)
             log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error,
                       attempts.address)
             if closing:
