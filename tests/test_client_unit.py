@@ -256,7 +256,8 @@ def test_a_cluster_that_was_there_is_retried_for_retry_timeout(replicas):
         with pytest.raises(Unavailable) as e:
             c.invoke("Queue", "q", "produce", 2)
         assert time.monotonic() - started >= 2.4        # it may be coming back: retried
-        assert all(f"{r.address}: connection refused" in e.value.message for r in replicas), e.value.message
+        said = e.value.message
+        assert all(f"{r.address}: connection refused" in said for r in replicas), said
 
 
 @pytest.mark.parametrize("address, says", [

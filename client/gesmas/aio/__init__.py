@@ -46,7 +46,7 @@ from gesmas.client import convert, core
 from gesmas.client import session as session_
 from gesmas.client.session import Lease, SessionState
 from gesmas.aio.proxies import (PROXIES, BarrierProxy, LeaderElectionProxy, LockProxy,
-                                ObjectProxy, QueueProxy, SemaphoreProxy)
+                                ObjectProxy, QueueProxy, ReadWriteLockProxy, SemaphoreProxy)
 from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
@@ -58,7 +58,7 @@ from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 __all__ = ["BarrierProxy", "Client", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
-           "QueueProxy", "SemaphoreProxy", "SessionState"]
+           "QueueProxy", "ReadWriteLockProxy", "SemaphoreProxy", "SessionState"]
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +419,9 @@ class Client(session_.SessionView):
         assert isinstance(proxy, BarrierProxy)
         return proxy
 
+    def double_barrier(self, name: str, **kwargs: Any) -> ObjectProxy:
+        return self.object("DoubleBarrier", name, **kwargs)
+
     def latch(self, name: str, **kwargs: Any) -> ObjectProxy:
         return self.object("CountDownLatch", name, **kwargs)
 
@@ -430,8 +433,10 @@ class Client(session_.SessionView):
         assert isinstance(proxy, LeaderElectionProxy)
         return proxy
 
-    def rwlock(self, name: str, **kwargs: Any) -> ObjectProxy:
-        return self.object("ReadWriteLock", name, **kwargs)
+    def rwlock(self, name: str, **kwargs: Any) -> ReadWriteLockProxy:
+        proxy = self.object("ReadWriteLock", name, **kwargs)
+        assert isinstance(proxy, ReadWriteLockProxy)
+        return proxy
 
     async def delete_object(self, name: str) -> None:
         for key in [k for k in self._proxies if k[1] == name]:

@@ -1,7 +1,12 @@
 """The asyncio client's object proxies: ``await proxy.method(...)`` invokes the method; the
-lock and semaphore proxies are async context managers (``gesmas.aio.Client`` makes them)."""
+lock and semaphore proxies are async context managers, a readers-writer lock's ``read()``
+and ``write()`` too (``gesmas.aio.Client`` makes them). What the sync proxies offer as
+properties that call the server (a barrier's ``parties``, ``n_waiting``, ``broken``) are
+awaited methods here: ``await barrier.parties()``."""
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from gesmas.client.errors import Timeout, queue_timeout
@@ -11,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
 
 __all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy", "QueueProxy",
-           "SemaphoreProxy", "PROXIES"]
+           "ReadWriteLockProxy", "SemaphoreProxy", "PROXIES"]
 
 
 class ObjectProxy:
@@ -113,9 +118,50 @@ class SemaphoreProxy(ObjectProxy):
 
 
 class BarrierProxy(ObjectProxy):
+    """threading.Barrier's interface, awaited: ``wait``, ``abort``, ``reset``, and
+    ``parties()``, ``n_waiting()``, ``broken()`` (one call each)."""
+
     async def wait(self, timeout: float | None = None) -> int:
         index: int = await self.invoke("wait", timeout=timeout)
         return index
+
+    async def abort(self) -> None:
+        await self.invoke("abort")
+
+    async def reset(self) -> None:
+        await self.invoke("reset")
+
+    async def parties(self) -> int:
+        n: int = await self.invoke("size")
+        return n
+
+    async def n_waiting(self) -> int:
+        n: int = await self.invoke("n_waiting")
+        return n
+
+    async def broken(self) -> bool:
+        return bool(await self.invoke("broken"))
+
+
+class ReadWriteLockProxy(ObjectProxy):
+    """``async with rw.read(): ...`` (shared) and ``async with rw.write(): ...``
+    (exclusive), as the sync proxy's ``with``."""
+
+    @asynccontextmanager
+    async def read(self, timeout: float | None = None) -> AsyncIterator[Any]:
+        token = await self.invoke("acquire_read", timeout=timeout)
+        try:
+            yield token
+        finally:
+            await self.invoke("release_read")
+
+    @asynccontextmanager
+    async def write(self, timeout: float | None = None) -> AsyncIterator[Any]:
+        token = await self.invoke("acquire_write", timeout=timeout)
+        try:
+            yield token
+        finally:
+            await self.invoke("release_write")
 
 
 class LeaderElectionProxy(ObjectProxy):
@@ -139,7 +185,17 @@ class LeaderElectionProxy(ObjectProxy):
     def leading(self) -> bool:
         return self._hold is not None and self._hold.held
 
+    async def leader(self) -> Any:
+        """{"session", "value", "term"} of the current leader, or None."""
+        return await self.invoke("leader")
 
-PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy, "Semaphore": SemaphoreProxy,
+    async def observe(self, known_term: Any = None, timeout: float | None = None) -> Any:
+        """Wait until the leadership differs from ``known_term``; returns the new one."""
+        return await self.invoke("observe", known_term, timeout=timeout)
+
+
+PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy,
+                                         "Semaphore": SemaphoreProxy,
                                          "Barrier": BarrierProxy,
+                                         "ReadWriteLock": ReadWriteLockProxy,
                                          "LeaderElection": LeaderElectionProxy}
