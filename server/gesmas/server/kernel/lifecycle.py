@@ -100,10 +100,7 @@ class Lifecycle:
             raise KernelError(Code.NOT_FOUND, f"no class named {class_name!r}")
         self.state.within(user, "objects")
         args, kwargs = args_of(args, kwargs)
-        try:
-            sig = inspect.signature(cls.cls)
-        except (TypeError, ValueError):
-            sig = None
+        sig = cls.constructor()
         if sig is not None:
             bind_sig(sig, cls.name, tuple(args), kwargs)
         req = Request(self.runner, Kind.CONSTRUCTOR, self.state.index, session,
@@ -131,9 +128,12 @@ class Lifecycle:
         if not kept:
             return
         args, kwargs = args_of(args, kwargs)
+        sig = rec.cls.constructor()
+        if sig is None:
+            return
         try:
-            bound = inspect.signature(rec.cls.cls).bind(*args, **kwargs).arguments
-        except (TypeError, ValueError) as e:
+            bound = sig.bind(*args, **kwargs).arguments
+        except TypeError as e:
             raise KernelError(Code.INVALID_ARGUMENT, f"{rec.cls.name}(): {e}") from None
         try:
             state = object.__getattribute__(rec.instance, "__dict__")
@@ -252,7 +252,8 @@ def _same(given: Any, have: Any) -> bool:
 def _show(v: Any, limit: int = 80) -> str:
     """`v` for an error message, short, without running uploaded code."""
     def small(x: Any) -> bool:
-        return type(x) in _SCALARS and (type(x) is not int or x.bit_length() <= 128)
+        return type(x) in _SCALARS and (type(x) is not int or x.bit_length() <= 128) and \
+            (type(x) not in (str, bytes) or len(x) <= 200)
 
     t = type(v)
     if t in (list, tuple, dict):
@@ -264,6 +265,8 @@ def _show(v: Any, limit: int = 80) -> str:
         text = repr(v)
     elif t is int:
         text = f"<int of {v.bit_length()} bits>"
+    elif t in (str, bytes):
+        text = repr(v[:60]) + "..."
     else:
         text = f"<{t.__name__}>"
     return text if len(text) <= limit else text[:limit] + "..."

@@ -37,6 +37,16 @@ class ClassVersion:
     cls: type
     _methods: dict[str, tuple[Callable[..., Any], inspect.Signature] | None] = field(
         default_factory=dict)
+    _init: list[inspect.Signature | None] = field(default_factory=list)
+
+    def constructor(self) -> inspect.Signature | None:
+        """The signature the class is called with, or None if inspect cannot tell."""
+        if not self._init:
+            try:
+                self._init.append(inspect.signature(self.cls))
+            except (TypeError, ValueError):
+                self._init.append(None)
+        return self._init[0]
 
     def method(self, name: str) -> tuple[Callable[..., Any], inspect.Signature] | None:
         """The public method `name` (or one of CALLABLE_SPECIAL) with its signature, or None
