@@ -46,10 +46,13 @@ Retries. A call is resent, with the same request, when its replica answers UNAVA
 the transport fails (connection refused or reset, the replica died or hung while the call
 waited, or the client's own gRPC deadline passed): to ``leader_hint`` when there is one,
 else to the next address round-robin, after a small exponential backoff (capped at 1 s).
-It gives up, raising the last error, after ``retry_timeout`` seconds of failing without a
-break (a long-lived attempt that then fails starts a new period), and a call with a timeout
-never retries past ``timeout + retry_timeout`` from its start. Application errors and all
-other answers are never retried. A blocked call whose replica dies therefore re-attaches
+It gives up after ``retry_timeout`` seconds of failing without a break (a long-lived
+attempt that then fails starts a new period), and a call with a timeout never retries past
+``timeout + retry_timeout`` from its start; a client that has never reached the cluster gives
+up once every address has been unreachable (refused, unknown host, TLS on one side only) for
+``core.UNREACHABLE_FOR`` seconds. Giving up after failures at several addresses raises an
+Unavailable naming each with what it did. Application errors and all other answers are
+never retried. A blocked call whose replica dies therefore re-attaches
 elsewhere and still returns its result.
 
 Timeouts. ``timeout=None`` leaves InvokeRequest.timeout unset (wait as long as it takes);
