@@ -23,6 +23,8 @@ class LockNotOwned(RuntimeError):
 
 class Lock:
     _restartable = ("acquire",)  # waits a checkpoint leaves in place
+    _constructor_args = ("reentrant",)    # a get-or-create naming another one is refused
+
     def __init__(self, reentrant=False):
         self.reentrant = bool(reentrant)
         self._gate = Semaphore(1)

@@ -292,6 +292,8 @@ class Kernel:
             elif rec.cls.name != cmd.class_name:
                 raise KernelError(Code.ALREADY_EXISTS, f"object {cmd.name!r} exists with class "
                                   f"{rec.cls.name}, not {cmd.class_name}")
+            else:
+                self.lifecycle.check_args(rec, cmd.ctor_args, cmd.ctor_kwargs)
         self._start(cmd, s, st.index, [cmd.tag] if cmd.tag else [], None, (),
                     raw=self._raw)
 
