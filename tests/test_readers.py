@@ -161,7 +161,7 @@ def test_a_reader_waits_for_an_entry_that_runs_on_its_object():
     assert h.kernel.read("", "b", "until", [2]) == 2
 
 
-def test_the_standard_classes_readers_run_on_the_live_object():
+def test_the_standard_classes_readers_run_on_the_live_object_and_change_nothing():
     from gesmas.objects import RESERVED_CLASSES, standard_sources
     from gesmas.server.kernel import Config, RegisterClass
     from gesmas.server.kernel.auth import SYSTEM
@@ -172,6 +172,31 @@ def test_the_standard_classes_readers_run_on_the_live_object():
     h.create("Counter", "c", 5)
     h.call(s, "c", "add", 2)
     assert h.kernel.read("", "c", "get") == 7
+    made = {"Counter": "c", "Queue": "q", "Lock": "l", "Semaphore": "s", "Barrier": "b",
+            "CountDownLatch": "cd", "ReadWriteLock": "rw", "LeaderElection": "e", "Group": "g",
+            "Election": "ge", "DoubleBarrier": "db"}
+    ctor = {"Semaphore": [2], "Barrier": [2], "CountDownLatch": [1], "DoubleBarrier": [2]}
+    for cls, name in made.items():
+        if cls != "Counter":
+            assert h.create(cls, name, *ctor.get(cls, [])).error is None, cls
+    h.call(s, "q", "produce", None)
+    h.call(s, "l", "acquire")
+    h.call(s, "g", "join", "m1")
+    h.call(s, "e", "campaign", "v")
+    before = h.kernel.state_digest()
+    seen = 0
+    for cls, name in made.items():
+        rec = h.kernel.state.objects[name]
+        for method in rec.cls.cls._readers:
+            args = ["m1"] if method == "member" else []
+            try:
+                h.kernel.read("", name, method, args)
+            except KernelError as e:
+                assert e.error.code == Code.APPLICATION, (cls, method, e.error)
+            seen += 1
+    assert seen >= 20 and h.kernel.state_digest() == before
+    assert h.kernel.read("", "q", "peek") is None and h.kernel.read("", "q", "size") == 1
+    assert h.kernel.read("", "l", "holder")["session"] == s
 
 
 BODIES = ["self.n += 1", "self.items.append(1)", "self.items[0] = 7", "del self.items[0]",

@@ -17,6 +17,8 @@ def _int64(v, what):
 class Counter:
     _constructor_args = (("initial", "_initial"),)   # a get-or-create naming another is refused
 
+    _readers = ('get',)  # read-only: served without a log entry
+
     def __init__(self, initial=0):
         self._value = self._initial = _int64(initial, "initial")
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 class CountDownLatch:
     _restartable = ("wait",)  # waits a checkpoint leaves in place
+    _readers = ('count',)  # read-only: served without a log entry
     _constructor_args = (("count", "_initial"),)   # a get-or-create naming another is refused
 
     def __init__(self, count):
