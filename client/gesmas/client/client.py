@@ -584,11 +584,15 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         request.session_secret = self._session_secret
         seqs = self._seqs                     # this session's (a reopened one has others)
         request.seq = seqs.new()
+        # a method its class declares read-only is served without a log entry, with this
+        # consistency (ignored for every other call)
+        request.read.CopyFrom(core.read_options(self._consistency, self._seen))
         try:
             request.ack = seqs.ack()
 
             def refresh_ack() -> None:
                 request.ack = seqs.ack()
+                request.read.min_index = max(request.read.min_index, self._seen.index)
 
             start = time.monotonic()
             try:
