@@ -4,6 +4,8 @@ login. The retry rules are the synchronous client's (gesmas.client.core)."""
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 
 import pytest
 
@@ -44,7 +46,74 @@ def test_calls_locks_and_barriers(cluster):
             assert sorted(results) == [0, 1, 2]
             with pytest.raises(AlreadyExists):
                 await a.lock("aio-q").acquire()           # a Queue: said by the first call
+            assert await a.queue("aio-cap", capacity=2).size() == 0
+            # threading idioms, awaited (issue 26, point 14)
+            la, lb = a.lock("aio-idiom"), b.lock("aio-idiom")
+            assert await la.acquire(False) > 0 and await lb.locked()
+            assert await lb.acquire(blocking=False) is False
+            await la.release()
+            assert not await lb.locked()
+            assert await a.semaphore("aio-sem", permits=1).acquire(False) is True
+            assert await b.semaphore("aio-sem").acquire(False) is False
+            with pytest.raises(queue.Empty):
+                await a.queue("aio-cap").consume(timeout=0)
+            with pytest.raises(AlreadyExists, match="capacity=2, not capacity=3"):
+                await a.queue("aio-cap", capacity=3).size()
     run(main())
+
+
+def test_what_the_readme_says_aio_shares(cluster):
+    """Issue 26, point 6: rwlock read()/write(), the election helpers and the barrier's
+    parties / n_waiting / broken, awaited."""
+    async def main():
+        async with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+            rw, other = a.rwlock("aio-rw"), b.rwlock("aio-rw")
+            base = (await a.status())["waiter_count"]
+
+            async def waiting(n: int) -> bool:
+                return (await a.status())["waiter_count"] == base + n
+
+            async with rw.read():
+                async with other.read():                  # readers share
+                    pass
+                writer = asyncio.create_task(_write_once(other))
+                await until(lambda: waiting(1))
+                assert not writer.done()                  # a writer waits for the reader
+            await asyncio.wait_for(writer, 20)
+            async with rw.write(timeout=10):
+                with pytest.raises(Timeout):
+                    async with other.read(timeout=0):
+                        pass
+
+            e = a.election("aio-election")
+            assert await e.leader() is None
+            term = await e.campaign("a")
+            assert e.leading and term.held
+            seen = await b.election("aio-election").leader()
+            assert (seen["value"], seen["term"]) == ("a", term)
+            change = asyncio.create_task(b.election("aio-election").observe(term, timeout=20))
+            await until(lambda: waiting(1))
+            await e.resign()
+            assert not e.leading and await change is None   # woken: nobody leads now
+
+            barrier = a.barrier("aio-parties", parties=2)
+            assert await barrier.parties() == 2 and await barrier.n_waiting() == 0
+            party = asyncio.create_task(b.barrier("aio-parties", parties=2).wait(timeout=20))
+            await until(lambda: waiting(1))
+            assert await barrier.n_waiting() == 1
+            assert not await barrier.broken()
+            await barrier.abort()
+            assert await barrier.broken()
+            with pytest.raises(threading.BrokenBarrierError):
+                await party
+            await barrier.reset()
+            assert not await barrier.broken()
+    run(main())
+
+
+async def _write_once(c_rw) -> None:
+    async with c_rw.write(timeout=20):
+        pass
 
 
 def test_a_cancelled_consumer_takes_no_item(cluster):

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -30,6 +33,7 @@ from gesmas.client import (
     cli,
     convert,
 )
+from gesmas.client.client import parse_cluster
 from gesmas.client.errors import ERROR_METADATA_KEY
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -231,6 +235,62 @@ def test_connection_refused_moves_on(replicas):
     assert invokes(replicas[1]) == [(SESSION, 1, 0)]
 
 
+def test_a_cluster_that_is_not_there_is_said_at_once_naming_every_address():
+    """Issue 26, point 10: every address refuses and nothing ever answered: the client gives
+    up after about core.UNREACHABLE_FOR, not its retry_timeout, and names each address."""
+    a, b = closed_port(), closed_port()
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as e:
+        Client(f"{a},{b}", retry_timeout=60)
+    assert time.monotonic() - started < 20              # far below the 60 s retry_timeout
+    assert f"{a}: connection refused" in e.value.message
+    assert f"{b}: connection refused" in e.value.message
+
+
+def test_a_cluster_that_was_there_is_retried_for_retry_timeout(replicas):
+    with Client(cluster(replicas), retry_timeout=2.5) as c:
+        assert c.invoke("Queue", "q", "produce", 1) == "produce#1"
+        for r in replicas:
+            r.stop()
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as e:
+            c.invoke("Queue", "q", "produce", 2)
+        assert time.monotonic() - started >= 2.4        # it may be coming back: retried
+        said = e.value.message
+        assert all(f"{r.address}: connection refused" in said for r in replicas), said
+
+
+@pytest.mark.parametrize("address, says", [
+    ("127.0.0.1", "has no port"), ("::1", "IPv6 host goes in brackets"),
+    ("h:0", "from 1 to 65535"), ("h:http", "from 1 to 65535"), (":7101", "has no host"),
+    ("http://h:7101", "without a scheme"),
+])
+def test_addresses_must_be_host_and_port(address, says):
+    with pytest.raises(ValueError, match=says):
+        Client(f"127.0.0.1:7101,{address}", connect=False)
+    for good in ("127.0.0.1:7101", "[::1]:7101", "db-1.example:7101", "unix:/tmp/g.sock"):
+        assert parse_cluster(good) == [good]
+
+
+@pytest.mark.parametrize("details, why", [
+    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to "
+     "connect to remote host: Connection refused", "connection refused"),
+    ("errors resolving no-such-host.invalid:7101: [field:hostname lookup error:address "
+     "lookup failed for no-such-host.invalid:7101: Domain name not found]", "unknown host"),
+    ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:2: Socket "
+     "closed", "a TLS port? give its CA"),
+    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:3: Tls "
+     "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:100000f7:SSL "
+     "routines:OPENSSL_internal:WRONG_VERSION_NUMBER", "a port without TLS?"),
+    ("Socket closed", None),                          # a replica that went away mid-call
+    ("keepalive watchdog timeout", None),
+])
+def test_what_an_unreachable_replica_is_told(details, why):
+    from gesmas.client import core
+    said = core.unreachable(details)
+    assert said is None if why is None else why in said
+
+
 def test_blocked_call_reattaches_when_its_replica_dies(replicas):
     a, b, _ = replicas
     arrived, release = threading.Event(), threading.Event()
@@ -273,8 +333,10 @@ def test_gives_up_after_retry_timeout(replicas):
     for r in replicas:
         r.fake.handlers["Invoke"] = unavailable()
     with Client(cluster(replicas), retry_timeout=0.3) as c:
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable) as e:
             c.invoke("Queue", "q", "produce", 1)
+    for r in replicas:                                   # each address, with what it said
+        assert f"{r.address}: not the leader" in e.value.message
     seqs = {q.seq for r in replicas for q in r.fake.seen("Invoke")}
     assert seqs == {1} and sum(len(invokes(r)) for r in replicas) >= 3
 
@@ -517,7 +579,26 @@ def test_cli_server_error_is_one_line(replicas, capsys):
         context, grpc.StatusCode.NOT_FOUND, pb.ERROR_CODE_NOT_FOUND, "no object named 'x'")
     rc, out, err = run_cli(capsys, "call", "Queue", "x", "consume", "--cluster",
                            cluster(replicas))
-    assert (rc, out, err) == (1, "", "gesmas: NOT_FOUND: no object named 'x'\n")
+    assert (rc, out) == (1, "") and err.count("\n") == 1
+    # a missing object hints at --create (issue 26, point 15)
+    assert err.startswith("gesmas: NOT_FOUND: no object named 'x' (to make it first: --create")
+
+
+def test_cli_passes_any_keyword_but_timeout(replicas, capsys):
+    """--kwargs reaches the method whatever its keys (`method`, `name`...), but for
+    `timeout`, which bounds the call's wait: that is refused and --timeout suggested."""
+    a = replicas[0]
+    rc, out, err = run_cli(capsys, "call", "Queue", "q", "m", "--cluster", cluster(replicas),
+                           "--kwargs", '{"method": 1, "class_name": 2, "object_name": 3}')
+    assert (rc, err) == (0, "")
+    inv, = a.fake.seen("Invoke")
+    assert {k: convert.from_value(v) for k, v in inv.kwargs.items()} == {
+        "method": 1, "class_name": 2, "object_name": 3}
+    rc, out, err = run_cli(capsys, "call", "Queue", "q", "m", "--create", '{"name": 1}',
+                           "--cluster", cluster(replicas))
+    assert (rc, err) == (0, "")
+    create, = a.fake.seen("CreateObject")
+    assert {k: convert.from_value(v) for k, v in create.kwargs.items()} == {"name": 1}
 
 
 def test_cli_unreachable_cluster_is_one_line(capsys):
@@ -527,18 +608,71 @@ def test_cli_unreachable_cluster_is_one_line(capsys):
     assert err.startswith("gesmas: UNAVAILABLE: ") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("argv", [
-    ["call", "Queue", "q"],
-    ["call", "Queue", "q", "produce", "--create", "[1"],
-    ["call", "Queue", "q", "produce", "--create", "3"],
-    ["call", "Queue", "q", "produce", '{"$bytes": "!!"}'],
-    ["frobnicate"],
-    ["status", "--cluster", ","],
+@pytest.mark.parametrize("argv, says", [
+    (["call", "Queue", "q"], "required"),
+    (["call", "Queue", "q", "produce", "--create", "[1"], "--create: not valid JSON"),
+    (["call", "Queue", "q", "produce", "--create", "3"], "--create: expected"),
+    (["call", "Queue", "q", "produce", '{"$bytes": "!!"}'], "base64"),
+    (["frobnicate"], "invalid choice"),
+    (["status", "--cluster", ","], "--cluster"),
+    # issue 26, points 5 and 15
+    (["call", "Queue", "q", "consume", "--kwargs", '{"timeout": 1}'], "write --timeout 1"),
+    (["call", "Queue", "q", "consume", "--timeout", "nan"], "not 'nan'"),
+    (["call", "Queue", "q", "consume", "--timeout", "-1"], ">= 0, not '-1'"),
+    (["call", "Queue", "q", "consume", "--timeout", "soon"], "not a number"),
+    (["status", "--retry-timeout", "nan"], "--retry-timeout"),
+    (["call", "Queue", "q", "produce", '{"a": 1,}'], "'{\"a\": 1,}' is not valid JSON"),
+    (["call", "Queue", "q", "produce", "[1, 2"], "is not valid JSON"),
+    (["role", "grant", "r", "invoke"], "give a PREFIX (e.g. jobs/), or --all-names"),
+    (["role", "revoke", "r", "register"], "on which class names?"),
+    (["role", "grant", "r", "invoke", "jobs/", "--all-names"], "not both"),
+    (["role", "grant", "r", "admin", "jobs/"], "admin takes no PREFIX"),
 ])
-def test_cli_usage_errors(capsys, argv):
-    rc, out, err = run_cli(capsys, *argv)
+def test_cli_usage_errors(capsys, argv, says):
+    rc, out, err = run_cli(capsys, *argv)       # each is refused before any connection
     assert rc == 2 and out == ""
-    assert err.startswith("gesmas: ") and err.count("\n") == 1
+    assert err.startswith("gesmas: ") and err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize("argv, prefix", [
+    (["role", "grant", "r", "invoke", "jobs/"], "jobs/"),
+    (["role", "grant", "r", "invoke", ""], ""),
+    (["role", "grant", "r", "invoke", "--all-names"], ""),
+    (["role", "revoke", "r", "register", "--all-names"], ""),
+    (["role", "grant", "r", "admin"], ""),
+])
+def test_cli_permission_on_every_name_is_explicit(argv, prefix):
+    from gesmas.client import cli_auth
+    args = cli.build_parser().parse_args(argv)
+    assert cli_auth.auth_params(args) == (args.op, {"name": "r", "action": argv[3],
+                                                    "prefix": prefix})
+
+
+def _cli_process(*argv: str, **kw: Any) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gesmas.client.cli", *argv],
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_cli_user_add_without_a_terminal_says_use_password_stdin():
+    # a new session has no controlling terminal, and stdin is not one: nowhere to prompt
+    p = _cli_process("user", "add", "bob", "--cluster", closed_port(),
+                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
+    out, err = p.communicate(timeout=60)
+    assert (p.returncode, out) == (2, "")
+    assert err == ("gesmas: no terminal to type a password on: use --password-stdin to read "
+                   "the new password from the first line of stdin\n")
+    p = _cli_process("user", "add", "bob", "--password-stdin", "--cluster", closed_port(),
+                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "stdin is empty" in err
+
+
+def test_cli_into_a_closed_pipe_stops_quietly(replicas):
+    """`gesmas objects | head -0`: the reader is gone before anything is written."""
+    p = _cli_process("objects", "--cluster", cluster(replicas), stdout=subprocess.PIPE)
+    p.stdout.close()                      # nobody reads: the first write fails with EPIPE
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 141 and err == ""
 
 
 def test_cli_tables(replicas, capsys):
@@ -556,6 +690,10 @@ def test_cli_plain_word_is_a_string():
     assert cli.parse_arg('"42"') == "42"
     assert cli.parse_arg("42") == 42
     assert cli.parse_arg('{"$bytes": "aGk="}') == b"hi"
+    assert cli.parse_arg("1.2.3") == "1.2.3" and cli.parse_arg("a{b") == "a{b"
+    for broken in ('{"a": 1,}', "[1,", '"open', ' {}x'):
+        with pytest.raises(cli.UsageError, match="not valid JSON"):
+            cli.parse_arg(broken)
 
 
 def test_cli_server_commands_hand_over_their_arguments(monkeypatch, tmp_path, capsys):

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from gesmas.client import (AlreadyExists, ApplicationError, Client, InvalidArgument, NotFound,
-                           ResourceExhausted, Timeout)
+from gesmas.client import (AlreadyExists, ApplicationError, Client, Fence, InvalidArgument,
+                           NotFound, ResourceExhausted, Timeout)
 from gesmas.server.cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -194,6 +194,10 @@ def test_bad_inputs_get_their_codes_and_cluster_stays_healthy(cluster):
             c.queue("t7c", capacity=1, size=2)            # no such constructor argument
         with pytest.raises(AlreadyExists):
             c.lock("t7")                                  # t7 is a Queue
+        c.queue("t7d", capacity=100)
+        with pytest.raises(AlreadyExists, match="exists with capacity=100, not capacity=1"):
+            c.queue("t7d", capacity=1)                    # not answered from the client's cache
+        assert c.queue("t7d").size() == 0                 # no capacity named: any will do
         with pytest.raises(InvalidArgument, match="line 2"):
             c.register_class("class Broken:\n    def f(self)\n        return 1\n")
         with pytest.raises(InvalidArgument, match="not allowed"):
@@ -322,6 +326,68 @@ def test_objects_behave_as_threading_users_expect(cluster):
         bounded = a.semaphore("py-bounded", permits=1, owned=False, bounded=True)
         with pytest.raises(ValueError, match="too many"):
             bounded.release()
+
+
+def test_threading_idioms_acquire_false_locked_and_timeouts(cluster):
+    """Issue 26, point 14: ``acquire(False)`` answers False instead of failing, lock
+    proxies have ``locked()``, a Timeout is a TimeoutError, and a Queue's timeouts are
+    ``queue.Empty`` / ``queue.Full`` as ``queue.Queue``'s."""
+    import queue
+    with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+        lock, other = a.lock("idiom-lock"), b.lock("idiom-lock")
+        assert not lock.locked()
+        fence = lock.acquire(False)
+        assert fence is not False and fence > 0 and fence.held
+        assert lock.locked() and other.locked()
+        assert other.acquire(False) is False
+        assert other.acquire(blocking=False) is False
+        with pytest.raises(ValueError, match="non-blocking"):
+            other.acquire(False, timeout=1)
+        with pytest.raises(TypeError, match=r"acquire\(timeout=5\)"):
+            other.acquire(5)                      # not taken for a timeout: it would wait
+        with pytest.raises(TimeoutError):
+            other.acquire(timeout=0)
+        lock.release()
+        assert not lock.locked()
+        assert other.acquire(blocking=False) > fence
+        other.release()
+
+        sem = a.semaphore("idiom-sem", permits=1)
+        assert sem.acquire(False) is True
+        assert b.semaphore("idiom-sem").acquire(blocking=False) is False
+        sem.release()
+
+        q = a.queue("idiom-q", capacity=1)
+        with pytest.raises(queue.Empty) as empty:
+            q.consume(timeout=0)
+        assert isinstance(empty.value, Timeout) and isinstance(empty.value, TimeoutError)
+        with pytest.raises(queue.Empty):
+            q.reserve(timeout=0)
+        q.produce("x")
+        with pytest.raises(queue.Full) as full:
+            q.produce("y", timeout=0)
+        assert isinstance(full.value, Timeout) and not isinstance(full.value, queue.Empty)
+        assert q.consume(timeout=0) == "x"
+
+
+def test_peek_len_and_campaign_as_the_readme_says(cluster):
+    """Issue 26, point 17: peek tells an empty queue from a queued None, len(proxy) calls
+    the class's __len__, campaign() returns the term (a fence)."""
+    with Client(cluster.addresses) as c:
+        q = c.queue("small-q")
+        assert len(q) == 0 and q                          # a proxy is true, even when empty
+        with pytest.raises(IndexError):
+            q.peek()
+        q.produce(None)
+        assert q.peek() is None and len(q) == 1
+        with pytest.raises(TypeError, match="Counter objects have no len"):
+            len(c.counter("small-c"))
+        election = c.election("small-e")
+        term = election.campaign("me")
+        assert type(term) is Fence and term > 0 and term.held and election.leading
+        assert election.leader() == {"session": c.session, "value": "me", "term": term}
+        election.resign()
+        assert not term.held
 
 
 def _wait(pred, timeout: float = 20.0) -> None:

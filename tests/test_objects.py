@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from gesmas.objects import RESERVED_CLASSES, standard_sources
-from gesmas.server.kernel import (CloseSession, Code, Completion, Config, ExpireSession, Kernel,
-                                  RegisterClass, Tick)
+from gesmas.server.kernel import (CloseSession, Code, Completion, Config, ExpireSession, Invoke,
+                                  Kernel, RegisterClass, Tick)
 from gesmas.server.kernel.auth import SYSTEM
 
 try:
@@ -111,7 +111,7 @@ def test_queue_fifo_size_peek_try_consume():
     h.make("Queue", "q")
     s = h.open_session()
     assert h.ok(s, "q", "size") == 0
-    assert h.ok(s, "q", "peek") is None
+    h.fails(s, "q", "peek", type="IndexError")           # empty: not None, a queued None is
     assert h.ok(s, "q", "try_consume") is None
     for item in ["a", 2, {"k": [1, b"x"]}, None]:
         assert h.ok(s, "q", "produce", item) is None
@@ -341,6 +341,8 @@ def test_queue_bad_method_arguments():
     h.fails(s, "q", "produce", kwargs={"thing": 1}, code=INVALID)
     h.fails(s, "q", "pop", code=NOT_FOUND)
     h.fails(s, "q", "_on_session_end", s, code=NOT_FOUND)               # private
+    h.fails(s, "q", "__init__", code=NOT_FOUND)                          # special, not callable
+    h.fails(s, "q", "__eq__", 1, code=NOT_FOUND)
     h.fails(s, "q", "_items", code=NOT_FOUND)
     h.fails(s, "q", "capacity", code=NOT_FOUND)                          # an attribute
     h.fails(s, "q", "size", class_name="Lock", code=INVALID)
@@ -351,15 +353,84 @@ def test_queue_bad_method_arguments():
     assert h.ok(s, "q", "consume") == "k"
 
 
+def test_queue_peek_tells_a_queued_none_from_an_empty_queue_and_len_is_size():
+    h = OH()
+    h.make("Queue", "q")
+    s = h.open_session()
+    h.fails(s, "q", "peek", code=APP, type="IndexError")
+    assert h.ok(s, "q", "__len__") == 0
+    h.ok(s, "q", "produce", None)
+    assert h.ok(s, "q", "peek") is None and h.ok(s, "q", "__len__") == 1
+    h.ok(s, "q", "produce", "b")
+    assert h.ok(s, "q", "__len__") == h.ok(s, "q", "size") == 2
+    assert h.ok(s, "q", "consume") is None and h.ok(s, "q", "peek") == "b"
+
+
 def test_queue_create_is_get_or_create():
     h = OH()
     h.make("Queue", "q", 1)
-    again = h.create("Queue", "q", 5)
-    assert again.error is None and again.value["created"] is False
+    for same in [((1,), {}), ((), {"capacity": 1}), ((), {}), ((1.0,), {})]:
+        again = h.create("Queue", "q", *same[0], **same[1])
+        assert again.error is None and again.value["created"] is False, same
     assert h.error(h.create("Lock", "q").tag, Code.ALREADY_EXISTS)
     s = h.open_session()
     h.ok(s, "q", "produce", 1)
     assert h.waiting(h.call(s, "q", "produce", 2))     # capacity is still 1
+
+
+@pytest.mark.parametrize("cls, made, asked, shown", [
+    ("Queue", {"capacity": 100}, {"capacity": 1}, "capacity=100, not capacity=1"),
+    ("Queue", {}, {"capacity": 5}, "capacity=None, not capacity=5"),
+    ("Semaphore", {"permits": 4}, {"permits": 2}, "permits=4, not permits=2"),
+    ("Semaphore", {"permits": 4, "owned": False}, {"owned": True},
+     "owned=False, not owned=True"),
+    ("CountDownLatch", {"count": 3}, {"count": 2}, "count=3, not count=2"),
+    ("Lock", {}, {"reentrant": True}, "reentrant=False, not reentrant=True"),
+    ("Barrier", {"parties": 3}, {"parties": 2}, "parties=3, not parties=2"),
+    ("DoubleBarrier", {"parties": 3}, {"parties": 4}, "parties=3, not parties=4"),
+    ("Counter", {"initial": 5}, {"initial": 0}, "initial=5, not initial=0"),
+])
+def test_get_or_create_refuses_other_constructor_arguments(cls, made, asked, shown):
+    """kazoo's "Inconsistent max leases": a get-or-create that names a constructor argument
+    with another value than the object was made with is refused, naming both values, by a
+    CreateObject and by an invoke that creates; the object is unchanged."""
+    h = OH()
+    h.make(cls, "o", **made)
+    e = h.error(h.create(cls, "o", **asked).tag, Code.ALREADY_EXISTS)
+    assert e.type == "ConstructorMismatch" and f"{cls} 'o' exists with {shown}" in e.message
+    s = h.open_session()
+    method = {"Barrier": "size", "DoubleBarrier": "enter", "Lock": "is_owner",
+              "Semaphore": "available", "CountDownLatch": "count", "Queue": "size",
+              "Counter": "get"}[cls]
+    tag = h.tag()
+    h.apply(Invoke(ts=h.ts, tag=tag, session=s, seq=1, class_name=cls, name="o",
+                   method=method, create=True, ctor_kwargs=asked))
+    assert h.error(tag, Code.ALREADY_EXISTS).message == e.message
+    # the same arguments, positional or named, or none at all, are accepted
+    for args, kwargs in [((), made), ((), {}), (tuple(made.values())[:1], {})]:
+        c = h.create(cls, "o", *args, **kwargs)
+        assert c.error is None and c.value["created"] is False, (args, kwargs, c.error)
+
+
+def test_get_or_create_argument_errors_and_old_objects():
+    h = OH()
+    h.make("Queue", "q", 2)
+    e = h.error(h.create("Queue", "q", 2, 3).tag, Code.INVALID_ARGUMENT)   # as a new one would
+    assert "Queue()" in e.message
+    e = h.error(h.create("Queue", "q", [1, "x" * 200]).tag, Code.ALREADY_EXISTS)
+    assert "capacity=2, not capacity=[1, 'xxx" in e.message and "..." in e.message
+    # a class that lists nothing (an uploaded one, or an object made by an older version of
+    # a standard class) takes any arguments, as before
+    h.register("class Box:\n    def __init__(self, size=1):\n        self.size = size\n")
+    h.make("Box", "b", 1)
+    assert h.create("Box", "b", 7).error is None
+    h.register("class Kept:\n    _constructor_args = ('size', ('label', '_label'))\n"
+               "    def __init__(self, size=1, label=''):\n"
+               "        self.size = size\n        self._label = label\n")
+    h.make("Kept", "k", 3, label="a")
+    assert h.create("Kept", "k", 3, "a").error is None
+    e = h.error(h.create("Kept", "k", label="b").tag, Code.ALREADY_EXISTS)
+    assert "label='a', not label='b'" in e.message
 
 
 # ============================================================================ Lock

@@ -523,3 +523,65 @@ def _outcome(fut: Any) -> Any:
     except grpc.RpcError as e:
         assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e
         return None
+
+
+# -- declared readers of objects (kernel/readers.py) through the public client ---------------
+
+WATCHED = '''
+class Watched:
+    _readers = ("value", "until", "scribble")
+
+    def __init__(self):
+        self.n = 0
+        self.log = []
+
+    def value(self):
+        return self.n
+
+    def until(self, at):
+        if self.n < at:
+            raise NotYet()
+        return self.n
+
+    def scribble(self):
+        self.log.append(1)
+        return len(self.log)
+
+    def bump(self):
+        self.n += 1
+        return self.n
+'''
+
+
+def test_declared_readers_are_served_without_an_entry_and_can_wait(cluster):
+    """Counter.get and an uploaded class's readers through the client: no log entry, the
+    value of every write acknowledged before; a reader that raises NotYet waits for a later
+    write on its object (or times out); one that writes is refused and changes nothing."""
+    with Client(cluster.addresses, **cluster.client_options()) as c, \
+            Client(cluster.addresses, consistency="sequential",
+                   **cluster.client_options()) as seq:
+        counter = c.counter("readers-counter")
+        counter.add(5)
+        c.register_class(WATCHED)
+        w = c.object("Watched", "readers-watched")
+        w.bump()
+        before = _leader_commit(cluster)
+        for _ in range(20):
+            assert counter.get() == 5 and w.value() == 1
+            assert seq.counter("readers-counter").get() == 5
+        assert _leader_commit(cluster) - before <= 1
+        got: list[Any] = []       # it needs three later writes: it waits for some of them
+        waiter = threading.Thread(target=lambda: got.append(
+            seq.object("Watched", "readers-watched").until(4, timeout=30)))
+        waiter.start()
+        for _ in range(3):
+            w.bump()
+        waiter.join(30)
+        assert got == [4]
+        with pytest.raises(Exception) as timed_out:
+            w.until(10, timeout=0.5)
+        assert "Timeout" in type(timed_out.value).__name__ or "timed out" in str(timed_out.value)
+        with pytest.raises(Exception) as refused:
+            w.scribble()
+        assert "ReadOnlyViolation" in str(refused.value) or "reader" in str(refused.value)
+        assert w.value() == 4

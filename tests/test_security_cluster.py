@@ -496,3 +496,46 @@ def test_a_new_token_opens_a_new_call_stream_and_the_old_one_finishes_its_calls(
         new = root._streams[address]
         assert old not in new and len(new) == 1 and new[0].metadata != old.metadata
         assert not old.usable
+
+
+def test_tooz_takes_tls_and_the_login_from_the_url(cluster, monkeypatch):
+    """Issue 26, point 11: gesmas://user:password@hosts?tls_ca=... works with no GESMAS_*
+    environment at all, and the address list the client dials holds no credentials."""
+    coordination = pytest.importorskip("tooz.coordination")
+    from urllib.parse import quote
+    for key in ("GESMAS_CLUSTER", "GESMAS_TLS_CA", "GESMAS_TLS_CERT", "GESMAS_TLS_KEY",
+                "GESMAS_USER", "GESMAS_PASSWORD"):
+        monkeypatch.delenv(key, raising=False)
+    tls = f"tls_ca={quote(cluster.pki.ca_cert)}&retry_timeout=5"
+    url = f"gesmas://root:{quote(cluster.root_password, safe='')}@{cluster.addresses}?{tls}"
+    coord = coordination.get_coordinator(url, b"tooz-over-tls")
+    coord.start()
+    try:
+        assert coord._cluster == cluster.addresses
+        assert not any("@" in a or "root" in a for a in coord._client.addresses)
+        lock = coord.get_lock(b"tls-lock")
+        assert lock.acquire(blocking=False) is True
+        assert lock.release() is True
+    finally:
+        coord.stop()
+    wrong = coordination.get_coordinator(f"gesmas://root:wrong@{cluster.addresses}?{tls}",
+                                         b"tooz-wrong-password")
+    with pytest.raises(coordination.ToozConnectionError, match="UNAUTHENTICATED"):
+        wrong.start()
+    plain = coordination.get_coordinator(f"gesmas://{cluster.addresses}?tls=false&retry_timeout=1",
+                                         b"plain")
+    with pytest.raises(coordination.ToozConnectionError):
+        plain.start()
+
+
+def test_a_plain_text_client_at_a_tls_port_is_told_at_once(cluster):
+    """Issue 26, point 10: no 'Socket closed' after a 30 s retry_timeout, but a hint at
+    TLS for every address, about a second after the client tried them all."""
+    import time
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as e:
+        Client(cluster.addresses, tls=False, retry_timeout=30)
+    assert time.monotonic() - started < 15
+    for m in cluster.members:
+        assert f"{m.client_addr}: the connection was closed while connecting (a TLS port? " \
+               "give its CA" in e.value.message

@@ -170,3 +170,29 @@ def test_blocking_campaign_on_run_watchers(coords: Any) -> None:
     b.run_watchers(timeout=10)
     assert [e.member_id for e in elected] == [a._member_id, b._member_id]
     assert b.get_leader(group).get() == b._member_id
+
+
+def test_url_credentials_and_tls_options(monkeypatch: Any) -> None:
+    """What the URL says (issue 26, point 11); the end-to-end run over TLS with a login is
+    tests/test_security_cluster.py::test_tooz_takes_tls_and_the_login_from_the_url."""
+    from gesmas.client import TLS
+    from gesmas.client.tooz_driver import url_login, url_tls
+    assert url_login("h:1,h:2") == ("h:1,h:2", None, None)
+    assert url_login("alice@h:1") == ("h:1", "alice", None)
+    assert url_login("a%3Ab:p%40ss:w@h:1,h:2") == ("h:1,h:2", "a:b", "p@ss:w")
+    with pytest.raises(ValueError, match="without a user"):
+        url_login(":pw@h:1")
+    assert url_tls({}) is None
+    assert url_tls({"tls": ["TRUE"]}) is True and url_tls({"tls": ["0"]}) is False
+    assert url_tls({"tls_ca": ["ca.pem"], "tls_cert": ["c.pem"], "tls_key": ["k.pem"]}) == \
+        TLS(ca="ca.pem", cert="c.pem", key="k.pem")
+    with pytest.raises(ValueError, match="tls='maybe'"):
+        url_tls({"tls": ["maybe"]})
+    with pytest.raises(ValueError, match="tls=false with"):
+        url_tls({"tls": ["false"], "tls_ca": ["ca.pem"]})
+    monkeypatch.delenv("GESMAS_PASSWORD", raising=False)
+    with pytest.raises(ValueError, match="user 'alice' without a password"):
+        tooz.coordination.get_coordinator("gesmas://alice@127.0.0.1:1", b"m")
+    monkeypatch.setenv("GESMAS_PASSWORD", "from-env")
+    coord = tooz.coordination.get_coordinator("gesmas://alice@127.0.0.1:1", b"m")
+    assert (coord._cluster, coord._user, coord._password) == ("127.0.0.1:1", "alice", "from-env")

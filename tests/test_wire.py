@@ -337,6 +337,25 @@ def test_client_errors_pickle():
     assert (again.message, again.type, again.leader_hint) == ("gone", "SessionExpired", "h:1")
 
 
+def test_timeouts_are_python_timeouts():
+    """A Timeout is a TimeoutError; a Queue's are also queue.Empty / queue.Full, and keep
+    their attributes through pickling."""
+    import pickle
+    import queue
+
+    exc = client_errors.error_from_detail(pb.ErrorDetail(code=pb.ERROR_CODE_TIMEOUT,
+                                                         message="waited 1 s"))
+    assert isinstance(exc, TimeoutError) and not isinstance(exc, queue.Empty)
+    for method, cls in [("consume", queue.Empty), ("reserve", queue.Empty),
+                        ("produce", queue.Full)]:
+        made = client_errors.queue_timeout(method, exc)
+        assert isinstance(made, cls) and isinstance(made, client_errors.Timeout)
+        again = pickle.loads(pickle.dumps(made))
+        assert type(again) is type(made) and again.message == "waited 1 s"
+        assert str(again) == "TIMEOUT: waited 1 s"
+    assert client_errors.queue_timeout("size", exc) is exc
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "client" / "gesmas" / "client").glob("*.py"))
                          + sorted((ROOT / "protocol" / "gesmas" / "protocol").glob("*.py")),
                          ids=lambda p: p.name)

@@ -46,7 +46,7 @@ from gesmas.client import convert, core
 from gesmas.client import session as session_
 from gesmas.client.session import Lease, SessionState
 from gesmas.aio.proxies import (PROXIES, BarrierProxy, LeaderElectionProxy, LockProxy,
-                                ObjectProxy, SemaphoreProxy)
+                                ObjectProxy, QueueProxy, ReadWriteLockProxy, SemaphoreProxy)
 from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
@@ -58,7 +58,7 @@ from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 __all__ = ["BarrierProxy", "Client", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
-           "SemaphoreProxy", "SessionState"]
+           "QueueProxy", "ReadWriteLockProxy", "SemaphoreProxy", "SessionState"]
 
 log = logging.getLogger(__name__)
 
@@ -342,18 +342,20 @@ class Client(session_.SessionView):
                 return attempts.address, response
             except core.Failure as failure:
                 error, unresponsive = failure.error, failure.unresponsive
+                unreachable = failure.unreachable
             if self._closed and not closing:
                 raise ClientClosed() from None
             if unresponsive:
                 self._unresponsive(attempts.address)
-            pause = attempts.failed(error, started, time.monotonic(), unresponsive)
+            pause = attempts.failed(error, started, time.monotonic(), unresponsive,
+                                    unreachable)
             await asyncio.sleep(pause)
             if on_retry is not None:
                 on_retry()
 
     # --- calls -----------------------------------------------------------------------------
 
-    async def invoke(self, class_name: str, object_name: str, method: str, *args: Any,
+    async def invoke(self, class_name: str, object_name: str, method: str, /, *args: Any,
                      timeout: float | None = None, **kwargs: Any) -> Any:
         """Call ``method`` on the existing object ``object_name``; as the sync client's."""
         return await self._invoke(class_name, object_name, method, args, kwargs, timeout, None)
@@ -367,11 +369,15 @@ class Client(session_.SessionView):
         request.session_secret = self._session_secret
         seqs = self._seqs                     # this session's (a reopened one has others)
         request.seq = seqs.new()
+        # a method its class declares read-only is served without a log entry, with this
+        # consistency (ignored for every other call)
+        request.read.CopyFrom(core.read_options(self._consistency, self._seen))
         try:
             request.ack = seqs.ack()
 
             def refresh_ack() -> None:
                 request.ack = seqs.ack()
+                request.read.min_index = max(request.read.min_index, self._seen.index)
 
             start = time.monotonic()
             try:
@@ -388,12 +394,14 @@ class Client(session_.SessionView):
         finally:
             seqs.end(request.seq)
 
-    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
+    def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
         """A proxy for the object ``name`` of class ``class_name``, made with these
-        constructor arguments by its first call if it does not exist. No round trip."""
+        constructor arguments by its first call if it does not exist. No round trip: a
+        name taken by another class, or by an object made with other constructor arguments
+        (those given; the others are not compared), fails each call with AlreadyExists."""
         key = (class_name, name)
         proxy = self._proxies.get(key)
-        if proxy is None:
+        if proxy is None or proxy._create != (args, kwargs):
             proxy = PROXIES.get(class_name, ObjectProxy)(self, class_name, name,
                                                           (args, kwargs))
             self._proxies[key] = proxy
@@ -401,8 +409,10 @@ class Client(session_.SessionView):
                 self._proxies.popitem(last=False)
         return proxy
 
-    def queue(self, name: str, **kwargs: Any) -> ObjectProxy:
-        return self.object("Queue", name, **kwargs)
+    def queue(self, name: str, **kwargs: Any) -> QueueProxy:
+        proxy = self.object("Queue", name, **kwargs)
+        assert isinstance(proxy, QueueProxy)
+        return proxy
 
     def lock(self, name: str, **kwargs: Any) -> LockProxy:
         proxy = self.object("Lock", name, **kwargs)
@@ -419,6 +429,9 @@ class Client(session_.SessionView):
         assert isinstance(proxy, BarrierProxy)
         return proxy
 
+    def double_barrier(self, name: str, **kwargs: Any) -> ObjectProxy:
+        return self.object("DoubleBarrier", name, **kwargs)
+
     def latch(self, name: str, **kwargs: Any) -> ObjectProxy:
         return self.object("CountDownLatch", name, **kwargs)
 
@@ -430,8 +443,10 @@ class Client(session_.SessionView):
         assert isinstance(proxy, LeaderElectionProxy)
         return proxy
 
-    def rwlock(self, name: str, **kwargs: Any) -> ObjectProxy:
-        return self.object("ReadWriteLock", name, **kwargs)
+    def rwlock(self, name: str, **kwargs: Any) -> ReadWriteLockProxy:
+        proxy = self.object("ReadWriteLock", name, **kwargs)
+        assert isinstance(proxy, ReadWriteLockProxy)
+        return proxy
 
     async def delete_object(self, name: str) -> None:
         for key in [k for k in self._proxies if k[1] == name]:

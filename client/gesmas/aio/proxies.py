@@ -1,16 +1,22 @@
 """The asyncio client's object proxies: ``await proxy.method(...)`` invokes the method; the
-lock and semaphore proxies are async context managers (``gesmas.aio.Client`` makes them)."""
+lock and semaphore proxies are async context managers, a readers-writer lock's ``read()``
+and ``write()`` too (``gesmas.aio.Client`` makes them). What the sync proxies offer as
+properties that call the server (a barrier's ``parties``, ``n_waiting``, ``broken``) are
+awaited methods here: ``await barrier.parties()``."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal
 
-from gesmas.client.proxies import Fence, FencedHold, Hold
+from gesmas.client.errors import Timeout, queue_timeout
+from gesmas.client.proxies import Fence, FencedHold, Hold, blocking_flag
 
 if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
 
-__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy",
-           "SemaphoreProxy", "PROXIES"]
+__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy", "QueueProxy",
+           "ReadWriteLockProxy", "SemaphoreProxy", "PROXIES"]
 
 
 class ObjectProxy:
@@ -26,7 +32,7 @@ class ObjectProxy:
     def __repr__(self) -> str:
         return f"<aio {type(self).__name__} {self.class_name} {self.object_name!r}>"
 
-    async def invoke(self, method: str, *args: Any, timeout: float | None = None,
+    async def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
                      **kwargs: Any) -> Any:
         return await self.client._invoke(self.class_name, self.object_name, method, args,
                                          kwargs, timeout, self._create)
@@ -42,11 +48,35 @@ class ObjectProxy:
         return call
 
 
+class QueueProxy(ObjectProxy):
+    """A Queue; timeouts as the sync proxy's: ``QueueEmpty`` (also ``queue.Empty``) for
+    ``consume`` / ``reserve``, ``QueueFull`` (also ``queue.Full``) for ``produce``."""
+
+    async def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
+                     **kwargs: Any) -> Any:
+        try:
+            return await super().invoke(method, *args, timeout=timeout, **kwargs)
+        except Timeout as e:
+            error = queue_timeout(method, e)
+            if error is e:
+                raise
+            raise error from None
+
+
 class LockProxy(FencedHold, ObjectProxy):
     """``async with c.lock(name) as fence:`` acquires, yields the fencing token, releases.
     ``held`` / ``fence.held``: whether the hold is still sure (as the sync proxy's)."""
 
-    async def acquire(self, timeout: float | None = None) -> Fence:
+    async def acquire(self, blocking: bool = True, timeout: float | None = None
+                      ) -> Fence | Literal[False]:
+        """The fencing token; ``acquire(False)`` does not wait and answers False if the lock
+        is taken (as the sync proxy's)."""
+        if not blocking_flag(blocking, timeout):
+            fence = await self.try_acquire()
+            return False if fence is None else fence
+        return await self._acquire(timeout)
+
+    async def _acquire(self, timeout: float | None) -> Fence:
         fence: Fence = self._took(await self.invoke("acquire", timeout=timeout))
         return fence
 
@@ -59,31 +89,79 @@ class LockProxy(FencedHold, ObjectProxy):
             self.fence.hold.released = True
         await self.invoke("release")
 
+    async def locked(self) -> bool:
+        """Whether any session holds the lock."""
+        return await self.invoke("holder") is not None
+
     async def __aenter__(self) -> Fence:
-        return await self.acquire()
+        return await self._acquire(None)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
 
 
 class SemaphoreProxy(ObjectProxy):
-    async def acquire(self, timeout: float | None = None) -> Any:
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> Any:
+        """As the sync proxy's: ``acquire(False)`` answers True or False without waiting."""
+        if not blocking_flag(blocking, timeout):
+            return bool(await self.invoke("try_acquire"))
         return await self.invoke("acquire", timeout=timeout)
 
     async def release(self, n: int = 1) -> None:
         await self.invoke("release", n)
 
     async def __aenter__(self) -> Any:
-        return await self.acquire()
+        return await self.invoke("acquire")
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
 
 
 class BarrierProxy(ObjectProxy):
+    """threading.Barrier's interface, awaited: ``wait``, ``abort``, ``reset``, and
+    ``parties()``, ``n_waiting()``, ``broken()`` (one call each)."""
+
     async def wait(self, timeout: float | None = None) -> int:
         index: int = await self.invoke("wait", timeout=timeout)
         return index
+
+    async def abort(self) -> None:
+        await self.invoke("abort")
+
+    async def reset(self) -> None:
+        await self.invoke("reset")
+
+    async def parties(self) -> int:
+        n: int = await self.invoke("size")
+        return n
+
+    async def n_waiting(self) -> int:
+        n: int = await self.invoke("n_waiting")
+        return n
+
+    async def broken(self) -> bool:
+        return bool(await self.invoke("broken"))
+
+
+class ReadWriteLockProxy(ObjectProxy):
+    """``async with rw.read(): ...`` (shared) and ``async with rw.write(): ...``
+    (exclusive), as the sync proxy's ``with``."""
+
+    @asynccontextmanager
+    async def read(self, timeout: float | None = None) -> AsyncIterator[Any]:
+        token = await self.invoke("acquire_read", timeout=timeout)
+        try:
+            yield token
+        finally:
+            await self.invoke("release_read")
+
+    @asynccontextmanager
+    async def write(self, timeout: float | None = None) -> AsyncIterator[Any]:
+        token = await self.invoke("acquire_write", timeout=timeout)
+        try:
+            yield token
+        finally:
+            await self.invoke("release_write")
 
 
 class LeaderElectionProxy(ObjectProxy):
@@ -92,10 +170,11 @@ class LeaderElectionProxy(ObjectProxy):
 
     _hold: Hold | None = None
 
-    async def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
-        term = await self.invoke("campaign", value, timeout=timeout)
+    async def campaign(self, value: Any = None, timeout: float | None = None) -> Fence:
+        """The term, as a ``Fence`` (as the sync proxy's)."""
+        won = await self.invoke("campaign", value, timeout=timeout)
         self._hold = Hold(self.client.lease)
-        return term
+        return Fence(won["term"], self._hold)
 
     async def resign(self) -> Any:
         if self._hold is not None:
@@ -106,7 +185,17 @@ class LeaderElectionProxy(ObjectProxy):
     def leading(self) -> bool:
         return self._hold is not None and self._hold.held
 
+    async def leader(self) -> Any:
+        """{"session", "value", "term"} of the current leader, or None."""
+        return await self.invoke("leader")
 
-PROXIES: dict[str, type[ObjectProxy]] = {"Lock": LockProxy, "Semaphore": SemaphoreProxy,
+    async def observe(self, known_term: Any = None, timeout: float | None = None) -> Any:
+        """Wait until the leadership differs from ``known_term``; returns the new one."""
+        return await self.invoke("observe", known_term, timeout=timeout)
+
+
+PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy,
+                                         "Semaphore": SemaphoreProxy,
                                          "Barrier": BarrierProxy,
+                                         "ReadWriteLock": ReadWriteLockProxy,
                                          "LeaderElection": LeaderElectionProxy}

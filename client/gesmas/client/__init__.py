@@ -7,6 +7,8 @@
         item = q.consume(timeout=5.0)
         with c.lock("schema") as fence:
             ...
+
+TLS and a login: ``Client(..., tls=TLS(ca="ca.pem"), user="alice", password=...)``.
 """
 from gesmas.client.client import (
     DEFAULT_CLUSTER,
@@ -27,17 +29,21 @@ from gesmas.client.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    QueueEmpty,
+    QueueFull,
     ResourceExhausted,
     SessionExpired,
     Timeout,
     Unauthenticated,
     Unavailable,
 )
+from gesmas.client.security import TLS
 from gesmas.client.proxies import (
     Fence,
     LeaderElectionProxy,
     LockProxy,
     ObjectProxy,
+    QueueProxy,
     ReadWriteLockProxy,
     SemaphoreProxy,
 )
@@ -61,12 +67,16 @@ __all__ = [
     "ObjectInfo",
     "ObjectProxy",
     "PermissionDenied",
+    "QueueEmpty",
+    "QueueFull",
+    "QueueProxy",
     "ReadWriteLockProxy",
     "ResourceExhausted",
     "SemaphoreProxy",
     "SessionExpired",
     "SessionState",
     "Status",
+    "TLS",
     "Timeout",
     "Unauthenticated",
     "Unavailable",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from gesmas.client.proxies import (BarrierProxy, LeaderElectionProxy, LockProxy,
-                                   ObjectProxy, ReadWriteLockProxy, SemaphoreProxy)
+                                   ObjectProxy, QueueProxy, ReadWriteLockProxy,
+                                   SemaphoreProxy)
 
 T = TypeVar("T")
 
@@ -13,12 +14,13 @@ T = TypeVar("T")
 class StandardObjects:
     """A base class of ``Client``: accessors for the standard classes."""
 
-    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
+    def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
         raise NotImplementedError     # Client.object
 
-    def queue(self, name: str, **kwargs: Any) -> ObjectProxy:
-        """A FIFO queue: ``produce(item)``, ``consume()``; ``capacity=None`` bounds it."""
-        return self.object("Queue", name, **kwargs)
+    def queue(self, name: str, **kwargs: Any) -> QueueProxy:
+        """A FIFO queue: ``produce(item)``, ``consume()``; ``capacity=None`` bounds it.
+        A timed-out consume raises QueueEmpty (also queue.Empty), produce QueueFull."""
+        return self._typed("Queue", name, QueueProxy, kwargs)
 
     def lock(self, name: str, **kwargs: Any) -> LockProxy:
         """A lock (``reentrant=False``): ``with c.lock(n) as fence: ...``."""

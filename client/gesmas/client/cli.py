@@ -13,6 +13,7 @@ import binascii
 import getpass
 import importlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from typing import Any, NoReturn
 
 from gesmas.client import cli_auth
 from gesmas.client.client import DEFAULT_CLUSTER, Client
-from gesmas.client.errors import GesmasError
+from gesmas.client.errors import GesmasError, NotFound
 from gesmas.client.security import TLS
 
 __all__ = ["main"]
@@ -30,8 +31,9 @@ BYTES_KEY = "$bytes"
 VALUES_HELP = f"""\
 values: each ARG is parsed as JSON (42, 1.5, true, null, "text", [1, 2], {{"k": "v"}});
   a word that is not valid JSON is taken as a string (so  produce hello  sends "hello",
-  but  produce 42  sends the number: write '"42"' for the string). Bytes are written
-  {{"{BYTES_KEY}": "<base64>"}} both in arguments and in printed results.
+  but  produce 42  sends the number: write '"42"' for the string). An ARG that starts
+  with {{ [ or " must be valid JSON. Bytes are written {{"{BYTES_KEY}": "<base64>"}} both
+  in arguments and in printed results.
 """
 
 
@@ -68,12 +70,28 @@ def _encode(x: Any) -> Any:
 
 
 def parse_arg(text: str) -> Any:
-    """One command-line value: JSON, or else the text itself as a string."""
+    """One command-line value: JSON, or else the text itself as a string. Text that starts
+    as JSON does ({, [ or ") must be JSON: '{"a": 1,}' is a mistake, not a string."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except ValueError as e:
+        if text.lstrip()[:1] in ('{', '[', '"'):
+            raise UsageError(f"argument {text!r} is not valid JSON: {e} (a string that "
+                             f"starts with {text.lstrip()[0]} is written as JSON: "
+                             f"{json.dumps(text)})") from None
         return text
     return _decode(data)
+
+
+def seconds(text: str) -> float:
+    """A number of seconds on the command line: >= 0, `inf` allowed, not NaN."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text!r}")
+    return value
 
 
 def _parse_json(text: str, what: str, types: tuple[type, ...]) -> Any:
@@ -103,7 +121,10 @@ def _client(args: argparse.Namespace, session: bool = False) -> Client:
     if user is not None:
         password = os.environ.get("GESMAS_PASSWORD")
         if password is None:
-            password = getpass.getpass(f"password of {user}: ")
+            try:
+                password = cli_auth.ask(f"password of {user}: ")
+            except ValueError as e:
+                raise UsageError(f"{e}: set GESMAS_PASSWORD to log in as {user}") from None
     try:
         return Client(args.cluster, retry_timeout=args.retry_timeout, connect=session, tls=tls,
                       user=user, password=password)
@@ -114,15 +135,22 @@ def _client(args: argparse.Namespace, session: bool = False) -> Client:
 def cmd_call(args: argparse.Namespace) -> int:
     positional = [parse_arg(a) for a in args.args]
     kwargs = _parse_json(args.kwargs, "--kwargs", (dict,)) if args.kwargs else {}
+    if "timeout" in kwargs:
+        raise UsageError(f"--kwargs: \"timeout\" bounds the call's wait and is not passed "
+                         f"to methods: write --timeout {_dump(kwargs['timeout'])}")
     ctor = None
     if args.create is not None:
         ctor = _parse_json(args.create, "--create", (list, dict))
-    if args.timeout is not None and args.timeout < 0:
-        raise UsageError("--timeout must be >= 0")
     with _client(args, session=True) as c:
         if ctor is None:
-            result = c.invoke(args.cls, args.object, args.method, *positional,
-                              timeout=args.timeout, **kwargs)
+            try:
+                result = c.invoke(args.cls, args.object, args.method, *positional,
+                                  timeout=args.timeout, **kwargs)
+            except NotFound as e:
+                if not e.message.startswith("no object named"):
+                    raise
+                raise NotFound(f"{e.message} (to make it first: --create, or --create "
+                               f"'[ARGS]' with constructor arguments)", e.type) from None
         else:
             ctor_args, ctor_kwargs = (ctor, {}) if isinstance(ctor, list) else ([], ctor)
             proxy = c.object(args.cls, args.object, *ctor_args, **ctor_kwargs)
@@ -281,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster", default=os.environ.get("GESMAS_CLUSTER") or DEFAULT_CLUSTER,
         help="comma-separated client addresses (default: env GESMAS_CLUSTER, else %(default)s)",
     )
-    common.add_argument("--retry-timeout", type=float, default=10.0, metavar="S",
+    common.add_argument("--retry-timeout", type=seconds, default=10.0, metavar="S",
                         help="give up after S seconds without a reachable leader "
                              "(default %(default)s)")
     common.add_argument("--user", help="log in as USER (default: env GESMAS_USER); the "
@@ -313,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="create OBJECT first if it does not exist, with these constructor "
                         "arguments: a JSON list (positional) or object (keyword); "
                         "--create alone: none")
-    p.add_argument("--timeout", type=float, metavar="S",
+    p.add_argument("--timeout", type=seconds, metavar="S",
                    help="wait at most S seconds (0: do not wait; default: no limit)")
     p.set_defaults(func=cmd_call)
 
@@ -442,7 +470,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as e:  # --help
             return e.code if isinstance(e.code, int) else 0
         func: Callable[[argparse.Namespace], int] = args.func
-        return func(args)
+        status = func(args)
+        sys.stdout.flush()                # a closed pipe shows here, not at exit
+        return status
+    except BrokenPipeError:
+        # the reader went away (`gesmas objects | head`): stop quietly, as `yes | head` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141                        # 128 + SIGPIPE, what a shell reports for it
     except UsageError as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2

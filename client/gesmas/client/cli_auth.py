@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -11,12 +12,41 @@ from typing import Any
 QUOTA_FLAGS = ("sessions", "objects", "waiters", "state_bytes", "source_bytes")
 
 
+def _terminal() -> bool:
+    """Whether getpass can ask on a terminal (it reads /dev/tty, else a terminal stdin)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return sys.stdin is not None and sys.stdin.isatty()
+    os.close(fd)
+    return True
+
+
+def ask(prompt: str) -> str:
+    """A password typed at a terminal; ValueError when there is none to type it on."""
+    if not _terminal():
+        raise ValueError("no terminal to type a password on")
+    try:
+        return getpass.getpass(prompt)
+    except EOFError:
+        raise ValueError("no password typed (end of input)") from None
+
+
 def new_password(args: argparse.Namespace) -> str:
     """The new password: the first line of stdin (--password-stdin) or typed twice."""
     if args.password_stdin:
-        return sys.stdin.readline().rstrip("\r\n")
-    first = getpass.getpass(f"new password of {args.name}: ")
-    if getpass.getpass("again: ") != first:
+        line = sys.stdin.readline()
+        if not line:
+            raise ValueError("--password-stdin: stdin is empty (give the password as its "
+                             "first line)")
+        return line.rstrip("\r\n")
+    try:
+        first = ask(f"new password of {args.name}: ")
+        again = ask("again: ")
+    except ValueError as e:
+        raise ValueError(f"{e}: use --password-stdin to read the new password from the "
+                         "first line of stdin") from None
+    if again != first:
         raise ValueError("the passwords differ")
     return first
 
@@ -30,6 +60,8 @@ def auth_params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         value = getattr(args, key, None)
         if value is not None:
             params[key] = value
+    if op in ("role_grant", "role_revoke"):
+        params["prefix"] = permission_prefix(args)
     if op in ("user_add", "user_passwd"):
         params["password"] = new_password(args)
     if op == "user_quota":
@@ -38,6 +70,24 @@ def auth_params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if not params["quota"]:
             raise ValueError("give at least one quota, e.g. --sessions 100 (-1 removes it)")
     return op, params
+
+
+def permission_prefix(args: argparse.Namespace) -> str:
+    """The PREFIX of `role grant|revoke NAME ACTION [PREFIX]`: a permission on every name
+    must be asked for (PREFIX "" or --all-names), as etcdctl makes it explicit."""
+    if args.action == "admin":
+        if args.prefix or args.all_names:
+            raise ValueError("admin takes no PREFIX (it is not about names)")
+        return ""
+    if args.all_names:
+        if args.prefix:
+            raise ValueError(f"give PREFIX {args.prefix!r} or --all-names, not both")
+        return ""
+    if args.prefix is None:
+        kind = "class" if args.action == "register" else "object"
+        raise ValueError(f"{args.action} on which {kind} names? give a PREFIX (e.g. "
+                         f"jobs/), or --all-names (or PREFIX \"\") for every name")
+    return str(args.prefix)
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser, parser_class: type,
@@ -78,8 +128,12 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, parser_class: type,
             a = s2.add_parser(name, parents=[common], help=help_text, description=help_text)
             for param in params:
                 if param == "prefix?":
-                    a.add_argument("prefix", nargs="?", default="",
-                                   help="object or class name prefix (default: every name)")
+                    a.add_argument("prefix", nargs="?", default=None,
+                                   help="object or class name prefix (\"\": every name); "
+                                        "none for admin")
+                    a.add_argument("--all-names", action="store_true",
+                                   help="every object or class name (the same as PREFIX "
+                                        "\"\")")
                 elif param == "action":
                     a.add_argument("action", choices=["invoke", "create", "delete",
                                                       "register", "admin"])

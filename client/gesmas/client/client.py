@@ -46,10 +46,13 @@ Retries. A call is resent, with the same request, when its replica answers UNAVA
 the transport fails (connection refused or reset, the replica died or hung while the call
 waited, or the client's own gRPC deadline passed): to ``leader_hint`` when there is one,
 else to the next address round-robin, after a small exponential backoff (capped at 1 s).
-It gives up, raising the last error, after ``retry_timeout`` seconds of failing without a
-break (a long-lived attempt that then fails starts a new period), and a call with a timeout
-never retries past ``timeout + retry_timeout`` from its start. Application errors and all
-other answers are never retried. A blocked call whose replica dies therefore re-attaches
+It gives up after ``retry_timeout`` seconds of failing without a break (a long-lived
+attempt that then fails starts a new period), and a call with a timeout never retries past
+``timeout + retry_timeout`` from its start; a client that has never reached the cluster gives
+up once every address has been unreachable (refused, unknown host, TLS on one side only) for
+``core.UNREACHABLE_FOR`` seconds. Giving up after failures at several addresses raises an
+Unavailable naming each with what it did. Application errors and all other answers are
+never retried. A blocked call whose replica dies therefore re-attaches
 elsewhere and still returns its result.
 
 Timeouts. ``timeout=None`` leaves InvokeRequest.timeout unset (wait as long as it takes);
@@ -150,10 +153,34 @@ def parse_cluster(cluster: str | list[str] | tuple[str, ...] | None) -> list[str
     if cluster is None:
         cluster = os.environ.get("GESMAS_CLUSTER") or DEFAULT_CLUSTER
     parts = cluster.split(",") if isinstance(cluster, str) else list(cluster)
-    addresses = [a.strip() for a in parts if a.strip()]
+    addresses = [check_address(a.strip()) for a in parts if a.strip()]
     if not addresses:
         raise ValueError(f"no address in cluster {cluster!r}")
     return list(dict.fromkeys(addresses))  # drop duplicates, keep order
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is ``host:port`` (an IPv6 host in brackets) or a gRPC ``unix:``
+    path; ValueError saying what is wrong otherwise (gRPC would take a missing port for
+    443)."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return address
+    if "://" in address or "/" in address:
+        raise ValueError(f"address {address!r}: write host:port, without a scheme or path")
+    host, colon, port = address.rpartition(":")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"address {address!r}: an IPv6 host goes in brackets, with the "
+                         f"port: [::1]:7101")
+    if not colon:
+        raise ValueError(f"address {address!r} has no port: write host:port, e.g. "
+                         f"{address}:7101")
+    if not host:
+        raise ValueError(f"address {address!r} has no host: write host:port, e.g. "
+                         f"127.0.0.1{address}")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address {address!r}: the port must be a number from 1 to 65535, "
+                         f"not {port!r}")
+    return address
 
 
 # --- the client ---------------------------------------------------------------------------
@@ -501,12 +528,14 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                 return attempts.address, response
             except core.Failure as failure:
                 error, unresponsive = failure.error, failure.unresponsive
+                unreachable = failure.unreachable
             if self._closed.is_set() and not closing:
                 raise ClientClosed() from None
             previous = attempts.address
             if unresponsive:
                 self._unresponsive(previous)
-            pause = attempts.failed(error, started, time.monotonic(), unresponsive)
+            pause = attempts.failed(error, started, time.monotonic(), unresponsive,
+                                    unreachable)
             log.debug("gesmas: %s at %s failed (%s); next %s", method, previous, error,
                       attempts.address)
             if closing:
@@ -534,6 +563,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         class_name: str,
         object_name: str,
         method: str,
+        /,
         *args: Any,
         timeout: float | None = None,
         **kwargs: Any,
@@ -554,11 +584,15 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         request.session_secret = self._session_secret
         seqs = self._seqs                     # this session's (a reopened one has others)
         request.seq = seqs.new()
+        # a method its class declares read-only is served without a log entry, with this
+        # consistency (ignored for every other call)
+        request.read.CopyFrom(core.read_options(self._consistency, self._seen))
         try:
             request.ack = seqs.ack()
 
             def refresh_ack() -> None:
                 request.ack = seqs.ack()
+                request.read.min_index = max(request.read.min_index, self._seen.index)
 
             start = time.monotonic()
             try:
@@ -577,20 +611,22 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         finally:
             seqs.end(request.seq)
 
-    def object(self, class_name: str, name: str, *args: Any, **kwargs: Any) -> ObjectProxy:
-        """Get or create the object ``name`` of class ``class_name`` (constructor arguments
-        are used only if it is new) and return a proxy for it. Raises AlreadyExists if the
-        name is taken by an object of another class.
+    def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
+        """Get or create the object ``name`` of class ``class_name`` and return a proxy for
+        it. Raises AlreadyExists if the name is taken by an object of another class, or by
+        one made with other constructor arguments than those given here (arguments left out
+        are not compared: ``c.queue("jobs")`` takes the queue whatever its capacity).
 
-        One commit the first time this client asks for (class_name, name); later accessor
-        calls return the proxy it remembers (the last 1024) without a round trip. Every call
+        One commit the first time this client asks for (class_name, name) with these
+        arguments; later accessor calls return the proxy it remembers (the last 1024) without
+        a round trip. Every call
         through the proxy is a get-or-create in the same command, so an object deleted
         meanwhile is made again with these constructor arguments, as a new accessor call
         would do, and ``c.queue("jobs").produce(x)`` in a loop costs one commit per item."""
         key = (class_name, name)
         with self._lock:
             proxy = self._proxies.get(key)
-            if proxy is not None:
+            if proxy is not None and proxy._create == (args, kwargs):
                 self._proxies.move_to_end(key)
                 return proxy
         request = pb.CreateObjectRequest(class_name=class_name, object_name=name)

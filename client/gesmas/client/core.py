@@ -37,6 +37,10 @@ ATTACHED = 3.0
 #: paused, cut off) for this long: hints naming it are not followed and calls go elsewhere
 #: first, so that followers that still name a hung leader do not send the client back to it.
 SUSPECT_FOR = 2.0
+#: A client that has never reached the cluster gives up once every address has been found
+#: unreachable (refused, unknown host, a TLS mismatch) for this long, instead of retrying for
+#: its whole retry_timeout: a wrong address or a cluster that is not up is said at once.
+UNREACHABLE_FOR = 1.0
 
 # Failures without an ErrorDetail that mean "the call may not have reached a working
 # replica": safe to resend (same seq for Invoke).
@@ -50,12 +54,42 @@ TRANSPORT = {
 class Failure(Exception):
     """An attempt failed in a way that may be retried elsewhere. ``unresponsive``: the
     replica gave no answer in time (our deadline passed, or gRPC's keepalive ping went
-    unanswered), as opposed to answering or refusing the connection."""
+    unanswered), as opposed to answering or refusing the connection. ``unreachable``: no
+    connection could be made at all (refused, unknown host, TLS on one side only)."""
 
-    def __init__(self, error: GesmasError, unresponsive: bool = False) -> None:
+    def __init__(self, error: GesmasError, unresponsive: bool = False,
+                 unreachable: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.unresponsive = unresponsive
+        self.unreachable = unreachable
+
+
+#: gRPC's words for a connection that could not be made -> what to tell the user.
+_UNREACHABLE = (
+    ("connection refused", "connection refused"),
+    ("domain name not found", "unknown host name"),
+    ("dns resolution failed", "unknown host name"),
+    ("errors resolving", "cannot resolve the host name"),
+    ("socket closed", "the connection was closed while connecting (a TLS port? give its CA: "
+                      "Client(tls=TLS(ca=...)), GESMAS_TLS_CA or --tls-ca)"),
+    ("wrong_version_number", "the TLS handshake failed (a port without TLS? then drop the "
+                             "TLS settings)"),
+    ("certificate_verify_failed", "its certificate is not signed by the CA given"),
+    ("handshake failed", "the TLS handshake failed"),
+)
+
+
+def unreachable(details: str) -> str | None:
+    """Why a connection could not be made, from a failed RPC's details, or None when the
+    failure was something else (a replica that answered, hung, or went away mid-call)."""
+    text = details.lower()
+    if "failed to connect" not in text and "resolv" not in text and "dns" not in text:
+        return None
+    for words, why in _UNREACHABLE:
+        if words in text:
+            return why
+    return None
 
 
 def unresponsive(e: grpc.RpcError) -> bool:
@@ -80,7 +114,9 @@ def classify(e: grpc.RpcError, address: str, login: Login,
     if has_detail(e):
         return classify_error(error, address, login, metadata)
     if e.code() in TRANSPORT:
-        return Failure(Unavailable(f"{address}: {error.message}"), unresponsive(e))
+        why = unreachable(error.message) if e.code() == grpc.StatusCode.UNAVAILABLE else None
+        return Failure(Unavailable(f"{address}: {why or error.message}"), unresponsive(e),
+                       unreachable=why is not None)
     return error
 
 
@@ -110,6 +146,7 @@ class Routing:
         self.route_leader = route_leader
         self.lock = threading.Lock()
         self._suspects: dict[str, float] = {}     # address -> suspected until (monotonic)
+        self.reached = False                      # whether any replica ever answered
 
     def learn_leader(self, address: str) -> None:
         """Note the leader's address (with ``lock`` held), adding it to the list if the
@@ -128,6 +165,7 @@ class Routing:
     def answered(self, address: str) -> None:
         with self.lock:
             self._suspects.pop(address, None)
+            self.reached = True
 
     def suspected(self, address: str, now: float) -> bool:
         """Whether ``address`` is a suspect now (with ``lock`` held)."""
@@ -181,7 +219,10 @@ class Attempts:
     """The retry schedule of one call: ``address`` to try now; after a failure, ``failed``
     moves it and returns the pause before the next attempt, or raises the error when the
     call must give up (``budget`` seconds of failing without a break; never past ``cap``).
-    A failure that got no answer (``unresponsive``) makes the replica a suspect first."""
+    A failure that got no answer (``unresponsive``) makes the replica a suspect first.
+    A client that never reached the cluster gives up once every address has been
+    ``unreachable`` for UNREACHABLE_FOR seconds. Giving up after failures at several
+    addresses raises an Unavailable that says what each of them did."""
 
     def __init__(self, routing: Routing, budget: float, cap: float | None,
                  keepalive: bool, now: float, max_pause: float = BACKOFF_MAX) -> None:
@@ -194,6 +235,8 @@ class Attempts:
         self._delay = BACKOFF_FIRST
         self._max_pause = max_pause
         self._followed_hint = False
+        self._said: dict[str, str] = {}          # address -> what its last failure was
+        self._unreachable: dict[str, float] = {}  # address -> unreachable since (monotonic)
 
     def succeeded(self) -> None:
         self.routing.answered(self.address)
@@ -202,9 +245,10 @@ class Attempts:
                 self.routing.leader = self.address
 
     def failed(self, error: GesmasError, started: float, now: float,
-               unresponsive: bool = False) -> float:
+               unresponsive: bool = False, unreachable: bool = False) -> float:
+        address = self.address
         if unresponsive:
-            self.routing.suspect(self.address, now)
+            self.routing.suspect(address, now)
         if self._period_start is None:
             self._period_start = started
         elif now - started >= ATTACHED:         # it had reached a replica: a new period
@@ -212,8 +256,20 @@ class Attempts:
         give_up = self._period_start + self.budget
         if self.cap is not None:
             give_up = min(give_up, self.cap)
+        self._said[address] = error.message if error.message.startswith(address) \
+            else f"{address}: {error.message}"
+        if unreachable:
+            self._unreachable.setdefault(address, now)
+        else:
+            self._unreachable.pop(address, None)
+            if not unresponsive:
+                self.routing.reached = True     # a replica answered, if only to refuse
+        down = [self._unreachable.get(a) for a in self.routing.addresses]
+        if not self.routing.reached and None not in down and \
+                now - min(t for t in down if t is not None) >= UNREACHABLE_FOR:
+            give_up = now                       # nothing there: say so now
         if now >= give_up:
-            raise error
+            raise self._summary(error)
         self.address = self.routing.next(self.address, error.leader_hint, self.keepalive, now)
         hint = bool(error.leader_hint) and self.address == error.leader_hint
         if (hint and not self._followed_hint) or unresponsive:
@@ -223,6 +279,15 @@ class Attempts:
                                                                       self._max_pause)
         self._followed_hint = hint
         return pause
+
+    def _summary(self, error: GesmasError) -> GesmasError:
+        """The error to give up with: ``error``, or when several addresses failed an
+        Unavailable that names each with what it did."""
+        if not isinstance(error, Unavailable) or len(self._said) < 2:
+            return error
+        said = "; ".join(self._said[a] for a in self.routing.addresses if a in self._said)
+        return Unavailable(f"no replica could serve the call: {said}", error.type,
+                           error.leader_hint)
 
 
 class Sequencer:

@@ -9,7 +9,9 @@ status code when not (transport failures, proxies): e.g. UNAVAILABLE -> ``Unavai
     GesmasError
     ├── NotFound            unknown class, object, method or session
     ├── InvalidArgument     bad arguments, bad class source
-    ├── Timeout             a wait reached its deadline
+    ├── Timeout             a wait reached its deadline (also a TimeoutError)
+    │   ├── QueueEmpty      a Queue's consume or reserve timed out (also queue.Empty)
+    │   └── QueueFull       a bounded Queue's produce timed out (also queue.Full)
     ├── Aborted             interrupted: object deleted, ...
     │   └── SessionExpired  the session expired or was closed; open a new one
     ├── ApplicationError    the method raised; its type name is ``.type``
@@ -26,6 +28,7 @@ sides share is in ``gesmas.protocol``.
 from __future__ import annotations
 
 import builtins
+import queue
 import threading
 from typing import Any, ClassVar
 
@@ -46,6 +49,8 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "PermissionDenied",
+    "QueueEmpty",
+    "QueueFull",
     "Unauthenticated",
     "ResourceExhausted",
     "SessionExpired",
@@ -53,6 +58,7 @@ __all__ = [
     "Unavailable",
     "error_from_detail",
     "error_from_rpc",
+    "queue_timeout",
 ]
 
 
@@ -109,10 +115,30 @@ class InvalidArgument(GesmasError):
     code = pb.ERROR_CODE_INVALID_ARGUMENT
 
 
-class Timeout(GesmasError):
-    """A wait reached its deadline (gRPC DEADLINE_EXCEEDED)."""
+class Timeout(GesmasError, TimeoutError):
+    """A wait reached its deadline (gRPC DEADLINE_EXCEEDED). Also a ``TimeoutError``, as
+    ``concurrent.futures`` and ``asyncio`` time out."""
 
     code = pb.ERROR_CODE_TIMEOUT
+
+
+class QueueEmpty(Timeout, queue.Empty):
+    """A Queue's ``consume`` (or ``reserve``) found no item in time: also ``queue.Empty``,
+    which ``queue.Queue.get(timeout=...)`` raises."""
+
+
+class QueueFull(Timeout, queue.Full):
+    """A bounded Queue's ``produce`` found no room in time: also ``queue.Full``, which
+    ``queue.Queue.put(timeout=...)`` raises."""
+
+
+def queue_timeout(method: str, error: Timeout) -> Timeout:
+    """The Timeout a Queue's ``method`` raises for ``error``: QueueEmpty for the calls that
+    wait for an item, QueueFull for the one that waits for room, else ``error`` itself."""
+    cls = {"consume": QueueEmpty, "reserve": QueueEmpty, "produce": QueueFull}.get(method)
+    if cls is None or isinstance(error, cls):
+        return error
+    return cls(error.message, error.type, error.leader_hint)
 
 
 class Aborted(GesmasError):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from gesmas.client.errors import NotFound, Timeout, queue_timeout
 
 if TYPE_CHECKING:
     from gesmas.client.client import Client
@@ -26,8 +28,10 @@ __all__ = [
     "LeaderElectionProxy",
     "LockProxy",
     "ObjectProxy",
+    "QueueProxy",
     "ReadWriteLockProxy",
     "SemaphoreProxy",
+    "blocking_flag",
 ]
 
 
@@ -47,7 +51,8 @@ class ObjectProxy:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.class_name} {self.object_name!r}>"
 
-    def invoke(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
+               **kwargs: Any) -> Any:
         """Invoke ``method`` by name (also for methods whose name a proxy attribute hides)."""
         return self.client._invoke(self.class_name, self.object_name, method, args, kwargs,
                                    timeout, self._create)
@@ -61,6 +66,51 @@ class ObjectProxy:
 
         call.__name__ = call.__qualname__ = method
         return call
+
+    def __len__(self) -> int:
+        """``len(proxy)``: the remote object's ``__len__`` (one call); TypeError if its class
+        has none."""
+        try:
+            n = self.invoke("__len__")
+        except NotFound as e:
+            if "has no method '__len__'" not in e.message:
+                raise
+            raise TypeError(f"{self.class_name} objects have no len() (the class defines no "
+                            f"__len__)") from None
+        if type(n) is not int or n < 0:
+            raise TypeError(f"{self.class_name}.__len__ returned {n!r}, not an int >= 0")
+        return n
+
+    def __bool__(self) -> bool:          # a proxy is true, whatever its object's len()
+        return True
+
+
+def blocking_flag(blocking: Any, timeout: float | None) -> bool:
+    """``acquire(blocking, timeout)``'s first argument as threading takes it: True waits (up
+    to ``timeout``), False does not wait and answers False if it cannot take at once.
+    A number other than 0 or 1 is refused rather than taken for a timeout."""
+    if type(blocking) is not bool and not (type(blocking) is int and blocking in (0, 1)):
+        raise TypeError(f"blocking must be True or False, not {blocking!r} (a timeout "
+                        f"goes by name: acquire(timeout={blocking!r}))")
+    if not blocking and timeout is not None:
+        raise ValueError("can't specify a timeout for a non-blocking call")
+    return bool(blocking)
+
+
+class QueueProxy(ObjectProxy):
+    """A Queue; ``consume`` / ``reserve`` that time out raise ``QueueEmpty`` (also
+    ``queue.Empty``), a ``produce`` on a full bounded queue ``QueueFull`` (also
+    ``queue.Full``): both are ``Timeout``, as ``queue.Queue`` users expect."""
+
+    def invoke(self, method: str, /, *args: Any, timeout: float | None = None,
+               **kwargs: Any) -> Any:
+        try:
+            return super().invoke(method, *args, timeout=timeout, **kwargs)
+        except Timeout as e:
+            error = queue_timeout(method, e)
+            if error is e:
+                raise
+            raise error from None
 
 
 class Hold:
@@ -137,8 +187,18 @@ class LockProxy(FencedHold, ObjectProxy):
     once released, or once the session is lost, which happens before the server can
     expire it and grant the lock to another); ``fence`` is the last token it got."""
 
-    def acquire(self, timeout: float | None = None) -> Fence:
-        """Take the lock; returns the fencing token (the log index of the grant)."""
+    def acquire(self, blocking: bool = True, timeout: float | None = None
+                ) -> Fence | Literal[False]:
+        """Take the lock; returns the fencing token (the log index of the grant), waiting up
+        to ``timeout`` (None: for ever; Timeout after it). ``acquire(False)`` (or
+        ``blocking=False``) does not wait: the token, or False if the lock is taken, as
+        ``threading.Lock.acquire(False)`` answers."""
+        if not blocking_flag(blocking, timeout):
+            fence = self.try_acquire()
+            return False if fence is None else fence
+        return self._acquire(timeout)
+
+    def _acquire(self, timeout: float | None) -> Fence:
         fence: Fence = self._took(self.invoke("acquire", timeout=timeout))
         return fence
 
@@ -155,8 +215,12 @@ class LockProxy(FencedHold, ObjectProxy):
     def is_owner(self) -> bool:
         return bool(self.invoke("is_owner"))
 
+    def locked(self) -> bool:
+        """Whether any session holds the lock (``threading.Lock.locked()``)."""
+        return self.invoke("holder") is not None
+
     def __enter__(self) -> Fence:
-        return self.acquire()
+        return self._acquire(None)
 
     def __exit__(self, *exc: object) -> None:
         self.release()
@@ -165,7 +229,12 @@ class LockProxy(FencedHold, ObjectProxy):
 class SemaphoreProxy(ObjectProxy):
     """``with client.semaphore(name, permits=4): ...`` holds one permit."""
 
-    def acquire(self, timeout: float | None = None) -> Any:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Any:
+        """Take a permit, waiting up to ``timeout``: the permits this session now holds (an
+        owned semaphore) or True. ``acquire(False)`` does not wait: True or False, as
+        ``threading.Semaphore.acquire(False)`` answers."""
+        if not blocking_flag(blocking, timeout):
+            return bool(self.invoke("try_acquire"))
         return self.invoke("acquire", timeout=timeout)
 
     def release(self, n: int = 1) -> None:
@@ -233,11 +302,13 @@ class LeaderElectionProxy(ObjectProxy):
 
     _hold: Hold | None = None
 
-    def campaign(self, value: Any = None, timeout: float | None = None) -> Any:
-        """Block until this session leads (or ``timeout``); ``value`` is published."""
-        term = self.invoke("campaign", value, timeout=timeout)
+    def campaign(self, value: Any = None, timeout: float | None = None) -> Fence:
+        """Block until this session leads (or ``timeout``); ``value`` is published. Returns
+        the term (the log index of the election, strictly increasing: a fencing token), as
+        a ``Fence`` that also tells whether the leadership is still sure."""
+        won = self.invoke("campaign", value, timeout=timeout)
         self._hold = Hold(self.client.lease)
-        return term
+        return Fence(won["term"], self._hold)
 
     def resign(self) -> Any:
         if self._hold is not None:
@@ -258,6 +329,7 @@ class LeaderElectionProxy(ObjectProxy):
 
 #: Standard class name -> proxy class that ``Client.object`` returns for it.
 PROXIES: dict[str, type[ObjectProxy]] = {
+    "Queue": QueueProxy,
     "Lock": LockProxy,
     "Semaphore": SemaphoreProxy,
     "Barrier": BarrierProxy,

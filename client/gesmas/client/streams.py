@@ -59,6 +59,8 @@ def ended(address: str, broken: BaseException | None) -> BaseException:
     """What a call on a stream that cannot take it raises."""
     if isinstance(broken, Unsupported):
         return Unsupported(str(broken))
+    if isinstance(broken, core.Failure) and broken.unreachable:   # say why: refused, ...
+        return core.Failure(broken.error, unreachable=True)
     return core.Failure(Unavailable(f"{address}: the call stream ended"))
 
 

@@ -1,4 +1,4 @@
-"""A tooz driver: ``gesmas://host:port,host:port?timeout=30``.
+"""A tooz driver: ``gesmas://[user:password@]host:port,host:port?timeout=30&tls_ca=ca.pem``.
 
 Registered under tooz's ``tooz.backends`` entry point (``pip install gesmas[tooz]``):
 
@@ -19,13 +19,18 @@ Mapping onto gesmas (the server does the waiting; the classes are in objects/gro
   long-polls the server (Group.changes / Election.campaign) instead of returning at once.
 
 URL options: ``timeout`` (session lease, s), ``retry_timeout`` (how long a call keeps retrying
-while no replica answers, default 5 s), ``route`` (leader|replica). TLS and credentials come
-from the GESMAS_* environment, as for ``Client()``.
+while no replica answers, default 5 s), ``route`` (leader|replica), ``tls_ca``, ``tls_cert``,
+``tls_key`` (PEM files: TLS, as ``Client(tls=TLS(...))``), ``tls`` (true: TLS with the
+environment's files or the system's roots; false: plain text). A login is the URL's
+``user:password@`` (percent-encoded; a user without a password takes GESMAS_PASSWORD). What
+the URL leaves out comes from the GESMAS_* environment, as for ``Client()``. The address
+list the client dials is the URL's hosts only, never its credentials.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,8 +39,11 @@ from typing import Any
 import tooz
 from tooz import coordination, locking, utils
 
+from urllib.parse import unquote
+
 from gesmas.client import errors
 from gesmas.client.client import Client
+from gesmas.client.security import TLS
 from gesmas.v1 import gesmas_pb2 as pb
 
 GROUP_PREFIX = "tooz.group."
@@ -72,6 +80,34 @@ def _option(options: dict[str, Any], key: str, default: Any) -> Any:
     if isinstance(value, list):
         value = value[-1] if value else None
     return default if value is None else value
+
+
+def url_login(netloc: str) -> tuple[str, str | None, str | None]:
+    """(hosts, user, password) of a URL's ``[user[:password]@]host:port,...``; the password
+    of a user given without one is GESMAS_PASSWORD's (Client's default), hence None here."""
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not at:
+        return hosts, None, None
+    user, colon, password = userinfo.partition(":")
+    if not user:
+        raise ValueError("gesmas URL: a password without a user name before '@'")
+    return hosts, unquote(user), unquote(password) if colon else None
+
+
+def url_tls(options: dict[str, Any]) -> TLS | bool | None:
+    """``Client(tls=...)`` from the URL options tls_ca, tls_cert, tls_key and tls."""
+    files = {k: _option(options, f"tls_{k}", None) for k in ("ca", "cert", "key")}
+    flag = _option(options, "tls", None)
+    if flag is not None:
+        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+        if str(flag).lower() not in words:
+            raise ValueError(f"gesmas URL: tls={flag!r}: say true or false")
+        flag = words[str(flag).lower()]
+    if any(files.values()):
+        if flag is False:
+            raise ValueError("gesmas URL: tls=false with tls_ca, tls_cert or tls_key")
+        return TLS(ca=files["ca"], cert=files["cert"], key=files["key"])
+    return flag
 
 
 class _HeartbeatClient(Client):
@@ -192,7 +228,13 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
 
     def __init__(self, member_id: bytes, parsed_url: Any, options: dict[str, Any]) -> None:
         super().__init__(member_id, parsed_url, options)
-        self._cluster = parsed_url.netloc
+        self._cluster, self._user, self._password = url_login(parsed_url.netloc)
+        self._tls = url_tls(options)
+        if self._user is not None and self._password is None:
+            self._password = os.environ.get("GESMAS_PASSWORD")
+            if self._password is None:
+                raise ValueError(f"gesmas URL: user {self._user!r} without a password (give "
+                                 "user:password@, or GESMAS_PASSWORD)")
         self.timeout = float(_option(options, "timeout", 30.0))
         self.retry_timeout = float(_option(options, "retry_timeout", 5.0))
         self.route = str(_option(options, "route", "leader"))
@@ -205,7 +247,9 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
     def _start(self) -> None:
         try:
             self._client = _HeartbeatClient(self._cluster, session_ttl=self.timeout,
-                                            retry_timeout=self.retry_timeout, route=self.route)
+                                            retry_timeout=self.retry_timeout, route=self.route,
+                                            tls=self._tls, user=self._user,
+                                            password=self._password)
         except (errors.GesmasError, ValueError) as e:
             raise coordination.ToozConnectionError(str(e)) from e
         self._leading = set()

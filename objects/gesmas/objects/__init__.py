@@ -11,6 +11,11 @@ may be listed only if it changes nothing before its first wait and, while it wai
 again from its start would end in the same wait: a replica restored from the checkpoint does
 exactly that. tests/test_objects.py checks each class's waits against a restored replica.
 Only the reserved class names below are trusted with it.
+
+`_constructor_args` lists the constructor parameters an object keeps, each in the attribute
+of its name or as a (parameter, attribute) pair: a get-or-create of an existing object that
+names one of them with another value is refused (ALREADY_EXISTS, type ConstructorMismatch;
+server kernel, Lifecycle.check_args). Any class may say so, uploaded ones too.
 """
 from __future__ import annotations
 

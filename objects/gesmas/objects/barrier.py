@@ -25,6 +25,8 @@ class BrokenBarrierError(RuntimeError):
 
 class Barrier:
     _restartable = ("wait",)  # waits a checkpoint leaves in place
+    _readers = ('broken', 'n_waiting', 'size', 'waiting')  # read-only: served without a log entry
+    _constructor_args = ("parties",)      # a get-or-create naming another one is refused
     _broken = False                       # class defaults: barriers saved before they existed
     _gen = 0                              # rounds begun: completed, broken or reset
     _failed = -1                          # the last round that was broken or reset
@@ -107,6 +109,9 @@ class Barrier:
 
 class DoubleBarrier:
     _restartable = ("enter", "leave")  # waits a checkpoint leaves in place
+    _readers = ('inside',)  # read-only: served without a log entry
+    _constructor_args = ("parties",)      # a get-or-create naming another one is refused
+
     def __init__(self, parties):
         if type(parties) is not int or parties < 1:
             raise ValueError("parties must be a positive int")

@@ -15,8 +15,12 @@ def _int64(v, what):
 
 
 class Counter:
+    _constructor_args = (("initial", "_initial"),)   # a get-or-create naming another is refused
+
+    _readers = ('get',)  # read-only: served without a log entry
+
     def __init__(self, initial=0):
-        self._value = _int64(initial, "initial")
+        self._value = self._initial = _int64(initial, "initial")
 
     def get(self):
         return self._value

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 class LeaderElection:
     _restartable = ("campaign", "observe")  # waits a checkpoint leaves in place
+    _readers = ('leader',)  # read-only: served without a log entry
     def __init__(self):
         self._seat = Semaphore(1)
         self._changed = Semaphore(0)

@@ -38,6 +38,7 @@ class GroupNotEmpty(RuntimeError):
 
 class Group:
     _restartable = ("changes",)  # waits a checkpoint leaves in place
+    _readers = ('members', 'members_caps', 'member', 'check_empty')  # read-only: served without a log entry
     def __init__(self):
         self._claimed = False
         self._members = {}                # member -> {"caps", "session", "created", "updated"}
@@ -111,6 +112,8 @@ class Group:
 
 
 class Election:
+    _readers = ('leader',)  # read-only: served without a log entry
+
     def __init__(self):
         self._leader = None
         self._session = None

@@ -11,9 +11,13 @@ if TYPE_CHECKING:
 
 class CountDownLatch:
     _restartable = ("wait",)  # waits a checkpoint leaves in place
+    _readers = ('count',)  # read-only: served without a log entry
+    _constructor_args = (("count", "_initial"),)   # a get-or-create naming another is refused
+
     def __init__(self, count):
         if type(count) is not int or count < 0:
             raise ValueError("count must be an int >= 0")
+        self._initial = count
         self._count = count
         self._gate = Semaphore(0)
 

@@ -23,6 +23,9 @@ class LockNotOwned(RuntimeError):
 
 class Lock:
     _restartable = ("acquire",)  # waits a checkpoint leaves in place
+    _readers = ('holder', 'waiters')  # read-only: served without a log entry
+    _constructor_args = ("reentrant",)    # a get-or-create naming another one is refused
+
     def __init__(self, reentrant=False):
         self.reentrant = bool(reentrant)
         self._gate = Semaphore(1)

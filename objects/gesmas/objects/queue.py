@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 class Queue:
     _restartable = ("produce", "consume", "reserve")  # waits a checkpoint leaves in place
+    _readers = ('size', 'peek', '__len__')  # read-only: served without a log entry
+    _constructor_args = ("capacity",)     # a get-or-create naming another one is refused
     def __init__(self, capacity=None):
         if capacity is not None and (type(capacity) is not int or capacity < 1):
             raise ValueError("capacity must be a positive int or None")
@@ -78,9 +80,16 @@ class Queue:
         """Items queued (reserved items not counted)."""
         return len(self._items)
 
+    def __len__(self):
+        """`len(proxy)`: the same as size()."""
+        return len(self._items)
+
     def peek(self):
-        """The oldest item without removing it, or None if the queue is empty."""
-        return self._items[0][1] if self._items else None
+        """The oldest item without removing it; IndexError if the queue is empty (a queued
+        None is told from no item at all)."""
+        if not self._items:
+            raise IndexError("peek at an empty queue")
+        return self._items[0][1]
 
     def _on_session_end(self, session):
         back = [v for v in self._reserved.values() if v[0] == session]

@@ -19,10 +19,11 @@ class LockNotOwned(RuntimeError):
 
 class ReadWriteLock:
     _restartable = ("acquire_read", "acquire_write")  # waits a checkpoint leaves in place
+    _readers = ('state',)  # read-only: served without a log entry
     def __init__(self):
         self._readq = Semaphore(0)
         self._writeq = Semaphore(0)
-        self._readers = {}                # session -> read holds
+        self._readers = {}                # session -> read holds (not the class's _readers)
         self._admitted = 0                # read holds granted (including not yet recorded)
         self._writer = None               # session holding the write lock
         self._writing = False             # the write lock is granted (maybe not yet recorded)

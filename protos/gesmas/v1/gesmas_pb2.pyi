@@ -156,7 +156,7 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, applied_index: _Optional[int] = ...) -> None: ...
 
 class InvokeRequest(_message.Message):
-    __slots__ = ("session", "seq", "ack", "class_name", "object_name", "method", "args", "kwargs", "timeout", "create", "ctor_args", "ctor_kwargs", "session_secret")
+    __slots__ = ("session", "seq", "ack", "class_name", "object_name", "method", "args", "kwargs", "timeout", "create", "ctor_args", "ctor_kwargs", "session_secret", "read")
     class KwargsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,7 @@ class InvokeRequest(_message.Message):
     CTOR_ARGS_FIELD_NUMBER: _ClassVar[int]
     CTOR_KWARGS_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     session: int
     seq: int
     ack: int
@@ -197,7 +198,8 @@ class InvokeRequest(_message.Message):
     ctor_args: _containers.RepeatedCompositeFieldContainer[Value]
     ctor_kwargs: _containers.MessageMap[str, Value]
     session_secret: str
-    def __init__(self, session: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., method: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., timeout: _Optional[float] = ..., create: _Optional[bool] = ..., ctor_args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., ctor_kwargs: _Optional[_Mapping[str, Value]] = ..., session_secret: _Optional[str] = ...) -> None: ...
+    read: ReadOptions
+    def __init__(self, session: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ..., class_name: _Optional[str] = ..., object_name: _Optional[str] = ..., method: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., timeout: _Optional[float] = ..., create: _Optional[bool] = ..., ctor_args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., ctor_kwargs: _Optional[_Mapping[str, Value]] = ..., session_secret: _Optional[str] = ..., read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
 
 class InvokeResponse(_message.Message):
     __slots__ = ("result", "applied_index")

@@ -51,6 +51,7 @@ from .calls import CallFailed
 from .config import MAX_MESSAGE
 from .kernel import auth, codec, queries
 from .kernel.errors import Code, Error
+from .kernel.sched import NotYet
 from .replication.reads import LINEARIZABLE, SEQUENTIAL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -265,6 +266,42 @@ class Gateway(pb_grpc.GesmasServicer):
         _saw(index)
         return value
 
+    async def _read_call(self, request: Any, user: str, name: str, method: str, args: Any,
+                         kwargs: Any, timeout: float | None) -> Any:
+        """A declared reader, run by this replica without a log entry (kernel/readers.py).
+        One that raises NotYet runs again each time this replica has applied another entry,
+        until it answers or `timeout` (seconds; None: no limit) has passed (TIMEOUT)."""
+        consistency, min_index = _read_options(request)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+
+        def run(k: Any) -> Any:
+            try:
+                return (True, k.read(user, name, method, args, kwargs))
+            except NotYet:
+                return (False, None)
+
+        waiting = False
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if waiting and left is not None and left <= 0:
+                raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out waiting",
+                                       "Timeout"))
+            try:
+                (done, value), index = await self.node.read(
+                    run, consistency, min_index,
+                    **({"wait": min(left, 5.0) if left is not None else 5.0} if waiting
+                       else {}))
+            except CallFailed as e:     # waiting: nothing applied here for a while
+                if waiting and e.error.code == Code.UNAVAILABLE:
+                    continue
+                raise
+            _saw(index)
+            if done:
+                return value
+            waiting = True
+            consistency, min_index = SEQUENTIAL, index + 1    # the next entry applied here
+
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
                      leader_hint: str = "", request: Any = None) -> None:
         if log.isEnabledFor(logging.INFO):
@@ -325,6 +362,20 @@ class Gateway(pb_grpc.GesmasServicer):
         if request.create and not request.class_name:
             raise _invalid("create=true needs the class_name of the object to create")
         user = await self._user(context)
+        name = _name("object_name", request.object_name)
+        method = _name("method", request.method)
+        k = self.node.kernel
+        if k is not None and k.is_reader(name, method):     # a hint: read() checks again
+            args = values.from_values(request.args)
+            kwargs = values.from_value_map(request.kwargs)
+            try:
+                value = await self._read_call(request, user, name, method, args, kwargs,
+                                              timeout)
+                return pb.InvokeResponse(result=values.to_value(value, "result"),
+                                         applied_index=_reflects.get())
+            except CallFailed as e:
+                if not (request.create and e.error.code == Code.NOT_FOUND):
+                    raise                        # gone since: get-or-create through the log
         cmd = self._cmd(
             codec.Invoke, session=request.session, seq=request.seq, ack=request.ack,
             class_name=request.class_name, name=_name("object_name", request.object_name),

@@ -50,6 +50,7 @@ from .codec import Command
 from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle, args_of, bind_sig
 from .queries import Queries
+from .readers import Readers
 from .records import (Completion, Config, Kind, ObjectRecord, PendingCall, Request, Session,
                       State)
 from .registry import Registry
@@ -79,6 +80,7 @@ class Kernel:
         self.checkpoints = Checkpoints(state, config, self.registry, budget, runner, lifecycle,
                                        self._restart)
         self.queries = Queries(state, self.registry, runner, self.checkpoints)
+        self.readers = Readers(state, config, self.registry, budget)
         self._handlers: dict[type, Callable[[Any], None]] = {
             codec.OpenSession: keeper.open,
             codec.CloseSession: lambda c: keeper.end(c, "closed"),
@@ -140,6 +142,8 @@ class Kernel:
             raise ValueError(f"log index {index} is not after {self.state.index}")
         self.state.index = index
         out = self.runner.out = []
+        if self.runner.touched:
+            self.runner.touched = set()
         if self.state.session_changes:
             self.state.session_changes = []
         return out
@@ -202,6 +206,27 @@ class Kernel:
         finally:
             stack.use(limit)
         return k
+
+    # -- readers (readers.py): between two entries, on the caller's thread --------------------
+
+    def read(self, user: str, name: str, method: str, args: Any = (),
+             kwargs: Any = None) -> Any:
+        """Run the declared reader `name.method` on the applied state; its plain result, or
+        KernelError (NotYet: the reader waits for a later entry that runs on the object)."""
+        limit = sys.getrecursionlimit()
+        try:
+            return self.readers.read(user, name, method, list(args), dict(kwargs or {}))
+        finally:
+            stack.use(limit)
+
+    def is_reader(self, name: str, method: str) -> bool:
+        return self.readers.is_reader(name, method)
+
+    @property
+    def touched(self) -> set[str]:
+        """The objects the last entry applied ran on, made or removed (readers waiting on
+        them may hold now)."""
+        return self.runner.touched
 
     def state_digest(self, volatile: bool = True) -> str:
         """A hash of the whole state, waiters included: equal on replicas that applied the
@@ -267,6 +292,8 @@ class Kernel:
             elif rec.cls.name != cmd.class_name:
                 raise KernelError(Code.ALREADY_EXISTS, f"object {cmd.name!r} exists with class "
                                   f"{rec.cls.name}, not {cmd.class_name}")
+            else:
+                self.lifecycle.check_args(rec, cmd.ctor_args, cmd.ctor_kwargs)
         self._start(cmd, s, st.index, [cmd.tag] if cmd.tag else [], None, (),
                     raw=self._raw)
 

@@ -8,6 +8,16 @@ Interface: `Lifecycle(state, config, registry, budget, runner, keeper)`; the ker
 `drop`. It changes the shared state's objects, `dropped` and `over_limit` and the users'
 object and state_bytes counts; constructors run, and waits on a deleted object are aborted,
 through the runner. `args_of` and `bind_sig` check a call's arguments.
+
+A get-or-create of an object that exists (`CreateObject`, an invoke with `create`) does not
+run the constructor; `check_args` refuses it when it names a constructor argument with
+another value than the object was made with (kazoo's "Inconsistent max leases"). A class
+says which arguments it keeps, and where, in `_constructor_args`: a tuple of parameter
+names, each kept in the instance attribute of that name, or of (parameter, attribute)
+pairs. Arguments left out are not compared (`c.queue("jobs")` takes the queue whatever its
+capacity), nor are those a class does not list (an object made by a class version without
+the list compares nothing: old objects keep their old behaviour on every replica alike).
+The comparison reads plain values only and runs no uploaded code.
 """
 from __future__ import annotations
 
@@ -75,6 +85,7 @@ class Lifecycle:
                 raise KernelError(Code.ALREADY_EXISTS,
                                   f"object {name!r} exists with class {rec.cls.name}, "
                                   f"not {cmd.class_name}")
+            self.check_args(rec, cmd.args, cmd.kwargs)
             self.runner.complete(cmd.tag, {"created": False, "version": rec.cls.version})
             return
         rec = self.make(name, cmd.class_name, cmd.args, cmd.kwargs,
@@ -89,10 +100,7 @@ class Lifecycle:
             raise KernelError(Code.NOT_FOUND, f"no class named {class_name!r}")
         self.state.within(user, "objects")
         args, kwargs = args_of(args, kwargs)
-        try:
-            sig = inspect.signature(cls.cls)
-        except (TypeError, ValueError):
-            sig = None
+        sig = cls.constructor()
         if sig is not None:
             bind_sig(sig, cls.name, tuple(args), kwargs)
         req = Request(self.runner, Kind.CONSTRUCTOR, self.state.index, session,
@@ -107,9 +115,43 @@ class Lifecycle:
         if error is not None:
             raise KernelError(error.code, error.message, error.type)
         rec = self.state.objects[name] = ObjectRecord(name, cls, made[0], user)
+        self.runner.touched.add(name)
         self.state.usage.add(user, "objects", 1)
         self.state.dropped.pop(name, None)
         return rec
+
+    def check_args(self, rec: ObjectRecord, args: Any, kwargs: Any) -> None:
+        """Refuse (ALREADY_EXISTS, type `ConstructorMismatch`) a get-or-create of the existing
+        `rec` whose constructor arguments differ from those it was made with (see above)."""
+        if not args and not kwargs:
+            return
+        kept = kept_args(rec.cls.cls)
+        if not kept:
+            return
+        args, kwargs = args_of(args, kwargs)
+        sig = rec.cls.constructor()
+        if sig is None:
+            return
+        try:
+            bound = sig.bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise KernelError(Code.INVALID_ARGUMENT, f"{rec.cls.name}(): {e}") from None
+        try:
+            state = object.__getattribute__(rec.instance, "__dict__")
+        except AttributeError:
+            return
+        if type(state) is not dict:
+            return
+        for param, attr in kept:
+            if param not in bound or attr not in state:
+                continue
+            have, given = state[attr], bound[param]
+            if not _same(given, have):
+                raise KernelError(
+                    Code.ALREADY_EXISTS,
+                    f"{rec.cls.name} {rec.name!r} exists with {param}={_show(have)}, not "
+                    f"{param}={_show(given)}: a get-or-create must give the arguments the "
+                    f"object was made with, or leave them out", "ConstructorMismatch")
 
     def delete_object(self, cmd: codec.DeleteObject) -> None:
         if type(cmd.name) is not str:
@@ -159,6 +201,7 @@ class Lifecycle:
     def forget(self, name: str) -> None:
         st = self.state
         rec = st.objects.pop(name, None)    # a restore drops objects it never added
+        self.runner.touched.add(name)
         st.over_limit.pop(name, None)
         if rec is not None:
             st.usage.add(rec.owner, "objects", -1)
@@ -169,6 +212,66 @@ def args_of(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     if type(args) is not list or type(kwargs) is not dict:
         raise KernelError(Code.INVALID_ARGUMENT, "args must be a list and kwargs a map")
     return args, kwargs
+
+
+def kept_args(cls: type) -> tuple[tuple[str, str], ...]:
+    """A class's `_constructor_args` as (parameter, attribute) pairs; what is not a tuple of
+    names or of pairs of names is ignored."""
+    declared = inspect.getattr_static(cls, "_constructor_args", ())
+    if type(declared) is not tuple:
+        return ()
+    out = []
+    for item in declared:
+        if type(item) is str:
+            out.append((item, item))
+        elif (type(item) is tuple and len(item) == 2 and type(item[0]) is str
+              and type(item[1]) is str):
+            out.append((item[0], item[1]))
+    return tuple(out)
+
+
+_SCALARS = (type(None), bool, int, float, str, bytes)
+_NUMBERS = (bool, int, float)
+
+
+def _same(given: Any, have: Any) -> bool:
+    """Equality of plain values that runs no uploaded code and walks no more than `given`
+    (a decoded argument: acyclic, bounded by the command's size). Numbers compare by value
+    (True == 1), a list equals a tuple of the same items, a dict needs str keys; anything
+    that is not a plain value is unequal."""
+    tg, th = type(given), type(have)
+    if tg in _NUMBERS and th in _NUMBERS:
+        return bool(given == have)
+    if tg in (list, tuple) and th in (list, tuple):
+        return len(given) == len(have) and all(_same(a, b) for a, b in zip(given, have))
+    if tg is dict and th is dict:
+        if len(given) != len(have) or any(type(k) is not str for k in have):
+            return False
+        return all(k in have and _same(v, have[k]) for k, v in given.items())
+    return tg is th and tg in _SCALARS and bool(given == have)
+
+
+def _show(v: Any, limit: int = 80) -> str:
+    """`v` for an error message, short, without running uploaded code."""
+    def small(x: Any) -> bool:
+        return type(x) in _SCALARS and (type(x) is not int or x.bit_length() <= 128) and \
+            (type(x) not in (str, bytes) or len(x) <= 200)
+
+    t = type(v)
+    if t in (list, tuple, dict):
+        items = [] if len(v) > 16 else [y for kv in v.items() for y in kv] if t is dict \
+            else list(v)
+        text = repr(v) if items and all(map(small, items)) or not v \
+            else f"<{t.__name__} of {len(v)} items>"
+    elif small(v):
+        text = repr(v)
+    elif t is int:
+        text = f"<int of {v.bit_length()} bits>"
+    elif t in (str, bytes):
+        text = repr(v[:60]) + "..."
+    else:
+        text = f"<{t.__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def bind_sig(sig: Any, label: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -119,7 +119,7 @@ class Session:
 
 
 class ObjectRecord:
-    __slots__ = ("name", "cls", "instance", "steps", "owner", "size")
+    __slots__ = ("name", "cls", "instance", "steps", "owner", "size", "runs")
 
     def __init__(self, name: str, cls: ClassVersion, instance: Any, owner: str = "") -> None:
         self.name = name
@@ -128,6 +128,7 @@ class ObjectRecord:
         self.steps = 0       # steps its calls spent since its size was last measured
         self.owner = owner   # the user that created it (its quotas count it)
         self.size = 0        # its state's size when last measured
+        self.runs = 0        # runs of its calls so far in this process (readers' copies)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from .modules import LOADING as _LOADING
 from .errors import Code, KernelError
 
 _MODULE_PREFIX = "gesmas_user_"
+#: The special methods a client may call, besides the public ones: ``len(proxy)``.
+CALLABLE_SPECIAL = frozenset({"__len__"})
 log = logging.getLogger(__name__)
 
 
@@ -35,15 +37,26 @@ class ClassVersion:
     cls: type
     _methods: dict[str, tuple[Callable[..., Any], inspect.Signature] | None] = field(
         default_factory=dict)
+    _init: list[inspect.Signature | None] = field(default_factory=list)
+
+    def constructor(self) -> inspect.Signature | None:
+        """The signature the class is called with, or None if inspect cannot tell."""
+        if not self._init:
+            try:
+                self._init.append(inspect.signature(self.cls))
+            except (TypeError, ValueError):
+                self._init.append(None)
+        return self._init[0]
 
     def method(self, name: str) -> tuple[Callable[..., Any], inspect.Signature] | None:
-        """The public method `name` with its signature, or None if there is none."""
+        """The public method `name` (or one of CALLABLE_SPECIAL) with its signature, or None
+        if there is none."""
         try:
             return self._methods[name]
         except KeyError:
             pass
         found = None
-        if not name.startswith("_"):
+        if not name.startswith("_") or name in CALLABLE_SPECIAL:
             fn = inspect.getattr_static(self.cls, name, None)
             if inspect.isfunction(fn):
                 found = (fn, inspect.signature(fn))

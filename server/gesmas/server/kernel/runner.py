@@ -61,6 +61,7 @@ class Runner:
         self.ready: deque[tuple[Request, BaseException | None]] = deque()
         self.out: list[Completion] = []  # completions of the command being applied
         self.pending: list[PendingCall] = []   # calls unwound by a checkpoint, to re-run
+        self.touched: set[str] = set()   # objects run on by the command being applied
         self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None
 
     # -- the log's position and time (sched.Host) -----------------------------------------------
@@ -180,7 +181,9 @@ class Runner:
             outcome = task.throw(throw)
             req.interrupting = False
         rec = self.state.objects.get(req.obj)     # charge the run's steps to its object
+        self.touched.add(req.obj)
         if rec is not None:
+            rec.runs += 1
             rec.steps += self.budget.steps
             if rec.steps > self.measure_every:
                 self.grown(rec)

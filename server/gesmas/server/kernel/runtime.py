@@ -238,7 +238,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "Timeout": sched.Timeout,
         "Aborted": sched.Aborted,
         "SessionEnded": sched.SessionEnded,
-        "Interrupted": sched.Interrupted,
+        "Interrupted": sched.Interrupted, "NotYet": sched.NotYet,
         "WaitError": sched.WaitError,
         "SyncObject": limits.SyncObject,
     }

@@ -99,9 +99,25 @@ class Task(greenlet.greenlet):
     request: Call
 
 
+#: the reader running now (its label), else None: a reader may not wait, wake or draw
+READING: list[str | None] = [None]
+
+
+class NotYet(Exception):
+    """Raised by a reader whose condition does not hold yet: the replica runs it again
+    after the next entry that runs on its object (readers.py)."""
+
+
+def _no_writes(what: str) -> None:
+    raise RuntimeError(f"{what} is not available in a reader ({READING[0]}): a reader may "
+                       "not change anything")
+
+
 def current_task() -> Task:
     g = greenlet.getcurrent()
     if not isinstance(g, Task):
+        if READING[0] is not None:
+            _no_writes("context() or a wait")
         raise RuntimeError("this operation is only available inside a gesmas request")
     return g
 
@@ -152,12 +168,16 @@ class Semaphore:
         return self._live
 
     def try_acquire(self) -> bool:
+        if READING[0] is not None:
+            _no_writes("Semaphore.try_acquire")
         if self._value > 0:
             self._value -= 1
             return True
         return False
 
     def acquire(self, timeout: float | None = None) -> bool:
+        if READING[0] is not None:
+            _no_writes("Semaphore.acquire")
         if self._value > 0:                      # I1: value > 0 means nobody is waiting
             self._value -= 1
             return True
@@ -165,6 +185,8 @@ class Semaphore:
         return task.runner.block(task.request, self, timeout)
 
     def release(self, n: int = 1) -> None:
+        if READING[0] is not None:
+            _no_writes("Semaphore.release")
         if type(n) is not int or n < 1:
             raise ValueError(f"release count must be an int >= 1, not {n!r}")
         self._value += n
@@ -203,11 +225,11 @@ class Semaphore:
                 "waiting": [w.request.index for w in self._queue if w.live]}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if state["waiting"]:
+        if state["waiting"] and READING[0] is None:
             raise ValueError("cannot restore a semaphore that had waiters")
         self._value = state["value"]
         self._queue = deque()
-        self._live = 0
+        self._live = len(state["waiting"])     # a reader's copy: counted, never woken
 
     def __repr__(self) -> str:
         return f"<Semaphore value={self._value} waiters={self._live}>"
