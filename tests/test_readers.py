@@ -229,3 +229,46 @@ def test_no_reader_however_written_changes_the_state(lines):
         assert e.error.code in (Code.APPLICATION, Code.RESOURCE_EXHAUSTED), e.error
     assert h.kernel.state_digest() == before
     assert h.kernel.read("", "b", "get") == 1
+
+
+def test_a_standard_long_poll_is_a_reader_that_waits():
+    """LeaderElection.observe and Group.changes wait through a semaphore: in a reader an
+    acquire that would wait raises NotYet (the replica runs the reader again after later
+    entries), one that would take a permit is refused; through the log they block as ever."""
+    from gesmas.objects import RESERVED_CLASSES, standard_sources
+    from gesmas.server.kernel import Config, RegisterClass
+    from gesmas.server.kernel.auth import SYSTEM
+    h = H(Config(reserved_classes=RESERVED_CLASSES))
+    a, b = h.open_session(), h.open_session()
+    for _, src in standard_sources():
+        assert h.run(RegisterClass(ts=h.ts, source=src, user=SYSTEM)).error is None
+    h.create("LeaderElection", "e")
+    h.create("Group", "g")
+    assert h.kernel.read("", "e", "observe", [123]) is None          # the term differs
+    term = h.kernel.state.objects["e"].instance._term
+    with pytest.raises(NotYet):
+        h.kernel.read("", "e", "observe", [term])
+    won = h.value(h.call(a, "e", "campaign", "A"))
+    assert h.kernel.read("", "e", "observe", [term]) == {"session": a, "value": "A",
+                                                         "term": won["term"]}
+    v = h.kernel.read("", "g", "changes")["version"]
+    with pytest.raises(NotYet):
+        h.kernel.read("", "g", "changes", [v])
+    h.call(b, "g", "join", "m")
+    assert h.kernel.read("", "g", "changes", [v])["members"] == ["m"]
+
+
+def test_in_a_reader_an_acquire_that_would_take_a_permit_is_refused():
+    src = SRC.replace('_readers = ("get",', '_readers = ("take", "peek_permit", "get",') + (
+        "\n    def take(self):\n        self.gate.release\n        return self.gate.try_acquire()\n"
+        "\n    def peek_permit(self):\n        return self.gate.acquire(timeout=0)\n")
+    h = H()
+    s = h.open_session()
+    assert h.register(src).error is None
+    h.create("Box", "b")
+    assert h.kernel.read("", "b", "take") is False                   # nothing to take
+    assert h.kernel.read("", "b", "peek_permit") is False
+    h.call(s, "b", "signal")                                          # a permit now
+    with pytest.raises(KernelError) as refused:
+        h.kernel.read("", "b", "take")
+    assert "would take a permit" in refused.value.error.message

@@ -585,3 +585,14 @@ def test_declared_readers_are_served_without_an_entry_and_can_wait(cluster):
             w.scribble()
         assert "ReadOnlyViolation" in str(refused.value) or "reader" in str(refused.value)
         assert w.value() == 4
+        e = c.election("readers-election")
+        e.leader()                                  # made (get-or-create, one entry)
+        before = _leader_commit(cluster)
+        watched: list[Any] = []
+        watcher = threading.Thread(target=lambda: watched.append(
+            seq.election("readers-election").observe(0, timeout=30)))   # 0: no term yet
+        watcher.start()
+        term = e.campaign("me")                     # the change it waits for: one write
+        watcher.join(30)
+        assert watched and watched[0]["term"] == int(term) and watched[0]["value"] == "me"
+        assert _leader_commit(cluster) - before <= 3   # the campaign (and a tick, a no-op)

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 class LeaderElection:
     _restartable = ("campaign", "observe")  # waits a checkpoint leaves in place
-    _readers = ('leader',)  # read-only: served without a log entry
+    _readers = ('leader', 'observe')  # read-only: served without a log entry (observe's
+    # wait too: in a reader, an acquire that would wait is NotYet, run again after entries)
     def __init__(self):
         self._seat = Semaphore(1)
         self._changed = Semaphore(0)

@@ -38,7 +38,8 @@ class GroupNotEmpty(RuntimeError):
 
 class Group:
     _restartable = ("changes",)  # waits a checkpoint leaves in place
-    _readers = ('members', 'members_caps', 'member', 'check_empty')  # read-only: served without a log entry
+    _readers = ('members', 'members_caps', 'member', 'check_empty', 'changes')  # read-only:
+    # served without a log entry (changes' wait too: NotYet in a reader, see readers.py)
     def __init__(self):
         self._claimed = False
         self._members = {}                # member -> {"caps", "session", "created", "updated"}

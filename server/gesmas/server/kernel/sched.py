@@ -168,16 +168,20 @@ class Semaphore:
         return self._live
 
     def try_acquire(self) -> bool:
-        if READING[0] is not None:
-            _no_writes("Semaphore.try_acquire")
+        if READING[0] is not None and self._value > 0:
+            _no_writes("Semaphore.try_acquire (it would take a permit)")
         if self._value > 0:
             self._value -= 1
             return True
         return False
 
     def acquire(self, timeout: float | None = None) -> bool:
-        if READING[0] is not None:
-            _no_writes("Semaphore.acquire")
+        if READING[0] is not None:               # a reader: waiting is NotYet (readers.py)
+            if self._value > 0:
+                _no_writes("Semaphore.acquire (it would take a permit)")
+            if timeout == 0:
+                return False
+            raise NotYet()
         if self._value > 0:                      # I1: value > 0 means nobody is waiting
             self._value -= 1
             return True
