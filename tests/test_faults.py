@@ -187,6 +187,13 @@ class Load:
         self.loop(f"adder-{tag}", max_ops, max_seconds,
                   lambda n: self.call(c, key, "add", (1,), lambda: ctr.add(1)) and None)
 
+    def reader(self, c: Client, key: str, tag: str, max_ops: int, max_seconds: float) -> None:
+        """Counter.get: a declared reader, served without a log entry (linearizable: the
+        client's default), checked with the adds by CounterModel."""
+        ctr = c.counter(key)
+        self.loop(f"reader-{tag}", max_ops, max_seconds,
+                  lambda n: self.call(c, key, "get", (), lambda: ctr.get()) and None)
+
     def locker(self, c: Client, key: str, tag: str, max_ops: int, max_seconds: float,
                fences: list | None = None) -> None:
         lock = c.lock(key)
@@ -306,6 +313,7 @@ def test_kill_leader_then_follower_under_queue_load():
             load.producer(load.client(i), "q1", f"p{i}", max_ops=400, max_seconds=40)
             load.consumer(load.client(i + 1), "q1", f"c{i}", max_ops=600, max_seconds=40)
         load.adder(load.client(2), "c1", "a", max_ops=1000, max_seconds=40)
+        load.reader(load.client(0), "c1", "r", max_ops=1000, max_seconds=40)
         time.sleep(2.0)
 
         recovery = []
@@ -446,6 +454,7 @@ def test_sigstop_leader_then_sigcont():
         for i in range(3):                        # one locker and one adder per replica
             load.locker(load.client(li + i), "l3", f"l{i}", max_ops=300, max_seconds=20)
             load.adder(load.client(li + i), "c3", f"a{i}", max_ops=600, max_seconds=20)
+            load.reader(load.client(li + i), "c3", f"r{i}", max_ops=600, max_seconds=20)
         time.sleep(1.5)
 
         t = time.monotonic()
@@ -485,18 +494,18 @@ def test_sigstop_leader_then_sigcont():
 
 # --- 4. a partition isolating the leader (TCP proxies between the Raft ports) -----------------
 
-def raw_status_error(m: Member, timeout: float,
-                     metadata: tuple[tuple[str, str], ...] = ()) -> GesmasError | None:
-    """What m's own gateway answers to Status within `timeout`: None if it answered, else the
-    error (a DEADLINE_EXCEEDED without detail means it did not answer in time). With auth on,
-    only a Status with a login (`metadata`) goes through the log."""
+def raw_is_leader(m: Member, timeout: float,
+                  metadata: tuple[tuple[str, str], ...] = ()) -> bool | None:
+    """Whether m says it leads, in its own view (a sequential Status: no quorum needed);
+    None if it did not answer within `timeout`."""
     with rawgrpc.channel(m.client_addr) as ch:
         try:
-            pb_grpc.GesmasStub(ch).Status(pb.StatusRequest(), timeout=timeout,
-                                          metadata=metadata)
+            r = pb_grpc.GesmasStub(ch).Status(
+                pb.StatusRequest(read=pb.ReadOptions(consistency=pb.CONSISTENCY_SEQUENTIAL)),
+                timeout=timeout, metadata=metadata)
+            return r.is_leader
+        except grpc.RpcError:
             return None
-        except grpc.RpcError as e:
-            return error_from_rpc(e)
 
 
 def test_partition_isolating_the_leader():
@@ -513,6 +522,7 @@ def test_partition_isolating_the_leader():
         for i in range(3):       # clients preferring each replica, the isolated one included
             load.locker(load.client(li + i), "l4", f"l{i}", max_ops=300, max_seconds=20)
             load.adder(load.client(li + i), "c4", f"a{i}", max_ops=600, max_seconds=20)
+            load.reader(load.client(li + i), "c4", f"r{i}", max_ops=600, max_seconds=20)
         time.sleep(1.5)
         with rawgrpc.channel(leader.client_addr) as ch:
             login = rawgrpc.metadata(ch)             # taken before: a login needs the log
@@ -521,10 +531,9 @@ def test_partition_isolating_the_leader():
         cluster.partition(leader)
         stepped: list[float] = []
 
-        def watch_step_down() -> None:   # the isolated node answers "no leader" once it gave up
+        def watch_step_down() -> None:   # its own view (a sequential read) says it gave up
             while time.monotonic() - t < 3.0 and not stepped:
-                err = raw_status_error(leader, timeout=0.3, metadata=login)
-                if isinstance(err, Unavailable) and err.type == "NoLeader":
+                if raw_is_leader(leader, timeout=0.3, metadata=login) is False:
                     stepped.append(time.monotonic() - t)
                 time.sleep(0.05)
         watcher = threading.Thread(target=watch_step_down, daemon=True)

@@ -277,7 +277,10 @@ class Gateway(pb_grpc.GesmasServicer):
 
         def run(k: Any) -> Any:
             try:
-                return (True, k.read(user, name, method, args, kwargs))
+                return (True, k.read(user, name, method, args, kwargs, request.class_name,
+                                     (values.from_values(request.ctor_args),
+                                      values.from_value_map(request.ctor_kwargs))
+                                     if request.create else None))
             except NotYet:
                 return (False, None)
 
@@ -356,6 +359,8 @@ class Gateway(pb_grpc.GesmasServicer):
         _reflects.set(0)
         if request.seq < 1:
             raise _invalid(f"seq must be >= 1, not {request.seq}")
+        if not 0 <= request.ack < request.seq:       # the kernel checks it too (log path)
+            raise _invalid(f"ack must be in [0, seq), not {request.ack} (seq {request.seq})")
         timeout = request.timeout if request.HasField("timeout") else None
         if timeout is not None and not timeout >= 0:
             raise _invalid(f"timeout must be >= 0, not {timeout}")

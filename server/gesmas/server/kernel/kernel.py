@@ -210,9 +210,19 @@ class Kernel:
     # -- readers (readers.py): between two entries, on the caller's thread --------------------
 
     def read(self, user: str, name: str, method: str, args: Any = (),
-             kwargs: Any = None) -> Any:
+             kwargs: Any = None, class_name: str = "",
+             ctor: tuple[Any, Any] | None = None) -> Any:
         """Run the declared reader `name.method` on the applied state; its plain result, or
-        KernelError (NotYet: the reader waits for a later entry that runs on the object)."""
+        KernelError (NotYet: the reader waits for a later entry that runs on the object).
+        `class_name` and `ctor` (a get-or-create's constructor arguments) are checked
+        against the object as an Invoke checks them."""
+        rec = self.state.objects.get(name) if type(name) is str else None
+        if rec is not None and class_name and class_name != rec.cls.name:
+            raise KernelError(Code.ALREADY_EXISTS if ctor is not None else
+                              Code.INVALID_ARGUMENT, f"object {name!r} is a {rec.cls.name}, "
+                              f"not a {class_name}")
+        if rec is not None and ctor is not None:
+            self.lifecycle.check_args(rec, ctor[0], ctor[1])
         limit = sys.getrecursionlimit()
         try:
             return self.readers.read(user, name, method, list(args), dict(kwargs or {}))
