@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Read benchmark: Status and ListObjects without a log entry (linearizable, sequential) against
+"""Read benchmark: Status, ListObjects and Counter.get (a declared reader, kernel/readers.py)
+without a log entry (linearizable, sequential) against
 the same reads through the Raft log (the gesmas of a baseline commit), on 3-replica clusters
 on 127.0.0.1, fsync on.
 
@@ -9,8 +10,8 @@ on 127.0.0.1, fsync on.
     python bench/read_bench.py --quick                # tiny sizes (a smoke test)
 
 What it does
-1. Starts a LocalCluster of this checkout; makes 10 objects; then, for Status and
-   ListObjects and each consistency: 1 client on the leader (--ops reads one after another:
+1. Starts a LocalCluster of this checkout; makes 10 objects; then, for Status, ListObjects
+   and Counter.get and each consistency: 1 client on the leader (--ops reads one after another:
    p50 / p99 ms, reads/s), then 16 clients spread over the three replicas for --seconds
    (reads/s, p50). Also the p50 of a write (Counter.add) alone, and under a sequential read
    load of 8 clients (does reading slow writing?). Stops the cluster.
@@ -46,15 +47,28 @@ ROOTS = ("server", "client", "protocol", "protos", "objects")
 MODES = {"linearizable": pb.CONSISTENCY_LINEARIZABLE, "sequential": pb.CONSISTENCY_SEQUENTIAL}
 
 
-def request(rpc: str, consistency: int) -> Any:
+RPCS = ("Status", "ListObjects", "Counter.get")
+
+
+def request(rpc: str, consistency: int, stub: Any = None) -> tuple[Any, Any]:
+    """(the stub's method to call, its request). Counter.get is an Invoke of a declared
+    reader (a read since readers; a log entry on a baseline without them): it needs a
+    session, opened here on the stub's channel."""
     opts = pb.ReadOptions(consistency=consistency)
-    return pb.StatusRequest(read=opts) if rpc == "Status" else pb.ListObjectsRequest(read=opts)
+    if rpc == "Counter.get":
+        s = stub.OpenSession(pb.OpenSessionRequest(ttl=60), timeout=10)
+        req = pb.InvokeRequest(session=s.session, session_secret=s.session_secret, seq=1,
+                               class_name="Counter", object_name="bench-read-0",
+                               method="get", read=opts)
+        return stub.Invoke, req
+    call = getattr(stub, rpc)
+    return call, (pb.StatusRequest(read=opts) if rpc == "Status"
+                  else pb.ListObjectsRequest(read=opts))
 
 
 def one_client(address: str, rpc: str, consistency: int, ops: int) -> dict[str, float]:
     with grpc.insecure_channel(address) as ch:
-        call = getattr(pb_grpc.GesmasStub(ch), rpc)
-        req = request(rpc, consistency)
+        call, req = request(rpc, consistency, pb_grpc.GesmasStub(ch))
         for _ in range(min(50, ops)):                      # warm-up
             call(req, timeout=10)
         lat = []
@@ -76,8 +90,7 @@ def many_clients(addresses: list[str], rpc: str, consistency: int, clients: int,
 
     def run(i: int) -> None:
         with grpc.insecure_channel(addresses[i % len(addresses)]) as ch:
-            call = getattr(pb_grpc.GesmasStub(ch), rpc)
-            req = request(rpc, consistency)
+            call, req = request(rpc, consistency, pb_grpc.GesmasStub(ch))
             call(req, timeout=10)
             go.wait(30)
             while time.perf_counter() < stop_at[0]:
@@ -125,7 +138,7 @@ def measure(cluster: LocalCluster, label: str, modes: dict[str, int], args: Any)
     addresses = [leader.client_addr] + [m.client_addr for m in cluster.members
                                         if m is not leader]
     rows = []
-    for rpc in ("Status", "ListObjects"):
+    for rpc in RPCS:
         for mode, consistency in modes.items():
             one = one_client(leader.client_addr, rpc, consistency, args.ops)
             many = many_clients(addresses, rpc, consistency, 16, args.seconds)

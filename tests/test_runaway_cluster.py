@@ -62,8 +62,10 @@ def supervised(cluster, monkeypatch):
 
 
 def serves(cluster: LocalCluster, name: str) -> None:
-    """Each replica serves a call through itself."""
+    """Each replica serves a call through itself (once it is back: a client that finds no
+    replica listening gives up at once rather than waiting for one to start)."""
     for m in cluster.members:
+        cluster.wait_caught_up(m, timeout=60)
         with Client(m.client_addr, route="replica", retry_timeout=60) as c:
             before = c.counter(name).get()
             assert c.counter(name).add(1) == before + 1

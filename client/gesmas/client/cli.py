@@ -179,7 +179,7 @@ def _table(rows: list[list[str]]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        st = c.status()
+        st = c.status(consistency="sequential")     # answers without a leader too
     if args.json:
         print(json.dumps(st, indent=2))
         return 0

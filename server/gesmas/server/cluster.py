@@ -288,8 +288,9 @@ class LocalCluster:
 
     def member_status(self, m: Member, timeout: float = 2.0,
                       digest: bool = False) -> dict[str, Any] | None:
-        """`m`'s own answer to the Status RPC (no retry, no redirect), or None if it gave
-        none within `timeout` (down, hung, no leader, not committed). With `digest`, also
+        """`m`'s own answer to the Status RPC (no retry, no redirect; a sequential read: its
+        own view, also without a leader), or None if it gave none within `timeout` (down,
+        hung). With `digest`, also
         the state digest `m` computed ("state_digest"). As root on a secure cluster: a
         Status without a login is only the replica's local view, and has no digest."""
         import grpc
@@ -299,8 +300,9 @@ class LocalCluster:
             return None
         with self.channel(m.client_addr) as channel:
             try:
-                r = pb_grpc.GesmasStub(channel).Status(
-                    pb.StatusRequest(with_digest=digest), timeout=timeout,
+                r = pb_grpc.GesmasStub(channel).Status(     # its own view: sequential
+                    pb.StatusRequest(with_digest=digest, read=pb.ReadOptions(
+                        consistency=pb.CONSISTENCY_SEQUENTIAL)), timeout=timeout,
                     metadata=self.metadata(channel, timeout))
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:
