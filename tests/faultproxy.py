@@ -143,8 +143,8 @@ class FaultProxy:
                                      name=f"faultproxy-{self.name}-pump").start()
 
     def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket | None) -> None:
-        src.settimeout(_POLL)
         try:
+            src.settimeout(_POLL)        # in the try: a cut may close it before this runs
             while not self._stop.is_set() and not pair.closed:
                 try:
                     data = src.recv(65536)
