@@ -379,6 +379,14 @@ CLUSTERS: dict[str, Any] = {}
 READ_KEY = "paper-read"
 
 
+def _get(d: Any, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
 def reads_key(point: str, mode: str, rep: int) -> str:
     return f"{point}|{mode}|{rep}"
 
@@ -409,19 +417,25 @@ def exp_reads(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, Any]
             setup.close()
         marks: dict[str, Any] = {}
 
+        hold = cfg["reads_hold"]
+
         def on_start(start: float, seconds: float = seconds) -> dict[str, Any]:
-            # the leader's log index as the load starts and just before it ends (the
-            # clients close their sessions after the end: gesmas' CloseSession, ZooKeeper's
-            # closeSession are log entries of their own)
-            marks["before"] = cl.log_index()
-            time.sleep(max(0.0, start + seconds - 0.2 - time.monotonic()))
-            marks["after"] = cl.log_index()
+            # the leader's log index once every client has connected (sessions opened,
+            # gesmas' CreateObject of the proxy done: log entries of their own), and after
+            # the load's end, while the clients still hold their sessions open (`hold`
+            # seconds): their closing is an entry too (gesmas, ZooKeeper)
+            marks["before"] = cl.log_state()
+            time.sleep(max(0.0, start + seconds + 0.05 - time.monotonic()))
+            marks["after"] = cl.log_state()
+            if time.monotonic() > start + seconds + hold - 0.1:
+                marks["late"] = True                # the sessions may have closed meanwhile
             return marks
         mix = point == "mix"
         r = run_clients(system, eps, "readmix" if mix else "read", ["reader"] * n,
                         {"key": READ_KEY, "seconds": seconds, "conn": conn_opts,
                          "write_frac": cfg["reads_write_frac"] if mix else 0.0,
-                         "warmup": cfg["reads_warmup"], "limit": seconds + 2 * OP_TIMEOUT},
+                         "warmup": cfg["reads_warmup"], "hold": hold,
+                         "limit": seconds + hold + 2 * OP_TIMEOUT},
                         min(cfg["procs"], n), on_start=on_start)
         ops = sum(x["ops"] for x in r["slots"])
         writes = sum(x.get("writes", 0) for x in r["slots"])
@@ -434,17 +448,20 @@ def exp_reads(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, Any]
                "reads_per_s": (ops - writes) / el if el > 0 else float("nan"),
                **stats(lat), "write": stats(wlat), "at": eps[0] if n == 1 else "spread",
                "leader": leader, "log_before": marks.get("before"),
-               "log_after": marks.get("after"), "errors": r["errors"][:5],
+               "log_after": marks.get("after"), "log_late": bool(marks.get("late")),
+               "errors": r["errors"][:5],
                "n_errors": len(r["errors"])}
-        if rec["log_before"] is not None and rec["log_after"] is not None:
-            rec["log_entries"] = rec["log_after"] - rec["log_before"]
+        i0, i1 = (_get(marks, "before", "index"), _get(marks, "after", "index"))
+        if i0 is not None and i1 is not None and not marks.get("late"):
+            rec["log_entries"] = i1 - i0
         if r["errors"] or len(r["slots"]) < n:
             rec["infeasible"] = (f"{len(r['errors'])} errors, {len(r['slots'])} of {n} clients "
                                  f"reported: {'; '.join(r['errors'][:2])}")
         out[reads_key(point, mode, rep)] = rec
         log(f"  [{system}] reads {point} {mode} #{rep}: {rec['ops_per_s']:.0f} ops/s, read p50 "
             f"{rec['p50_ms']:.2f} ms, {writes} writes, log +{rec.get('log_entries')}"
-            f"{' ' + rec['infeasible'] if 'infeasible' in rec else ''}")
+            f"{' ' + rec['infeasible'] if 'infeasible' in rec else ''}"
+            f"{'' if mix or not rec.get('log_entries') else f' {marks}'}")
     return out
 
 
@@ -476,10 +493,14 @@ class Gesmas:
         lead = self.cl.find_leader()
         return lead.client_addr, [m.client_addr for m in self.cl.members if m is not lead]
 
-    def log_index(self) -> int | None:
-        """The leader's commit index (the Status RPC: itself a read, no entry)."""
-        st = self.cl.member_status(self.cl.find_leader(), timeout=5.0)
-        return None if st is None else int(st["commit_index"])
+    def log_state(self) -> dict[str, Any]:
+        """The leader's commit index (the Status RPC: itself a read, no entry), with its term
+        and counts, to tell what made an entry if one appears."""
+        lead = self.cl.find_leader()
+        st = self.cl.member_status(lead, timeout=5.0) or {}
+        return {"index": st.get("commit_index"), "term": st.get("term"),
+                "leader": lead.client_addr, "sessions": st.get("session_count"),
+                "objects": st.get("object_count"), "waiters": st.get("waiter_count")}
 
     def __exit__(self, *exc: Any) -> None:
         self.cl.stop()
@@ -502,14 +523,16 @@ class ZooKeeper:
         return (f"127.0.0.1:{lead[0].client_port}",
                 [f"127.0.0.1:{m.client_port}" for m in self.ens.members if m is not lead[0]])
 
-    def log_index(self) -> int | None:
+    def log_state(self) -> dict[str, Any]:
         """The leader's last zxid (`srvr`): epoch << 32 | transaction counter."""
         import zk
-        leader = int(self.roles()[0].rsplit(":", 1)[1])
-        for line in zk.four_letter(leader, "srvr").splitlines():
+        leader = self.roles()[0]
+        zxid = None
+        for line in zk.four_letter(int(leader.rsplit(":", 1)[1]), "srvr").splitlines():
             if line.startswith("Zxid:"):
-                return int(line.split(":", 1)[1].strip(), 16)
-        return None
+                zxid = int(line.split(":", 1)[1].strip(), 16)
+        return {"index": zxid, "epoch": None if zxid is None else zxid >> 32,
+                "leader": leader}
 
     def __exit__(self, *exc: Any) -> None:
         self.ens.stop()
@@ -528,15 +551,23 @@ class Etcd:
         lead = self.cl.leader()
         return lead, [h for h in self.cl.hosts if h != lead]
 
-    def log_index(self) -> int | None:
+    def log_state(self) -> dict[str, Any]:
         """The leader's Raft commit index (Maintenance.Status raftIndex)."""
-        return self.cl.log_index()
+        from etcd_cluster import EtcdKV
+        leader = self.cl.leader()
+        kv = EtcdKV(leader)
+        try:
+            st = kv.status()
+        finally:
+            kv.close()
+        return {"index": st["raft_index"], "term": st["raft_term"], "leader": leader,
+                "revision": st["revision"]}
 
     def __exit__(self, *exc: Any) -> None:
         self.cl.stop()
 
 
-SYSTEM_CLASSES = {"gesmas": Gesmas, "zookeeper": ZooKeeper, "etcd": Etcd}
+SYSTEM_CLASSES: dict[str, Any] = {"gesmas": Gesmas, "zookeeper": ZooKeeper, "etcd": Etcd}
 
 
 READ_POINTS = ["1@leader", "1@follower", "16", "mix"]
@@ -549,9 +580,9 @@ def config(quick: bool, repeat: int | None = None) -> dict[str, Any]:
                               for mode in READ_MODES],
              "reads_repeat": reps, "reads_write_frac": 0.05}
     reads.update({"reads_clients": 3, "reads_seconds_1": 0.5, "reads_seconds": 0.5,
-                  "reads_warmup": 2} if quick else
+                  "reads_warmup": 2, "reads_hold": 1.0} if quick else
                  {"reads_clients": 16, "reads_seconds_1": 3.0, "reads_seconds": 5.0,
-                  "reads_warmup": 20})
+                  "reads_warmup": 20, "reads_hold": 2.0})
     return reads | _config(quick)
 
 
