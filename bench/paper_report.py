@@ -547,7 +547,8 @@ def reads_section(command: str, fa: dict[str, Any], table: str, tg: list[str],
 
 - Date: {fa['date']}; total run time {fa.get('total_s')} s
 - Machine: {fa['cores']} cores, load average {fa['loadavg_at_start']} at start →
-  {fa.get('loadavg_at_end')} at end; the client processes and the 9 servers share these cores
+  {fa.get('loadavg_at_end')} at end; the client processes and the 9 servers share these
+  cores, and so does whatever else runs on the machine (not controlled by the benchmark)
 - {fa['platform']}, Python {fa['python']}; gesmas commit {fa['gesmas_commit']}
 - ZooKeeper {fa.get('zookeeper', '—')} ({fa.get('java', '')}), kazoo {fa.get('kazoo', '—')};
   etcd {fa.get('etcd', '—')} (Debian's etcd-server), grpcio {fa.get('grpcio', '—')}
@@ -571,19 +572,20 @@ Setup (`bench/paper.py`, experiment `reads`; `bench/etcd_cluster.py` starts etcd
   (cheapest) or a Range (linearizable, ReadIndex) through grpcio (bench/etcd_cluster.py says
   why no PyPI client). Writes of the mix: gesmas `Counter.add`, ZooKeeper `setData`, etcd
   `Put`, all of the key being read.
-- Points: 1 client on the leader and 1 client on a follower ({cfg['reads_seconds_1']:g} s
-  each: p50 and reads/s, reads one after the other); {n} clients (client *i* on member *i*
-  mod 3), {cfg['reads_seconds']:g} s; the same {n} with a write instead of a read for
-  {cfg['reads_write_frac']:.0%} of the operations (chosen at random, the same sequence for
-  every system). Clients are threads in up to {cfg['procs']} spawned processes; each makes
-  {cfg['reads_warmup']} reads before the timed window. A point is measured on each system one
-  after the other, the first system rotating from point to point; the whole set of points is
-  run {reps} time{'s' if reps > 1 else ''}, and the table gives the median and the range.
+- Points: 1 client on the leader and 1 client on a follower, reads one after the other
+  for {cfg['reads_seconds_1']:g} s (p50 and reads/s); {n} clients, client *i* on member
+  *i* mod 3, for {cfg['reads_seconds']:g} s; the same {n} clients with a write instead of a
+  read for {cfg['reads_write_frac']:.0%} of the operations (chosen at random, the same
+  sequence for every system). Clients are threads in up to {cfg['procs']} spawned
+  processes; each makes {cfg['reads_warmup']} reads before the timed window. A point is
+  measured on each system one after the other, the first system rotating from point to
+  point; the whole set of points is run {reps} time{'s' if reps > 1 else ''}, and the table
+  gives the median and the range.
 - Log entries: the leader's log index (gesmas Status `commit_index`, ZooKeeper `srvr` zxid,
   etcd Maintenance.Status `raftIndex`) read once every client of the point has connected
   and again right after the load ends, while the clients keep their sessions open for
-  {cfg['reads_hold']:g} s more (opening and closing a session, and gesmas' CreateObject of a
-  proxy, are log entries of their own, outside that window).
+  {cfg['reads_hold']:g} s more (opening and closing a session, and gesmas' CreateObject of
+  a proxy, are log entries of their own, outside that window).
 
 {table}
 
