@@ -338,11 +338,11 @@ Where the time goes on the gesmas side, and what was changed because of it:
 """
     path = os.path.join(docs, "benchmarks.md")
     if os.path.exists(path):          # keep the reads section of an earlier --only reads run
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:       # and what follows it (notes by hand)
             old = f.read()
-        b, e = old.find(READS_BEGIN), old.find(READS_END)
-        if b >= 0 and e > b:
-            text = text.rstrip("\n") + "\n\n" + old[b:e + len(READS_END)] + "\n"
+        b = old.find(READS_BEGIN)
+        if b >= 0:
+            text = text.rstrip("\n") + "\n\n" + old[b:].rstrip("\n") + "\n"
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     return path
