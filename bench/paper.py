@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""The GESMAS paper's experiments, gesmas side by side with ZooKeeper.
+"""The GESMAS paper's experiments, gesmas side by side with ZooKeeper (and etcd for reads).
 
     python bench/paper.py [--quick] [--only NAME[,NAME]] [--systems gesmas,zookeeper] [--out DIR]
+    python bench/paper.py --only reads --systems gesmas,zookeeper,etcd     # issue 24's reads
 
 Systems
   gesmas     a 3-node LocalCluster on 127.0.0.1, fsync on; every client is its own `Client`
@@ -9,6 +10,9 @@ Systems
   zookeeper  a 3-node ensemble on 127.0.0.1 (bench/zk.py: Debian's zookeeper, durable
              defaults, forceSync on), driven through kazoo recipes; every client is its own
              KazooClient, client i connecting to server i mod 3 first.
+  etcd       (reads only) a 3-member etcd 3.4 cluster on 127.0.0.1 (bench/etcd_cluster.py:
+             Debian's etcd-server, default fsync), through a minimal gRPC client; client i
+             talks to member i mod 3.
 
 Experiments (NAME for --only)
   produce   produce throughput with 1 / 4 / 16 clients        (gesmas Queue.produce;
@@ -30,6 +34,19 @@ Experiments (NAME for --only)
             the union is checked afterwards for overlaps (gesmas also: fences increase).
             ZK: kazoo Lock.
   latency   p50 / p99 of single uncontended produce, consume, lock acquire+release (1 client).
+
+Run only when named (--only reads; not part of the default run):
+  reads     reads of one key, each system's linearizable read and its cheapest one: gesmas
+            Counter.get (a declared reader: no log entry) with Client(consistency=
+            "linearizable") / "sequential", route="replica" (calls stay on the replica given);
+            ZooKeeper sync + getData / getData; etcd Range / serializable Range. Points: 1
+            client on the leader and 1 on a follower (p50, p99, reads/s), 16 clients spread
+            over the three replicas (reads/s), and 16 clients with 95 % reads and 5 % writes
+            (gesmas Counter.add, ZooKeeper setData, etcd Put) of the same key (ops/s). Around
+            each point the leader's log index is read (gesmas Status commit_index, ZooKeeper
+            zxid, etcd raftIndex): a read-only load should add no entry. The whole set runs
+            --repeat times (default 3; 1 with --quick), systems taking turns point by point;
+            the report gives the median and the spread (min-max) of the repetitions.
 
 Both clusters stay up for the whole run and the systems take turns point by point (one
 experiment at one size on each, in alternating order), so that the host's load drifting
@@ -61,12 +78,12 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paper_common import (EXPERIMENTS, OP_TIMEOUT, ROOT, ROUTE_ENV, SYSTEMS, log,  # noqa: E402
-                          stats)
+from paper_common import (EXPERIMENTS, EXTRA_EXPERIMENTS, OP_TIMEOUT,  # noqa: E402
+                          PAPER_SYSTEMS, ROOT, ROUTE_ENV, SYSTEMS, log, stats)
 from paper_conns import ZkConn, connect  # noqa: E402
 from paper_workers import run_clients  # noqa: E402
-from paper_report import (facts, metric_rows, plots, render_table, targets,  # noqa: E402
-                          write_docs)
+from paper_report import (facts, metric_rows, plots, reads_table, reads_targets,  # noqa: E402
+                          render_table, targets, write_docs, write_reads_docs)
 
 
 # -- experiments -------------------------------------------------------------------------------
@@ -356,12 +373,105 @@ def exp_latency(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, An
     return out
 
 
+#: The running systems' clusters (leader, log index), for the reads experiment.
+CLUSTERS: dict[str, Any] = {}
+
+READ_KEY = "paper-read"
+
+
+def _get(d: Any, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def reads_key(point: str, mode: str, rep: int) -> str:
+    return f"{point}|{mode}|{rep}"
+
+
+def exp_reads(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
+    """One point of the reads experiment (cfg["reads_points"]: [(rep, point, mode)]):
+    point "1@leader" / "1@follower" (one client there), "16" (clients spread over the
+    replicas, client i at replica i mod 3), "mix" (the same with a fraction of writes)."""
+    out: dict[str, Any] = {}
+    cl = CLUSTERS[system]
+    for rep, point, mode in cfg["reads_points"]:
+        leader, followers = cl.roles()
+        if point.startswith("1@"):
+            first = leader if point == "1@leader" else followers[0]
+            eps = [first] + [e for e in ep if e != first]
+            n = 1
+        else:
+            eps, n = ep, cfg["reads_clients"]
+        conn_opts: dict[str, Any] = {"consistency": "linearizable" if mode == "linearizable"
+                                     else "sequential"}
+        if system == "gesmas":
+            conn_opts["route"] = "replica"
+        seconds = cfg["reads_seconds_1"] if n == 1 else cfg["reads_seconds"]
+        setup = connect(system, ep, 0)
+        try:                                   # the key exists before the clients read it
+            (setup.setup_read if system == "zookeeper" else setup.write)(READ_KEY)
+        finally:
+            setup.close()
+        marks: dict[str, Any] = {}
+
+        hold = cfg["reads_hold"]
+
+        def on_start(start: float, seconds: float = seconds) -> dict[str, Any]:
+            # the leader's log index once every client has connected (sessions opened,
+            # gesmas' CreateObject of the proxy done: log entries of their own), and after
+            # the load's end, while the clients still hold their sessions open (`hold`
+            # seconds): their closing is an entry too (gesmas, ZooKeeper)
+            marks["before"] = cl.log_state()
+            time.sleep(max(0.0, start + seconds + 0.05 - time.monotonic()))
+            marks["after"] = cl.log_state()
+            if time.monotonic() > start + seconds + hold - 0.1:
+                marks["late"] = True                # the sessions may have closed meanwhile
+            return marks
+        mix = point == "mix"
+        r = run_clients(system, eps, "readmix" if mix else "read", ["reader"] * n,
+                        {"key": READ_KEY, "seconds": seconds, "conn": conn_opts,
+                         "write_frac": cfg["reads_write_frac"] if mix else 0.0,
+                         "warmup": cfg["reads_warmup"], "hold": hold,
+                         "limit": seconds + hold + 2 * OP_TIMEOUT},
+                        min(cfg["procs"], n), on_start=on_start)
+        ops = sum(x["ops"] for x in r["slots"])
+        writes = sum(x.get("writes", 0) for x in r["slots"])
+        el = max((x.get("end", 0) for x in r["slots"]), default=0) - r["start"]
+        lat = [v for x in r["slots"] for v in x["lat"]]
+        wlat = [v for x in r["slots"] for v in x.get("wlat", [])]
+        rec = {"rep": rep, "point": point, "mode": mode, "clients": n, "ops": ops,
+               "reads": ops - writes, "writes": writes, "elapsed_s": el,
+               "ops_per_s": ops / el if el > 0 else float("nan"),
+               "reads_per_s": (ops - writes) / el if el > 0 else float("nan"),
+               **stats(lat), "write": stats(wlat), "at": eps[0] if n == 1 else "spread",
+               "leader": leader, "log_before": marks.get("before"),
+               "log_after": marks.get("after"), "log_late": bool(marks.get("late")),
+               "errors": r["errors"][:5],
+               "n_errors": len(r["errors"])}
+        i0, i1 = (_get(marks, "before", "index"), _get(marks, "after", "index"))
+        if i0 is not None and i1 is not None and not marks.get("late"):
+            rec["log_entries"] = i1 - i0
+        if r["errors"] or len(r["slots"]) < n:
+            rec["infeasible"] = (f"{len(r['errors'])} errors, {len(r['slots'])} of {n} clients "
+                                 f"reported: {'; '.join(r['errors'][:2])}")
+        out[reads_key(point, mode, rep)] = rec
+        log(f"  [{system}] reads {point} {mode} #{rep}: {rec['ops_per_s']:.0f} ops/s, read p50 "
+            f"{rec['p50_ms']:.2f} ms, {writes} writes, log +{rec.get('log_entries')}"
+            f"{' ' + rec['infeasible'] if 'infeasible' in rec else ''}"
+            f"{'' if mix or not rec.get('log_entries') else f' {marks}'}")
+    return out
+
+
 #: The configuration list each experiment loops over; main() runs one size at a time.
 SIZE_KEYS = {"produce": "produce_clients", "herd": "herd_ns", "barrier": "barrier_parties",
-             "lock": "lock_clients"}
+             "lock": "lock_clients", "reads": "reads_points"}
 
 EXP_FUNCS = {"produce": exp_produce, "consume": exp_consume, "mixed": exp_mixed,
-             "herd": exp_herd, "barrier": exp_barrier, "lock": exp_lock, "latency": exp_latency}
+             "herd": exp_herd, "barrier": exp_barrier, "lock": exp_lock, "latency": exp_latency,
+             "reads": exp_reads}
 
 
 # -- systems -----------------------------------------------------------------------------------
@@ -376,7 +486,21 @@ class Gesmas:
         except BaseException:
             self.cl.stop()
             raise
+        CLUSTERS["gesmas"] = self
         return self.cl.addresses.split(",")
+
+    def roles(self) -> tuple[str, list[str]]:
+        lead = self.cl.find_leader()
+        return lead.client_addr, [m.client_addr for m in self.cl.members if m is not lead]
+
+    def log_state(self) -> dict[str, Any]:
+        """The leader's commit index (the Status RPC: itself a read, no entry), with its term
+        and counts, to tell what made an entry if one appears."""
+        lead = self.cl.find_leader()
+        st = self.cl.member_status(lead, timeout=5.0) or {}
+        return {"index": st.get("commit_index"), "term": st.get("term"),
+                "leader": lead.client_addr, "sessions": st.get("session_count"),
+                "objects": st.get("object_count"), "waiters": st.get("waiter_count")}
 
     def __exit__(self, *exc: Any) -> None:
         self.cl.stop()
@@ -388,13 +512,81 @@ class ZooKeeper:
         self.ens = zk.ZkEnsemble()
         log(f"starting a 3-node ZooKeeper {zk.version()} ensemble (forceSync on) ...")
         self.ens.start(timeout=90)
+        CLUSTERS["zookeeper"] = self
         return self.ens.hosts
+
+    def roles(self) -> tuple[str, list[str]]:
+        modes = self.ens.modes()
+        lead = [m for m in self.ens.members if modes.get(m.myid) == "leader"]
+        if len(lead) != 1:
+            raise RuntimeError(f"no ZooKeeper leader: {modes}")
+        return (f"127.0.0.1:{lead[0].client_port}",
+                [f"127.0.0.1:{m.client_port}" for m in self.ens.members if m is not lead[0]])
+
+    def log_state(self) -> dict[str, Any]:
+        """The leader's last zxid (`srvr`): epoch << 32 | transaction counter."""
+        import zk
+        leader = self.roles()[0]
+        zxid = None
+        for line in zk.four_letter(int(leader.rsplit(":", 1)[1]), "srvr").splitlines():
+            if line.startswith("Zxid:"):
+                zxid = int(line.split(":", 1)[1].strip(), 16)
+        return {"index": zxid, "epoch": None if zxid is None else zxid >> 32,
+                "leader": leader}
 
     def __exit__(self, *exc: Any) -> None:
         self.ens.stop()
 
 
-def config(quick: bool) -> dict[str, Any]:
+class Etcd:
+    def __enter__(self) -> list[str]:
+        import etcd_cluster
+        self.cl = etcd_cluster.EtcdCluster()
+        log(f"starting a 3-member etcd {etcd_cluster.version()} cluster (default fsync) ...")
+        self.cl.start(timeout=90)
+        CLUSTERS["etcd"] = self
+        return self.cl.hosts
+
+    def roles(self) -> tuple[str, list[str]]:
+        lead = self.cl.leader()
+        return lead, [h for h in self.cl.hosts if h != lead]
+
+    def log_state(self) -> dict[str, Any]:
+        """The leader's Raft commit index (Maintenance.Status raftIndex)."""
+        from etcd_cluster import EtcdKV
+        leader = self.cl.leader()
+        kv = EtcdKV(leader)
+        try:
+            st = kv.status()
+        finally:
+            kv.close()
+        return {"index": st["raft_index"], "term": st["raft_term"], "leader": leader,
+                "revision": st["revision"]}
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cl.stop()
+
+
+SYSTEM_CLASSES: dict[str, Any] = {"gesmas": Gesmas, "zookeeper": ZooKeeper, "etcd": Etcd}
+
+
+READ_POINTS = ["1@leader", "1@follower", "16", "mix"]
+READ_MODES = ["cheapest", "linearizable"]
+
+
+def config(quick: bool, repeat: int | None = None) -> dict[str, Any]:
+    reps = repeat if repeat is not None else (1 if quick else 3)
+    reads = {"reads_points": [(rep, point, mode) for rep in range(reps) for point in READ_POINTS
+                              for mode in READ_MODES],
+             "reads_repeat": reps, "reads_write_frac": 0.05}
+    reads.update({"reads_clients": 3, "reads_seconds_1": 0.5, "reads_seconds": 0.5,
+                  "reads_warmup": 2, "reads_hold": 1.0} if quick else
+                 {"reads_clients": 16, "reads_seconds_1": 3.0, "reads_seconds": 5.0,
+                  "reads_warmup": 20, "reads_hold": 2.0})
+    return reads | _config(quick)
+
+
+def _config(quick: bool) -> dict[str, Any]:
     if quick:
         return {"produce_clients": [1, 2], "seconds": 1.0, "consume_lengths": [10, 50],
                 "consume_n": 5, "consume_settle": 0.0, "fill_budget": 30.0, "consume_budget": 30.0,
@@ -415,8 +607,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secure", action="store_true",
                     help="gesmas with TLS on the client ports and auth on (clients log in as "
                          "root): the cost of security (LocalCluster secure=True)")
-    ap.add_argument("--only", default=None, help="comma list of: " + ",".join(EXPERIMENTS))
-    ap.add_argument("--systems", default="gesmas,zookeeper")
+    ap.add_argument("--only", default=None, help="comma list of: " + ",".join(
+        EXPERIMENTS + EXTRA_EXPERIMENTS) + f" (default: {','.join(EXPERIMENTS)})")
+    ap.add_argument("--systems", default="gesmas,zookeeper",
+                    help="comma list of: " + ",".join(SYSTEMS) + " (etcd: reads only)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="repetitions of the reads experiment (default 3, --quick 1)")
     ap.add_argument("--route", choices=["leader", "replica"], default="leader",
                     help="gesmas clients' call routing (Client(route=...))")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
@@ -425,10 +621,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     only = EXPERIMENTS if not a.only else [x.strip() for x in a.only.split(",") if x.strip()]
     systems = [x.strip() for x in a.systems.split(",") if x.strip()]
-    bad = [x for x in only if x not in EXPERIMENTS] + [x for x in systems if x not in SYSTEMS]
+    bad = [x for x in only if x not in EXPERIMENTS + EXTRA_EXPERIMENTS] + \
+        [x for x in systems if x not in SYSTEMS]
     if bad or not only or not systems:
         ap.error(f"unknown experiment/system: {bad}")
-    cfg = config(a.quick)
+    if "etcd" in systems and [x for x in only if x not in EXTRA_EXPERIMENTS]:
+        ap.error("etcd takes part in the reads experiment only (--only reads)")
+    cfg = config(a.quick, a.repeat)
     os.environ[ROUTE_ENV] = a.route
     if a.secure:                 # LocalCluster reads it and exports the client's TLS and login
         os.environ["GESMAS_TEST_SECURE"] = "1"
@@ -448,16 +647,16 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.monotonic()
     try:
         with contextlib.ExitStack() as stack:
-            eps = {s: stack.enter_context(Gesmas() if s == "gesmas" else ZooKeeper())
-                   for s in systems}
+            eps = {s: stack.enter_context(SYSTEM_CLASSES[s]()) for s in systems}
             step = 0
             for e in only:
                 key = SIZE_KEYS.get(e)
                 for size in (cfg[key] if key else [None]):
-                    # Both systems measure the same point one after the other, first one then
-                    # the other in turn, so that a change in the host's load between points
-                    # does not fall on one system only.
-                    order = systems if step % 2 == 0 else systems[::-1]
+                    # The systems measure the same point one after the other, the first one
+                    # rotating from point to point (two systems: in turn), so that a change in
+                    # the host's load between points does not fall on one system only.
+                    k = step % len(systems)
+                    order = systems[k:] + systems[:k]
                     step += 1
                     c = dict(cfg, **{key: [size]}) if key else cfg
                     for s in order:
@@ -477,27 +676,41 @@ def main(argv: list[str] | None = None) -> int:
     fa["total_s"] = round(time.monotonic() - t_all, 1)
     rows = metric_rows(results, cfg)
     table = render_table(rows)
-    tg = targets(results, cfg) if len(systems) == 2 else []
+    tg = targets(results, cfg) if sorted(systems) == sorted(PAPER_SYSTEMS) else []
+    rtable, rtg = "", []
+    if "reads" in only:
+        rtable = reads_table(results, cfg)
+        rtg = reads_targets(results, cfg)
     pngs = plots(results, cfg, a.out)
     doc = {"facts": fa, "command": command, "config": cfg, "results": results,
-           "table": [{k: v for k, v in r.items() if k != "fmt"} for r in rows], "targets": tg}
+           "table": [{k: v for k, v in r.items() if k != "fmt"} for r in rows], "targets": tg,
+           "reads_table": rtable, "reads_targets": rtg}
     jpath = os.path.join(a.out, "paper.json")
     with open(jpath, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, default=str)
     print(f"\npaper bench{' (quick)' if a.quick else ''}: {fa['date']}, {fa['cores']} cores, "
           f"load {fa['loadavg_at_start']} -> {fa['loadavg_at_end']}, Python {fa['python']}, "
-          f"gesmas {fa['gesmas_commit']}, ZooKeeper {fa.get('zookeeper', '—')}; "
-          f"total {fa['total_s']} s\n")
-    print(table)
+          f"gesmas {fa['gesmas_commit']}, ZooKeeper {fa.get('zookeeper', '—')}, "
+          f"etcd {fa.get('etcd', '—')}; total {fa['total_s']} s\n")
+    if rows:
+        print(table)
     if tg:
         print("\nTargets:\n" + "\n".join(tg))
+    if rtable:
+        print(("\n" if rows else "") + rtable)
+        print("\nRead targets (issue 24):\n" + "\n".join(rtg))
     failed = [f"{s}/{e}" for s in results for e, v in results[s].items()
               if isinstance(v, dict) and "failed" in v]
     print(f"\nJSON: {jpath}\nplots: {' '.join(pngs)}")
-    write = a.docs == "yes" or (a.docs == "auto" and not a.quick and len(systems) == 2
+    paper_run = [x for x in only if x not in EXTRA_EXPERIMENTS]
+    write = a.docs == "yes" or (a.docs == "auto" and not a.quick
+                                and sorted(systems) == sorted(PAPER_SYSTEMS)
                                 and only == EXPERIMENTS)
-    if write:
+    if write and paper_run:
         print(f"docs: {write_docs(command, fa, table, tg, pngs)}")
+    if rtable and (a.docs == "yes" or (a.docs == "auto" and not a.quick
+                                       and sorted(systems) == sorted(SYSTEMS))):
+        print(f"docs: {write_reads_docs(command, fa, rtable, rtg, cfg)} (reads section)")
     if failed:
         print(f"FAILED experiments: {', '.join(failed)}")
         return 1

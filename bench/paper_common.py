@@ -13,7 +13,11 @@ OP_TIMEOUT = 30.0
 SESSION_TTL = 60.0
 ROUTE_ENV = "GESMAS_BENCH_ROUTE"  # --route, handed to the spawned workers
 EXPERIMENTS = ["produce", "consume", "mixed", "herd", "barrier", "lock", "latency"]
-SYSTEMS = ["gesmas", "zookeeper"]
+#: run only when named in --only (not part of the default run nor of its docs/benchmarks.md table)
+EXTRA_EXPERIMENTS = ["reads"]
+SYSTEMS = ["gesmas", "zookeeper", "etcd"]
+#: the paper's experiments (and their table) compare these two; etcd takes part in "reads"
+PAPER_SYSTEMS = ["gesmas", "zookeeper"]
 
 
 def log(msg: str) -> None:

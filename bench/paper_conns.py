@@ -20,11 +20,27 @@ def rotate(xs: list[str], k: int) -> list[str]:
 class GesmasConn:
     name = "gesmas"
 
-    def __init__(self, addrs: list[str], idx: int) -> None:
+    def __init__(self, addrs: list[str], idx: int, consistency: str = "linearizable",
+                 route: str | None = None) -> None:
         from gesmas.client import Client
         self.c = Client(rotate(addrs, idx), session_ttl=SESSION_TTL,
-                        route=os.environ.get(ROUTE_ENV, "leader"))
+                        route=route or os.environ.get(ROUTE_ENV, "leader"),
+                        consistency=consistency)
         self._objs: dict[tuple[str, str], Any] = {}
+
+    # reads (bench/paper.py's "reads"): Counter.get is a declared reader, served without a
+    # log entry with the client's consistency; Counter.add is a write (a log entry)
+    def _ctr(self, key: str) -> Any:
+        k = ("c", key)
+        if k not in self._objs:
+            self._objs[k] = self.c.counter(key)
+        return self._objs[k]
+
+    def read(self, key: str) -> Any:
+        return self._ctr(key).get(timeout=OP_TIMEOUT)
+
+    def write(self, key: str) -> None:
+        self._ctr(key).add(1, timeout=OP_TIMEOUT)
 
     def _q(self, name: str) -> Any:
         k = ("q", name)
@@ -70,12 +86,29 @@ class GesmasConn:
 class ZkConn:
     name = "zookeeper"
 
-    def __init__(self, hosts: list[str], idx: int) -> None:
+    def __init__(self, hosts: list[str], idx: int, consistency: str = "linearizable",
+                 route: str | None = None) -> None:
         from kazoo.client import KazooClient
         self.c = KazooClient(hosts=",".join(rotate(hosts, idx)), randomize_hosts=False,
                              timeout=30.0)
         self.c.start(timeout=60)
         self._objs: dict[tuple[str, str], Any] = {}
+        self._sync = consistency == "linearizable"
+
+    # reads: getData (the server's own state: ZooKeeper's cheapest read), or sync + getData
+    # (sync makes the server catch up with the leader first: the linearizable read)
+    def read(self, key: str) -> Any:
+        path = f"/paper/read/{key}"
+        if self._sync:
+            self.c.sync(path)
+        return self.c.get(path)[0]
+
+    def write(self, key: str) -> None:
+        self.c.set(f"/paper/read/{key}", ITEM)
+
+    def setup_read(self, key: str) -> None:
+        self.c.ensure_path(f"/paper/read/{key}")
+        self.write(key)
 
     def _q(self, name: str) -> Any:
         from kazoo.recipe.queue import LockingQueue
@@ -169,8 +202,34 @@ class ZkConn:
             self.c.close()
 
 
-def connect(system: str, endpoints: list[str], idx: int) -> Any:
-    return GesmasConn(endpoints, idx) if system == "gesmas" else ZkConn(endpoints, idx)
+class EtcdConn:
+    """etcd (bench/etcd_cluster.py's gRPC client): one channel to one member."""
+    name = "etcd"
+
+    def __init__(self, hosts: list[str], idx: int, consistency: str = "linearizable",
+                 route: str | None = None) -> None:
+        from etcd_cluster import EtcdKV
+        self.kv = EtcdKV(rotate(hosts, idx)[0])
+        self._serializable = consistency != "linearizable"
+
+    # reads: a linearizable Range (ReadIndex through the leader), or a serializable one (the
+    # member's own state: etcd's cheapest read)
+    def read(self, key: str) -> Any:
+        return self.kv.get(f"/paper/read/{key}".encode(), serializable=self._serializable,
+                           timeout=OP_TIMEOUT)
+
+    def write(self, key: str) -> None:
+        self.kv.put(f"/paper/read/{key}".encode(), ITEM, timeout=OP_TIMEOUT)
+
+    def close(self) -> None:
+        self.kv.close()
+
+
+def connect(system: str, endpoints: list[str], idx: int, **opts: Any) -> Any:
+    """One connection; opts (reads): consistency ("linearizable", or each system's cheapest
+    read: "sequential") and, for gesmas, route."""
+    cls = {"gesmas": GesmasConn, "zookeeper": ZkConn, "etcd": EtcdConn}[system]
+    return cls(endpoints, idx, **opts)
 
 
 # -- worker processes --------------------------------------------------------------------------

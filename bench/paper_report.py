@@ -9,7 +9,7 @@ import subprocess
 from typing import Any
 
 
-from paper_common import ROOT, ROUTE_ENV, SYSTEMS
+from paper_common import PAPER_SYSTEMS as SYSTEMS, ROOT, ROUTE_ENV
 
 # -- report ------------------------------------------------------------------------------------
 
@@ -236,6 +236,11 @@ def facts(systems: list[str]) -> dict[str, Any]:
         "gesmas_commit": git_commit(),
         "gesmas_secure": os.environ.get("GESMAS_TEST_SECURE") == "1",
     }
+    if "etcd" in systems:
+        import etcd_cluster
+        import grpc
+        f["etcd"] = etcd_cluster.version()
+        f["grpcio"] = grpc.__version__
     if "zookeeper" in systems:
         import kazoo
         import zk
@@ -332,6 +337,12 @@ Where the time goes on the gesmas side, and what was changed because of it:
 {imgs}
 """
     path = os.path.join(docs, "benchmarks.md")
+    if os.path.exists(path):          # keep the reads section of an earlier --only reads run
+        with open(path, encoding="utf-8") as f:       # and what follows it (notes by hand)
+            old = f.read()
+        b = old.find(READS_BEGIN)
+        if b >= 0:
+            text = text.rstrip("\n") + "\n\n" + old[b:].rstrip("\n") + "\n"
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     return path
@@ -339,3 +350,266 @@ Where the time goes on the gesmas side, and what was changed because of it:
 
 # -- main --------------------------------------------------------------------------------------
 
+
+
+# -- the reads experiment (issue 24) -----------------------------------------------------------
+
+READ_SYSTEMS = ["zookeeper", "etcd"]          # the columns next to gesmas
+READ_MODE_NOTE = {
+    "linearizable": "ZooKeeper sync + getData; etcd Range; gesmas Counter.get, linearizable",
+    "cheapest": "ZooKeeper getData; etcd serializable Range; gesmas Counter.get, sequential",
+}
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def read_values(results: dict[str, Any], system: str, point: str, mode: str,
+                field: str) -> list[float]:
+    """The repetitions' values of one figure (measured points only)."""
+    out = []
+    for rec in (results.get(system, {}).get("reads") or {}).values():
+        if not isinstance(rec, dict) or rec.get("point") != point or rec.get("mode") != mode:
+            continue
+        v = _num(_get(rec, *field.split(".")))
+        if v is not None and "infeasible" not in rec:
+            out.append(v)
+    return out
+
+
+def read_figure(results: dict[str, Any], system: str, point: str, mode: str,
+                field: str) -> tuple[float | None, float | None, float | None, int]:
+    """(median, min, max, n) over the repetitions."""
+    xs = read_values(results, system, point, mode, field)
+    return (_median(xs), min(xs) if xs else None, max(xs) if xs else None, len(xs))
+
+
+READ_ROWS = [
+    # label, point, mode, field, higher is better, format
+    ("read p50 ms, 1 client on the leader, linearizable", "1@leader", "linearizable",
+     "p50_ms", False, ".2f"),
+    ("read p50 ms, 1 client on a follower, linearizable", "1@follower", "linearizable",
+     "p50_ms", False, ".2f"),
+    ("read p50 ms, 1 client on the leader, cheapest", "1@leader", "cheapest", "p50_ms", False,
+     ".2f"),
+    ("read p50 ms, 1 client on a follower, cheapest", "1@follower", "cheapest", "p50_ms",
+     False, ".2f"),
+    ("reads/s, 1 client on the leader, linearizable", "1@leader", "linearizable",
+     "ops_per_s", True, ",.0f"),
+    ("reads/s, 1 client on a follower, linearizable", "1@follower", "linearizable",
+     "ops_per_s", True, ",.0f"),
+    ("reads/s, 1 client on the leader, cheapest", "1@leader", "cheapest", "ops_per_s", True,
+     ",.0f"),
+    ("reads/s, 1 client on a follower, cheapest", "1@follower", "cheapest", "ops_per_s", True,
+     ",.0f"),
+    ("reads/s, {n} clients over 3 replicas, linearizable", "16", "linearizable", "ops_per_s",
+     True, ",.0f"),
+    ("reads/s, {n} clients over 3 replicas, cheapest", "16", "cheapest", "ops_per_s", True,
+     ",.0f"),
+    ("95/5 mix ops/s, {n} clients, linearizable reads", "mix", "linearizable", "ops_per_s",
+     True, ",.0f"),
+    ("95/5 mix ops/s, {n} clients, cheapest reads", "mix", "cheapest", "ops_per_s", True,
+     ",.0f"),
+    ("95/5 mix: write p50 ms, {n} clients, linearizable reads", "mix", "linearizable",
+     "write.p50_ms", False, ".2f"),
+]
+
+
+def _cell(fig: tuple[float | None, float | None, float | None, int], fmt: str) -> str:
+    med, lo, hi, n = fig
+    if med is None:
+        return "—"
+    c = format(med, fmt)
+    if n > 1 and lo is not None and hi is not None:
+        c += f" ({format(lo, fmt)}–{format(hi, fmt)})"
+    return c
+
+
+def _vs_best(g: float | None, others: list[float | None], higher: bool) -> float | None:
+    os_ = [x for x in others if x]
+    if not g or not os_:
+        return None
+    return g / max(os_) if higher else min(os_) / g
+
+
+def reads_table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """Issue 24's table: one row per figure, median of the repetitions (min–max)."""
+    n = cfg["reads_clients"]
+    reps = cfg.get("reads_repeat", 1)
+    lines = [f"Reads: median of {reps} run{'s' if reps > 1 else ''} (min–max). linearizable = "
+             f"{READ_MODE_NOTE['linearizable']}; cheapest = {READ_MODE_NOTE['cheapest']}. "
+             "\"gesmas vs the best\": how many times better gesmas is than the better of "
+             "ZooKeeper and etcd (>1: gesmas better).", "",
+             "| figure | ZooKeeper | etcd | gesmas | gesmas vs the best |",
+             "|---|---:|---:|---:|---:|"]
+    for label, point, mode, field, higher, fmt in READ_ROWS:
+        figs = {s: read_figure(results, s, point, mode, field)
+                for s in READ_SYSTEMS + ["gesmas"]}
+        if all(f[0] is None for f in figs.values()):
+            continue
+        adv = _vs_best(figs["gesmas"][0], [figs[s][0] for s in READ_SYSTEMS], higher)
+        lines.append(f"| {label.format(n=n)} | " + " | ".join(
+            _cell(figs[s], fmt) for s in READ_SYSTEMS + ["gesmas"]) +
+            f" | {'—' if adv is None else format(adv, '.2f') + '×'} |")
+    # the log: entries added while only reads ran (the 1-client and 16-client points)
+    cells = []
+    for s in READ_SYSTEMS + ["gesmas"]:
+        ent, reads, late = [], 0, 0
+        for rec in (results.get(s, {}).get("reads") or {}).values():
+            if isinstance(rec, dict) and rec.get("point") != "mix":
+                late += bool(rec.get("log_late"))
+                if rec.get("log_entries") is not None:
+                    ent.append(rec["log_entries"])
+                    reads += rec.get("reads", 0)
+        cells.append(("—" if not ent else f"{sum(ent):,} in {reads:,} reads") +
+                     (f" ({late} points not checked: index read too late)" if late else ""))
+    lines.append("| log entries during the read-only loads (leader's index before and after) | "
+                 + " | ".join(cells) + " | |")
+    mixc = []
+    for s in READ_SYSTEMS + ["gesmas"]:
+        mix_ent, w = 0, 0
+        seen = False
+        for rec in (results.get(s, {}).get("reads") or {}).values():
+            if isinstance(rec, dict) and rec.get("point") == "mix" and \
+                    rec.get("log_entries") is not None:
+                seen = True
+                mix_ent += rec["log_entries"]
+                w += rec.get("writes", 0)
+        mixc.append("—" if not seen else f"{mix_ent:,} for {w:,} writes")
+    lines.append("| log entries during the 95/5 mixes | " + " | ".join(mixc) + " | |")
+    return "\n".join(lines)
+
+
+def reads_targets(results: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    out = []
+
+    def chk(name: str, ok: bool | None, detail: str) -> None:
+        out.append(f"- {name}: **{'met' if ok else ('missed' if ok is not None else 'n/a')}**"
+                   f" — {detail}")
+
+    def med(s: str, point: str, mode: str, field: str) -> float | None:
+        return read_figure(results, s, point, mode, field)[0]
+    for point, where in (("1@leader", "on the leader"), ("1@follower", "on a follower")):
+        g, e = med("gesmas", point, "linearizable", "p50_ms"), \
+            med("etcd", point, "linearizable", "p50_ms")
+        if g and e:
+            chk(f"linearizable read p50 {where} ≤ etcd's linearizable Range", g <= e,
+                f"{g:.2f} vs {e:.2f} ms ({e / g:.2f}×)")
+        g, z = med("gesmas", point, "cheapest", "p50_ms"), \
+            med("zookeeper", point, "cheapest", "p50_ms")
+        if g and z:
+            chk(f"sequential read p50 {where} ≤ ZooKeeper's getData", g <= z,
+                f"{g:.2f} vs {z:.2f} ms ({z / g:.2f}×)")
+    n = cfg["reads_clients"]
+    for mode, want in (("cheapest", 2.0), ("linearizable", 1.0)):
+        g = med("gesmas", "16", mode, "ops_per_s")
+        best = max([x for x in (med(s, "16", mode, "ops_per_s") for s in READ_SYSTEMS) if x]
+                   or [0.0])
+        if g and best:
+            chk(f"reads/s at {n} clients, {'sequential' if mode == 'cheapest' else mode}, ≥ "
+                f"{want:g}× the best of ZooKeeper and etcd ({mode} reads)", g >= want * best,
+                f"{g / best:.2f}× ({g:,.0f} vs {best:,.0f} reads/s)")
+    for mode in ("cheapest", "linearizable"):
+        g = med("gesmas", "mix", mode, "ops_per_s")
+        best = max([x for x in (med(s, "mix", mode, "ops_per_s") for s in READ_SYSTEMS) if x]
+                   or [0.0])
+        if g and best:
+            chk(f"95/5 mix at {n} clients ({mode} reads) ≥ the best of ZooKeeper and etcd",
+                g >= best, f"{g / best:.2f}× ({g:,.0f} vs {best:,.0f} ops/s)")
+    ent, reads = [], 0
+    for rec in (results.get("gesmas", {}).get("reads") or {}).values():
+        if isinstance(rec, dict) and rec.get("point") != "mix" and \
+                rec.get("log_entries") is not None:
+            ent.append(rec["log_entries"])
+            reads += rec.get("reads", 0)
+    if ent:
+        chk("a read-only load adds no log entry (gesmas)", sum(ent) == 0,
+            f"{sum(ent)} entries while {reads:,} reads were served, over {len(ent)} points")
+    chk("writes no slower than today", None, "not measured by this experiment (the paper "
+        "run's produce rows and bench/read_bench.py compare writes)")
+    return out
+
+
+READS_BEGIN = "<!-- reads: generated by bench/paper.py --only reads; begin -->"
+READS_END = "<!-- reads: end -->"
+
+
+def reads_section(command: str, fa: dict[str, Any], table: str, tg: list[str],
+                  cfg: dict[str, Any]) -> str:
+    n, reps = cfg["reads_clients"], cfg["reads_repeat"]
+    return f"""{READS_BEGIN}
+## Reads: gesmas vs ZooKeeper and etcd (issue 24)
+
+- Date: {fa['date']}; total run time {fa.get('total_s')} s
+- Machine: {fa['cores']} cores, load average {fa['loadavg_at_start']} at start →
+  {fa.get('loadavg_at_end')} at end; the client processes and the 9 servers share these
+  cores, and so does whatever else runs on the machine (not controlled by the benchmark)
+- {fa['platform']}, Python {fa['python']}; gesmas commit {fa['gesmas_commit']}
+- ZooKeeper {fa.get('zookeeper', '—')} ({fa.get('java', '')}), kazoo {fa.get('kazoo', '—')};
+  etcd {fa.get('etcd', '—')} (Debian's etcd-server), grpcio {fa.get('grpcio', '—')}
+
+Command:
+
+```sh
+{command}
+```
+
+Setup (`bench/paper.py`, experiment `reads`; `bench/etcd_cluster.py` starts etcd):
+
+- Three clusters of 3 members on 127.0.0.1, all durable: gesmas (`LocalCluster`, fsync on),
+  ZooKeeper (forceSync on, as above), etcd 3.4 (default: WAL fsync before acknowledging). All
+  three stay up for the whole run.
+- One key read over and over: gesmas `Counter.get` through the client library (a declared
+  reader, `_readers` in objects/gesmas/objects/counter.py: served without a log entry), with
+  `Client(..., consistency="sequential")` (cheapest) or the default `"linearizable"`, and
+  `route="replica"` (calls stay on the replica the client was given); ZooKeeper `getData`
+  (cheapest) or `sync` + `getData` (linearizable) through kazoo; etcd a serializable Range
+  (cheapest) or a Range (linearizable, ReadIndex) through grpcio (bench/etcd_cluster.py says
+  why no PyPI client). Writes of the mix: gesmas `Counter.add`, ZooKeeper `setData`, etcd
+  `Put`, all of the key being read.
+- Points: 1 client on the leader and 1 client on a follower, reads one after the other
+  for {cfg['reads_seconds_1']:g} s (p50 and reads/s); {n} clients, client *i* on member
+  *i* mod 3, for {cfg['reads_seconds']:g} s; the same {n} clients with a write instead of a
+  read for {cfg['reads_write_frac']:.0%} of the operations (chosen at random, the same
+  sequence for every system). Clients are threads in up to {cfg['procs']} spawned
+  processes; each makes {cfg['reads_warmup']} reads before the timed window. A point is
+  measured on each system one after the other, the first system rotating from point to
+  point; the whole set of points is run {reps} time{'s' if reps > 1 else ''}, and the table
+  gives the median and the range.
+- Log entries: the leader's log index (gesmas Status `commit_index`, ZooKeeper `srvr` zxid,
+  etcd Maintenance.Status `raftIndex`) read once every client of the point has connected
+  and again right after the load ends, while the clients keep their sessions open for
+  {cfg['reads_hold']:g} s more (opening and closing a session, and gesmas' CreateObject of
+  a proxy, are log entries of their own, outside that window).
+
+{table}
+
+Targets (issue 24):
+
+{chr(10).join(tg)}
+{READS_END}"""
+
+
+def _replace_reads_section(text: str, section: str) -> str:
+    """text with its reads section replaced by `section` (appended when it had none)."""
+    b, e = text.find(READS_BEGIN), text.find(READS_END)
+    if b >= 0 and e > b:
+        return text[:b] + section + text[e + len(READS_END):]
+    return text.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def write_reads_docs(command: str, fa: dict[str, Any], table: str, tg: list[str],
+                     cfg: dict[str, Any]) -> str:
+    path = os.path.join(ROOT, "docs", "benchmarks.md")
+    text = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(_replace_reads_section(text, reads_section(command, fa, table, tg, cfg)))
+    return path

@@ -6,6 +6,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import random
 import signal
 import threading
 import time
@@ -37,6 +38,24 @@ def _client_body(kind: str, conn: Any, slot: dict[str, Any], p: dict[str, Any],
             if v is not None:
                 lat.append((time.perf_counter() - t0) * 1e3)
                 slot["ops"] += 1
+    elif kind in ("read", "readmix"):
+        # reads of one key (readmix: a fraction `write_frac` of the operations are writes to
+        # it, chosen at random, the same sequence for a slot in every system)
+        rng = random.Random(slot["idx"])
+        frac = p.get("write_frac", 0.0) if kind == "readmix" else 0.0
+        wlat: list[float] = []
+        while time.monotonic() < deadline:
+            write = frac > 0 and rng.random() < frac
+            t0 = time.perf_counter()
+            if write:
+                conn.write(p["key"])
+                wlat.append((time.perf_counter() - t0) * 1e3)
+                slot["writes"] = slot.get("writes", 0) + 1
+            else:
+                conn.read(p["key"])
+                lat.append((time.perf_counter() - t0) * 1e3)
+            slot["ops"] += 1
+        slot["wlat"] = wlat
     elif kind == "herd":
         slot["t_call"] = time.monotonic()
         v = conn.consume(p["q"], p["timeout"])
@@ -77,7 +96,9 @@ def worker_main(wid: int, system: str, endpoints: list[str], kind: str,
 
         def mk(k: int) -> None:
             try:
-                conns[k] = connect(system, endpoints, slots[k]["idx"])
+                conns[k] = connect(system, endpoints, slots[k]["idx"], **params.get("conn", {}))
+                for _ in range(params.get("warmup", 0)):    # channels, proxies, code paths
+                    conns[k].read(params["key"])
             except BaseException as e:  # noqa: BLE001
                 slots[k]["errors"].append(f"connect: {type(e).__name__}: {e}")
         ts = [threading.Thread(target=mk, args=(k,), daemon=True) for k in range(len(slots))]
@@ -104,6 +125,10 @@ def worker_main(wid: int, system: str, endpoints: list[str], kind: str,
         for t in ts:
             t.join(timeout=max(0.1, limit - time.monotonic()))
         stuck = sum(t.is_alive() for t in ts)
+        # "hold": keep the connections (sessions) open that long after the load's end, so
+        # that the parent can read the servers' state before the sessions close
+        time.sleep(max(0.0, start + params.get("seconds", 0.0) + params.get("hold", 0.0)
+                       - time.monotonic()))
         results.put(("done", wid, {"slots": [dict(s) for s in slots], "stuck": stuck}))
         closers = [threading.Thread(target=c.close, daemon=True) for c in conns if c is not None]
         for t in closers:

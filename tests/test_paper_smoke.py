@@ -57,3 +57,48 @@ def test_paper_quick_gesmas_only(tmp_path: Path) -> None:
     assert all(r["finished"] == r["parties"] for r in g["barrier"].values()), g["barrier"]
     for name in ("paper_consume_latency.png", "paper_herd.png", "paper_barrier.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
+
+
+def test_paper_reads_quick_gesmas_only(tmp_path: Path) -> None:
+    """--only reads --quick --systems gesmas: one repetition of every point at tiny sizes;
+    issue 24's table with gesmas measured and the other columns empty, and no log entry
+    while only reads ran (the leader's commit index, before and after each point)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "paper.py"), "--quick", "--only", "reads",
+         "--systems", "gesmas", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=150, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    table = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
+    assert table and table[0] == "| figure | ZooKeeper | etcd | gesmas | gesmas vs the best |", \
+        out.stdout
+    names = [ln.split("|")[1].strip() for ln in table[2:]]
+    assert names == [
+        f"read p50 ms, 1 client on {w}, {m}" for m in ("linearizable", "cheapest")
+        for w in ("the leader", "a follower")] + [
+        f"reads/s, 1 client on {w}, {m}" for m in ("linearizable", "cheapest")
+        for w in ("the leader", "a follower")] + [
+        "reads/s, 3 clients over 3 replicas, linearizable",
+        "reads/s, 3 clients over 3 replicas, cheapest",
+        "95/5 mix ops/s, 3 clients, linearizable reads",
+        "95/5 mix ops/s, 3 clients, cheapest reads",
+        "95/5 mix: write p50 ms, 3 clients, linearizable reads",
+        "log entries during the read-only loads (leader's index before and after)",
+        "log entries during the 95/5 mixes"], names
+    for ln in table[2:-2]:
+        cells = [c.strip() for c in ln.split("|")[1:-1]]
+        assert cells[1] == "—" and cells[2] == "—", ln     # ZooKeeper, etcd not run
+        assert cells[3] != "—", ln                         # gesmas measured
+    assert "| log entries during the read-only loads" in table[-2] and \
+        table[-2].split("|")[4].strip().startswith("0 in "), table[-2]
+
+    doc = json.loads((tmp_path / "paper.json").read_text())
+    assert list(doc["results"]) == ["gesmas"]
+    recs = doc["results"]["gesmas"]["reads"]
+    assert "failed" not in recs, recs
+    assert len(recs) == 8, sorted(recs)        # 4 points x 2 consistencies, 1 repetition
+    for key, rec in recs.items():
+        assert rec["n_errors"] == 0 and "infeasible" not in rec, (key, rec)
+        assert rec["reads"] > 0, (key, rec)
+        if rec["point"] != "mix":
+            assert rec["log_entries"] == 0 and rec["writes"] == 0, (key, rec)
+    assert "a read-only load adds no log entry (gesmas): **met**" in out.stdout, out.stdout
