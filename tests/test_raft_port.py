@@ -24,6 +24,7 @@ from pysyncobj.encryptor import SALT
 
 from gesmas.server.replication import RaftTuning, Replica, overrides
 from gesmas.server.replication.raftwire import AeadEncryptor, Framing, derive_master
+from gesmas.server.replication.types import NotLeader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from replication_node import TEST_SECRET, free_ports  # noqa: E402
@@ -99,7 +100,12 @@ class InProcessCluster:
                 next(r for r in self.replicas if r is not leader)
             with self.cond:
                 self.failure = None
-            proposer.propose(data, on_failure=self._failed)
+            try:
+                proposer.propose(data, on_failure=self._failed)
+            except NotLeader:              # the follower has not heard of the new leader yet
+                with self.cond:
+                    self.cond.wait(0.2)    # woken early by a role change
+                continue
             sets = self.applied if among is None else [self.applied[i] for i in among]
             with self.cond:
                 self.cond.wait_for(lambda: self.failure or all(digest in a for a in sets),
