@@ -274,13 +274,13 @@ class Gateway(pb_grpc.GesmasServicer):
         consistency, min_index = _read_options(request)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        ctor = (values.from_values(request.ctor_args), values.from_value_map(
+            request.ctor_kwargs)) if request.create else None    # once, not under the lock
 
         def run(k: Any) -> Any:
             try:
                 return (True, k.read(user, name, method, args, kwargs, request.class_name,
-                                     (values.from_values(request.ctor_args),
-                                      values.from_value_map(request.ctor_kwargs))
-                                     if request.create else None))
+                                     ctor))
             except NotYet:
                 return (False, None)
 
