@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from typing import Any, Callable
 
@@ -27,7 +26,8 @@ from .calls import CallFailed, PendingCalls
 from .duties import LeaderDuties
 from .gateway import Gateway
 from .membership import Membership
-from .replication.reads import LINEARIZABLE, SEQUENTIAL
+from .node_reads import READ_WAIT, NodeReads
+from .replication.reads import LINEARIZABLE
 from .kernel import Config as KernelConfig
 from .kernel import Kernel, codec
 from .kernel.errors import Code, Error, KernelError
@@ -46,9 +46,6 @@ HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
 #: down yet): the client's lease margin counts on it (gesmas.client.session.LEADER_LEASE).
 KEEPALIVE_LEASE = 1.0
 CATCH_UP = 1.0               # seconds a refusal decided on local users waits for the log
-#: Seconds a read without a log entry may wait (for the leader's quorum round, the leader's
-#: read index, or this replica to apply the index it needs) before it is refused UNAVAILABLE.
-READ_WAIT = 2.0
 
 
 class StateMachine:
@@ -120,6 +117,7 @@ class Node(Membership):
         self.metrics: Any = None           # metrics.Metrics with --metrics-addr
         self._membership_busy = False
         self._catching_up: asyncio.Future[None] | None = None   # catch_up's shared poll
+        self.reads = NodeReads(self)       # reads without a log entry
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
@@ -211,92 +209,12 @@ class Node(Membership):
         if self.metrics is not None:
             self.metrics.leader_changes.inc()
 
-    # -- reads without a log entry (replication/reads.py) ------------------------------------
+    # -- reads without a log entry (node_reads.py) ---------------------------------------------
 
     async def read(self, fn: Callable[[Kernel], Any], consistency: str = LINEARIZABLE,
                    min_index: int = 0, wait: float = READ_WAIT) -> tuple[Any, int]:
-        """Run ``fn(kernel)`` against this replica's applied state, serialized with the
-        applying of entries, without proposing anything; return (its value, the log index
-        of the state it saw). ``fn`` must only read, and return a plain value.
-
-        ``linearizable``: the state reflects every write acknowledged before this call
-        (ReadIndex: the leader confirms its leadership with a quorum round started after
-        the read arrived; a follower asks the leader for that index and waits to apply it).
-        ``sequential``: this replica's state, once it has applied ``min_index`` (the highest
-        index the client has seen), however recent the leader's is. Both wait at most
-        ``wait`` seconds, then raise CallFailed(UNAVAILABLE) with the leader's address as a
-        hint, so that the client tries another replica. A KernelError of ``fn`` is the
-        read's error."""
-        if consistency not in (LINEARIZABLE, SEQUENTIAL):
-            raise CallFailed(Error(Code.INVALID_ARGUMENT, "consistency must be "
-                                   f"'linearizable' or 'sequential', not {consistency!r}"))
-        if self.replica is None or self._loop is None:
-            raise CallFailed(Error(Code.UNAVAILABLE, "replica not started yet; retry",
-                                   "NotStarted"))
-        deadline = self._loop.time() + wait
-        need = min_index
-        if consistency == LINEARIZABLE:
-            need = max(need, await self._read_index(wait))
-        return await self._read_applied(need, fn, max(0.0, deadline - self._loop.time()),
-                                        consistency)
-
-    async def _read_index(self, wait: float) -> int:
-        from .replication import ReplicaStopped
-        loop = self._loop
-        assert loop is not None
-        fut: asyncio.Future[tuple[int | None, str | None]] = loop.create_future()
-
-        def settle(index: int | None, reason: str | None) -> None:     # the tick thread
-            loop.call_soon_threadsafe(_set_once, fut, (index, reason))
-        try:
-            self.replica.request_read_index(settle)
-        except ReplicaStopped as e:
-            raise CallFailed(Error(Code.UNAVAILABLE, f"replica cannot serve reads: {e}",
-                                   "ReplicaStopped")) from None
-        try:
-            index, reason = await asyncio.wait_for(fut, wait)
-        except TimeoutError:
-            index, reason = None, f"no read index within {wait:g} s"
-        if index is None:
-            raise CallFailed(Error(Code.UNAVAILABLE, f"linearizable read refused: {reason}; "
-                                   "retry", "NoReadIndex"), self._hint())
-        return index
-
-    async def _read_applied(self, need: int, fn: Callable[[Kernel], Any], wait: float,
-                            consistency: str) -> tuple[Any, int]:
-        loop = self._loop
-        assert loop is not None
-        fut: asyncio.Future[tuple[Any, int, BaseException | None]] = loop.create_future()
-        here = threading.get_ident()
-
-        def done(value: Any, index: int, error: BaseException | None) -> None:
-            if threading.get_ident() == here:
-                _set_once(fut, (value, index, error))
-            else:                                                 # the tick thread
-                loop.call_soon_threadsafe(_set_once, fut, (value, index, error))
-        handle = self.replica.read_applied(need, lambda sm: fn(sm.kernel), done)
-        try:
-            value, index, error = await asyncio.wait_for(fut, wait) if not fut.done() \
-                else fut.result()
-        except TimeoutError:
-            handle.cancelled = True
-            applied = self.replica.applied_index()
-            raise CallFailed(Error(Code.UNAVAILABLE, f"this replica has applied the log up to "
-                                   f"{applied}, and the {consistency} read needs {need}: not "
-                                   f"within {wait:g} s; retry another replica", "Lagging"),
-                             self._hint()) from None
-        except asyncio.CancelledError:
-            handle.cancelled = True
-            raise
-        if error is not None:
-            if isinstance(error, KernelError):
-                raise CallFailed(error.error)
-            if isinstance(error, CallFailed):
-                raise error
-            log.error("a read failed: %r", error, exc_info=error)
-            raise CallFailed(Error(Code.INTERNAL, f"the server failed this read: "
-                                   f"{type(error).__name__}", type(error).__name__))
-        return value, index
+        """``fn(kernel)`` on this replica's applied state, without a log entry: NodeReads.read."""
+        return await self.reads.read(fn, consistency, min_index, wait)
 
     def _hint(self) -> str:
         """The leader's client address, unless it is this replica's."""
@@ -538,11 +456,6 @@ class Node(Membership):
                 self.metrics.close()
             await server.stop(grace=1.0)
             self.replica.destroy()
-
-
-def _set_once(fut: asyncio.Future[Any], result: Any) -> None:
-    if not fut.done():
-        fut.set_result(result)
 
 
 def _server_credentials(c: NodeConfig) -> grpc.ServerCredentials:
