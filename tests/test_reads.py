@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import threading
 import time
@@ -409,6 +410,71 @@ def test_sequential_reads_never_go_back_across_replicas(cluster):
         for ch in channels:
             ch.close()
     assert answers >= 30 and len(made) == 60
+
+
+def _sequential_schedule(cluster: LocalCluster, seed: int, steps: int) -> list[str]:
+    """One session with sequential reads runs a random schedule (seeded): adds of its own,
+    `Counter.get` at a replica drawn at random, and kill -9 + restart of a member drawn at
+    random (the leader among them), while another session adds beside it. After each step:
+    no read below the session's own last write (its write undone) or below its previous read
+    (time going back), and the index the client carries never falls. Returns the schedule
+    as run, for the failure message."""
+    rng = random.Random(seed)
+    addresses = [m.client_addr for m in cluster.members]
+    done: list[str] = []
+    stop = threading.Event()
+    other_adds = [0]
+
+    def other() -> None:
+        with Client(cluster.addresses, **cluster.client_options()) as w:
+            counter = w.counter("seq-prop")
+            for _ in range(2000):
+                if stop.is_set():
+                    return
+                counter.add(1)
+                other_adds[0] += 1
+
+    with Client(cluster.addresses, route="replica", consistency="sequential",
+                **cluster.client_options()) as c:
+        counter = c.counter("seq-prop")
+        beside = threading.Thread(target=other)
+        beside.start()
+        try:
+            own_last, last_read, last_index = 0, 0, c.applied_index
+            for _ in range(steps):
+                kind = rng.choices(("add", "read", "restart"), (4, 5, 1))[0]
+                if kind == "add":
+                    own_last = counter.add(1)
+                    done.append(f"add -> {own_last}")
+                elif kind == "read":
+                    at = rng.randrange(len(addresses))
+                    with c._routing.lock:
+                        c._routing.preferred = at
+                    value = counter.get()
+                    done.append(f"get at {addresses[at]} -> {value} (index {c.applied_index})")
+                    assert value >= own_last, f"own write undone: {done}"
+                    assert value >= last_read, f"went back: {done}"
+                    last_read = value
+                else:
+                    m = rng.choice(cluster.members)
+                    cluster.restart_member(m)
+                    done.append(f"kill -9 and restart {m.client_addr}")
+                assert c.applied_index >= last_index, f"index went back: {done}"
+                last_index = c.applied_index
+        finally:
+            stop.set()
+            beside.join(timeout=120)
+    assert other_adds[0] > 0
+    return done
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sequential_reads_never_undo_a_write_nor_go_back_under_random_schedules(cluster, seed):
+    """Issue 24's property for sequential reads, over random schedules of reads at every
+    replica, writes and kill -9 restarts (the leader too)."""
+    done = _sequential_schedule(cluster, seed, steps=60)
+    assert any(step.startswith("kill") for step in done), done
+    assert sum(step.startswith("get") for step in done) >= 10, done
 
 
 def test_a_replica_that_cannot_reach_the_index_refuses_a_sequential_read(cluster):
