@@ -685,6 +685,36 @@ def test_cli_tables(replicas, capsys):
     assert rc == 0 and out.startswith("leader")
 
 
+def test_cli_consistency_reaches_every_read(replicas, capsys, monkeypatch):
+    """--consistency (or GESMAS_CONSISTENCY) is that of the reads the CLI makes: a call of
+    a method (the server serves a declared reader as a read), the listings and status;
+    status alone reads sequentially unless told, so that it answers without a leader."""
+    a = replicas[0]
+    rc, _, err = run_cli(capsys, "call", "Counter", "n", "get", "--cluster", cluster(replicas),
+                         "--consistency", "sequential")
+    assert (rc, err) == (0, "")
+    inv, = a.fake.seen("Invoke")
+    assert inv.read.consistency == pb.CONSISTENCY_SEQUENTIAL
+    run_cli(capsys, "objects", "--cluster", cluster(replicas), "--consistency", "sequential")
+    req, = a.fake.seen("ListObjects")
+    assert req.read.consistency == pb.CONSISTENCY_SEQUENTIAL
+    run_cli(capsys, "status", "--cluster", cluster(replicas))
+    run_cli(capsys, "status", "--cluster", cluster(replicas), "--consistency", "linearizable")
+    assert [r.read.consistency for r in a.fake.seen("Status")] == [
+        pb.CONSISTENCY_SEQUENTIAL, pb.CONSISTENCY_LINEARIZABLE]
+    monkeypatch.setenv("GESMAS_CONSISTENCY", "sequential")
+    run_cli(capsys, "classes", "--cluster", cluster(replicas))
+    req, = a.fake.seen("ListClasses")
+    assert req.read.consistency == pb.CONSISTENCY_SEQUENTIAL
+    monkeypatch.setenv("GESMAS_CONSISTENCY", "eventual")
+    rc, out, err = run_cli(capsys, "objects", "--cluster", cluster(replicas))
+    assert (rc, out) == (2, "")
+    assert err == "gesmas: GESMAS_CONSISTENCY: must be linearizable or sequential, not " \
+                  "'eventual'\n"
+    rc, _, err = run_cli(capsys, "objects", "--consistency", "eventual")
+    assert rc == 2 and "invalid choice: 'eventual'" in err
+
+
 def test_cli_plain_word_is_a_string():
     assert cli.parse_arg("hello") == "hello"
     assert cli.parse_arg('"42"') == "42"

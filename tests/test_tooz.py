@@ -196,3 +196,26 @@ def test_url_credentials_and_tls_options(monkeypatch: Any) -> None:
     monkeypatch.setenv("GESMAS_PASSWORD", "from-env")
     coord = tooz.coordination.get_coordinator("gesmas://alice@127.0.0.1:1", b"m")
     assert (coord._cluster, coord._user, coord._password) == ("127.0.0.1:1", "alice", "from-env")
+
+
+def test_sequential_reads_through_the_url(coords: Any) -> None:
+    """`?consistency=sequential` is that of the driver's reads (get_members, get_leader
+    are declared readers: served without a log entry, by any replica); a bad value is
+    refused when the coordinator is made, naming it."""
+    writer = coords()
+    reader = coords(suffix="?consistency=sequential")
+    assert reader._client._consistency == "sequential"
+    group = _uid()
+    writer.create_group(group).get()
+    writer.join_group(group).get()
+    # a sequential read may come from a replica behind the write: never from before the
+    # reader's own view, so poll until the join shows (each poll is a read)
+    members: set[bytes] = set()
+    for _ in range(200):
+        members = reader.get_members(group).get()
+        if members:
+            break
+    assert members == {writer._member_id}
+    with pytest.raises(ValueError, match="consistency must be 'linearizable' or "
+                                         "'sequential', not 'eventual'"):
+        tooz.coordination.get_coordinator("gesmas://127.0.0.1:1?consistency=eventual", b"m")

@@ -125,9 +125,13 @@ def _client(args: argparse.Namespace, session: bool = False) -> Client:
                 password = cli_auth.ask(f"password of {user}: ")
             except ValueError as e:
                 raise UsageError(f"{e}: set GESMAS_PASSWORD to log in as {user}") from None
+    if args.consistency not in (None, "linearizable", "sequential"):   # from the environment
+        raise UsageError(f"GESMAS_CONSISTENCY: must be linearizable or sequential, not "
+                         f"{args.consistency!r}")
     try:
         return Client(args.cluster, retry_timeout=args.retry_timeout, connect=session, tls=tls,
-                      user=user, password=password)
+                      user=user, password=password,
+                      consistency=args.consistency or "linearizable")
     except ValueError as e:  # a malformed --cluster
         raise UsageError(f"--cluster: {e}") from None
 
@@ -179,7 +183,8 @@ def _table(rows: list[list[str]]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        st = c.status(consistency="sequential")     # answers without a leader too
+        # sequential unless asked: it answers without a leader too
+        st = c.status(consistency=args.consistency or "sequential")
     if args.json:
         print(json.dumps(st, indent=2))
         return 0
@@ -312,6 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--retry-timeout", type=seconds, default=10.0, metavar="S",
                         help="give up after S seconds without a reachable leader "
                              "(default %(default)s)")
+    common.add_argument("--consistency", choices=("linearizable", "sequential"),
+                        default=os.environ.get("GESMAS_CONSISTENCY") or None,
+                        help="of reads (declared readers, listings, status): linearizable "
+                             "(the default; status: sequential, so it answers without a "
+                             "leader) or sequential (env GESMAS_CONSISTENCY)")
     common.add_argument("--user", help="log in as USER (default: env GESMAS_USER); the "
                                        "password comes from env GESMAS_PASSWORD or a prompt")
     common.add_argument("--tls-ca", metavar="PEM", default=os.environ.get("GESMAS_TLS_CA"),

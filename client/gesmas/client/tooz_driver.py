@@ -19,7 +19,9 @@ Mapping onto gesmas (the server does the waiting; the classes are in objects/gro
   long-polls the server (Group.changes / Election.campaign) instead of returning at once.
 
 URL options: ``timeout`` (session lease, s), ``retry_timeout`` (how long a call keeps retrying
-while no replica answers, default 5 s), ``route`` (leader|replica), ``tls_ca``, ``tls_cert``,
+while no replica answers, default 5 s), ``route`` (leader|replica), ``consistency``
+(linearizable|sequential: that of get_members, get_leader and the other reads; README
+"Reads"), ``tls_ca``, ``tls_cert``,
 ``tls_key`` (PEM files: TLS, as ``Client(tls=TLS(...))``), ``tls`` (true: TLS with the
 environment's files or the system's roots; false: plain text). A login is the URL's
 ``user:password@`` (percent-encoded; a user without a password takes GESMAS_PASSWORD). What
@@ -41,7 +43,7 @@ from tooz import coordination, locking, utils
 
 from urllib.parse import unquote
 
-from gesmas.client import errors
+from gesmas.client import core, errors
 from gesmas.client.client import Client
 from gesmas.client.security import TLS
 from gesmas.v1 import gesmas_pb2 as pb
@@ -238,6 +240,8 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
         self.timeout = float(_option(options, "timeout", 30.0))
         self.retry_timeout = float(_option(options, "retry_timeout", 5.0))
         self.route = str(_option(options, "route", "leader"))
+        self.consistency = str(_option(options, "consistency", "linearizable"))
+        core.consistency_setting(self.consistency)       # a bad value fails here, named
         self._client: _HeartbeatClient | None = None
         self._leading: set[bytes] = set()
         self._versions: dict[bytes, int] = {}
@@ -248,7 +252,7 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
         try:
             self._client = _HeartbeatClient(self._cluster, session_ttl=self.timeout,
                                             retry_timeout=self.retry_timeout, route=self.route,
-                                            tls=self._tls, user=self._user,
+                                            consistency=self.consistency, tls=self._tls, user=self._user,
                                             password=self._password)
         except (errors.GesmasError, ValueError) as e:
             raise coordination.ToozConnectionError(str(e)) from e
