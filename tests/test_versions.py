@@ -69,8 +69,12 @@ def test_a_checkpoint_of_format_2_with_waiting_calls_still_restores():
     h.checkpoint()
     buf = io.BytesIO(h.kernel.checkpoint_blob)
     registry = pickle.load(buf)
-    state, pending, objects = pickle.load(buf)
-    assert state["format"] == 3 and all(type(p[1]) is bytes for p in pending)
+    state, pending, count = pickle.load(buf)
+    assert state["format"] == 4 and all(type(p[1]) is bytes for p in pending)
+    frames = [pickle.load(buf) for _ in range(count)]       # format 4: one frame per object
+    objects = [(name, cname, version, data) for name, cname, version, data, _, _ in frames]
+    state["owners"] = {f[0]: f[4] for f in frames if f[4]}
+    state["sizes"] = {f[0]: f[5] for f in frames if f[5]}
     state["format"] = 2
     old = io.BytesIO()
     pickle.dump(registry, old, protocol=5)

@@ -115,7 +115,9 @@ class Lifecycle:
         if error is not None:
             raise KernelError(error.code, error.message, error.type)
         rec = self.state.objects[name] = ObjectRecord(name, cls, made[0], user)
+        self.state.frames[name] = None       # saved by the next checkpoint
         self.runner.touched.add(name)
+        self.runner.changed.add(name)
         self.state.usage.add(user, "objects", 1)
         self.state.dropped.pop(name, None)
         return rec
@@ -201,7 +203,9 @@ class Lifecycle:
     def forget(self, name: str) -> None:
         st = self.state
         rec = st.objects.pop(name, None)    # a restore drops objects it never added
+        st.frames.pop(name, None)
         self.runner.touched.add(name)
+        self.runner.changed.add(name)
         st.over_limit.pop(name, None)
         if rec is not None:
             st.usage.add(rec.owner, "objects", -1)

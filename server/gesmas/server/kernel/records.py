@@ -52,13 +52,17 @@ class State:
     which fields it changes; nothing but data and the quota check lives here."""
 
     __slots__ = ("index", "now", "sessions", "objects", "dropped", "over_limit", "auth",
-                 "usage", "default_quota", "session_changes")
+                 "usage", "default_quota", "session_changes", "frames")
 
     def __init__(self, config: Config) -> None:
         self.index = 0                           # the log index of the last command applied
         self.now = 0.0                           # kernel time: commands' ts, made monotonic
         self.sessions: dict[int, Session] = {}
         self.objects: dict[str, ObjectRecord] = {}
+        # A cache, not part of the state: each object's entry in the last checkpoint taken or
+        # loaded (checkpoint.py), None until the next one saves it. Kept in the order of
+        # `objects` (lifecycle.py and checkpoint.py add and remove names in both alike).
+        self.frames: dict[str, bytes | None] = {}
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
         self.auth = AuthState()

@@ -62,6 +62,8 @@ class Runner:
         self.out: list[Completion] = []  # completions of the command being applied
         self.pending: list[PendingCall] = []   # calls unwound by a checkpoint, to re-run
         self.touched: set[str] = set()   # objects run on by the command being applied
+        self.changed: set[str] = set()   # objects run on, made or removed since the last
+        #                                  checkpoint taken or loaded (checkpoint.py)
         self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None
 
     # -- the log's position and time (sched.Host) -----------------------------------------------
@@ -182,6 +184,7 @@ class Runner:
             req.interrupting = False
         rec = self.state.objects.get(req.obj)     # charge the run's steps to its object
         self.touched.add(req.obj)
+        self.changed.add(req.obj)
         if rec is not None:
             rec.runs += 1
             rec.steps += self.budget.steps
