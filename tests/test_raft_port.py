@@ -94,7 +94,8 @@ class InProcessCluster:
         """Propose through a follower (forwarded to the leader), or through the leader when
         only `among` are up; wait until all (or `among`) applied it."""
         digest = hashlib.sha256(data).hexdigest()
-        for attempt in range(5):    # a leader elected just now may discard it: propose again
+        for attempt in range(5):    # a leader elected just now may discard it, a follower
+            #                         between two leaders refuses it: propose again
             leader = self.leader()
             proposer = leader if among is not None else \
                 next(r for r in self.replicas if r is not leader)
@@ -111,7 +112,7 @@ class InProcessCluster:
                 self.cond.wait_for(lambda: self.failure or all(digest in a for a in sets),
                                    COMMIT_TIMEOUT)
                 if self.failure is None or \
-                        self.failure.reason not in ("leader_changed", "discarded"):
+                        self.failure.reason not in ("leader_changed", "discarded", "no_leader"):
                     break
         self.wait_applied([digest], among)
 

@@ -10,7 +10,8 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
   committed every replica calls ``sm.apply(index, data)`` with the same Raft index (the entry
   being applied is always ``raftLastApplied + 1``: pysyncobj increments it after each entry)
   and this node passes the completions to ``on_completions``.
-* Snapshots. pysyncobj's custom ``serializer``/``deserializer`` hooks write and read a file
+* Snapshots. pysyncobj's custom ``serializer``/``deserializer`` hooks write (on a thread of
+  their own, override 13) and read a file
   holding the state machine's last checkpoint (blob, index K) and the commands applied after K
   (DESIGN §5). Loading one = ``restore(blob)`` and re-applying those commands with completions
   suppressed. The state machine object is never pickled: with a custom serializer pysyncobj
@@ -49,6 +50,9 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
      ask, grant) to ``reads.ReadIndex`` before pysyncobj sees them; ``Replica._on_tick``
      starts the rounds and runs the reads whose index is applied (reads.py: reads without a
      log entry, serialized with the applying of entries by ``AppliedReads.lock``).
+  13. ``BackgroundSerializer`` (snapshots.py) replaces pysyncobj's ``Serializer``: the tick
+     thread only gathers a snapshot's parts; a thread of its own writes and fsyncs the file,
+     so heartbeats and votes go on meanwhile. A snapshot received meanwhile wins.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

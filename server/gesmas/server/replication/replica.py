@@ -20,6 +20,7 @@ from .applier import ABORT_PREFIX, Applier, ApplyFailed, decode_abort
 from .journal import DurableJournal, fsync_dir
 from .reads import AppliedReads, IndexCallback, ReadIndex
 from .rejoin import RejoinGuard
+from .snapshots import BackgroundSerializer
 from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
@@ -98,7 +99,7 @@ class Replica:
         conf = SyncObjConf(
             password=password, journalFile=self._journal,
             fullDumpFile=os.path.join(data_dir, SNAPSHOT_NAME),
-            serializer=self._write_snapshot, deserializer=self._read_snapshot,
+            serializer=self._write_snapshot, deserializer=self._read_snapshot,  # override 13
             bindAddress=bind_addr or self_addr, dynamicMembershipChange=True,
             commandsWaitLeader=False, onReady=self._ready.set,
             appendEntriesPeriod=t.append_entries_period, raftMinTimeout=t.raft_min_timeout,
@@ -110,6 +111,11 @@ class Replica:
             logCompactionBatchSize=t.snapshot_chunk_bytes, autoTickPeriod=t.auto_tick_period,
             commandsQueueSize=t.commands_queue_size)
         self._node: Optional[_RaftNode] = _RaftNode(self, self_addr, peers, conf, self._journal)
+        # override 13: snapshot files are written on a thread of their own (snapshots.py)
+        self.snapshots = BackgroundSerializer(conf.fullDumpFile, conf.logCompactionBatchSize,
+                                              self._snapshot_payload, self._write_snapshot,
+                                              self._read_snapshot)
+        self._node._SyncObj__serializer = self.snapshots
         self._tick_thread = self._node._SyncObj__thread
         self._node.addOnTickCallback(self._on_tick)
 
@@ -389,25 +395,29 @@ class Replica:
                 log.exception("on_role_change raised (ignored)")
 
     # --------------------------------------------------------------- snapshots
-    def _write_snapshot(self, filename: str, raft_data) -> None:
-        """pysyncobj ``serializer``: runs on the tick thread; ``raft_data`` is
-        (entry at lastApplied, entry before it, cluster nodes)."""
+    def _snapshot_payload(self, raft_data) -> dict:
+        """What a snapshot holds (BackgroundSerializer's ``prepare``): runs on the tick
+        thread; ``raft_data`` is (entry at lastApplied, entry before it, cluster nodes). Only
+        references and copies of lists: snapshots.py writes it on a thread of its own."""
         if self.fatal is not None:
             raise ReplicaStopped("not snapshotting a failed state machine")
         last_entry, prev_entry, cluster = raft_data
         state, has_aborted = self._applier.snapshot(last_entry[1])
-        payload = {
+        return {
             "format": 2 if has_aborted else _SNAPSHOT_FORMAT,
             "last_entry": last_entry, "prev_entry": prev_entry,
             "cluster": sorted(n.id for n in cluster), **state,
         }
+
+    def _write_snapshot(self, filename: str, payload: dict) -> None:
+        """Write a snapshot file (BackgroundSerializer's ``write``, on its thread)."""
         with open(filename, "wb") as f:
             pickle.dump(payload, f, protocol=5)
             f.flush()
             if self._journal.fsync_enabled:
                 os.fsync(f.fileno())
-        # pysyncobj renames it into place; DurableJournal.deleteEntriesTo fsyncs the directory
-        # before it drops any log entry.
+        # BackgroundSerializer renames it into place; DurableJournal.deleteEntriesTo fsyncs
+        # the directory before it drops any log entry.
 
     def _read_snapshot(self, filename: str):
         """pysyncobj ``deserializer`` (at start-up and after receiving a snapshot)."""

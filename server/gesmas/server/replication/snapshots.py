@@ -1,0 +1,135 @@
+"""Snapshot files written beside Raft, not on its thread (override 13).
+
+pysyncobj takes a snapshot (log compaction) on its tick thread: with a custom serializer it
+calls it there, waits for it, and renames the file into place. Heartbeats, votes and the
+applying of entries all wait meanwhile, and a snapshot holds the whole state machine's last
+checkpoint: at 10^5 objects ~10 MB pickled, written and fsynced, at 10^6 ten times that.
+Past the election timeout the followers start an election against a healthy leader.
+
+`BackgroundSerializer` replaces pysyncobj's `Serializer` (same interface). On the tick
+thread it only gathers what the snapshot holds (`prepare`: references to immutable bytes
+and a copy of the commands list, cheap); a thread of its own pickles, writes and fsyncs it
+(`write`) and renames it into place. `checkSerializing` answers SERIALIZING until then, as
+pysyncobj's forking serializer does, so the log is compacted (`__deleteEntriesTo`, which
+fsyncs the directory first) only after the file is durable, and no snapshot is sent to a
+follower from a file being replaced.
+
+A snapshot received from the leader while one is being written wins: the writer's job is
+cancelled under `_lock` before the received file is installed, so the older snapshot is
+never renamed over the newer one, and the cancelled job reports NOT_SERIALIZING (nothing was
+compacted) instead of SUCCESS.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Optional, Tuple
+
+from pysyncobj.atomic_replace import atomicReplace
+from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.serializer import Serializer
+
+log = logging.getLogger(__name__)
+
+_BUSY = -3      # the parent's private "pid" while a job runs (getTransmissionData waits)
+
+
+class _Job:
+    __slots__ = ("id", "done", "result", "cancelled")
+
+    def __init__(self, id: int) -> None:
+        self.id = id
+        self.done = threading.Event()
+        self.result = SERIALIZER_STATE.FAILED
+        self.cancelled = False
+
+
+class BackgroundSerializer(Serializer):
+    """pysyncobj's Serializer for a file, writing on a thread (module docstring).
+
+    ``prepare(raft_data)`` runs on the tick thread and returns what ``write(path, payload)``
+    writes (fsynced) on the writer thread; ``deserializer(path)`` is pysyncobj's."""
+
+    def __init__(self, file_name: str, batch_size: int,
+                 prepare: Callable[[Any], Any], write: Callable[[str, Any], None],
+                 deserializer: Callable[[str], Any]) -> None:
+        super().__init__(file_name, batch_size, False, write, deserializer, None)
+        self._file = file_name
+        self._prepare = prepare
+        self._write = write
+        self._lock = threading.Lock()
+        self._job: Optional[_Job] = None
+        self.written = 0                 # snapshots written and renamed into place
+        self.last_seconds = 0.0          # how long the last one took on its thread
+
+    # -- taking a snapshot (tick thread) --------------------------------------------------
+
+    def serialize(self, data: Any, id: int) -> None:
+        if self._job is not None:
+            return
+        self._Serializer__currentID = id
+        job = self._job = _Job(id)
+        self._Serializer__pid = _BUSY
+        try:
+            payload = self._prepare(data[1:])
+        except BaseException:
+            log.exception("snapshot at index %d not taken", id)
+            job.done.set()
+            return
+        threading.Thread(target=self._run, args=(job, payload), daemon=True,
+                         name=f"gesmas-snapshot-{id}").start()
+
+    def _run(self, job: _Job, payload: Any) -> None:
+        started = time.monotonic()
+        tmp = self._file + ".tmp"
+        try:
+            self._write(tmp, payload)
+            with self._lock:
+                if job.cancelled:
+                    _remove(tmp)
+                    return
+                atomicReplace(tmp, self._file)
+            job.result = SERIALIZER_STATE.SUCCESS
+            self.written += 1
+            self.last_seconds = time.monotonic() - started
+        except BaseException:
+            log.exception("writing the snapshot at index %d failed", job.id)
+        finally:
+            job.done.set()
+
+    def checkSerializing(self) -> Tuple[int, int]:
+        job = self._job
+        if job is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING, self._Serializer__currentID
+        if not job.done.is_set():
+            return SERIALIZER_STATE.SERIALIZING, job.id
+        self._job = None
+        self._Serializer__pid = 0
+        if job.cancelled:
+            return SERIALIZER_STATE.NOT_SERIALIZING, job.id
+        self._Serializer__transmissions: dict = {}
+        return job.result, job.id
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the snapshot being written, if any (tests, shutdown)."""
+        job = self._job
+        return job is None or job.done.wait(timeout)
+
+    # -- a snapshot from the leader (tick thread) -----------------------------------------
+
+    def setTransmissionData(self, data: Any) -> bool:
+        if data is not None and data[2]:                 # the last chunk: it is installed now
+            with self._lock:
+                job = self._job
+                if job is not None:
+                    job.cancelled = True
+        return bool(super().setTransmissionData(data))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
