@@ -22,7 +22,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from . import raftwire, reads
+from . import prevote, raftwire, reads
 from .journal import DurableJournal
 from .transport import BATCH, batch, coalesce, filter_append_entries, split_early
 
@@ -402,6 +402,10 @@ class _DurableTransport(TCPTransport):
             if replica is not None:      # override 12: ReadIndex messages (reads.py)
                 replica.read_index.on_message(self._syncObj, self, node, message)
             return
+        if isinstance(message, dict) and message.get("type") in prevote.MESSAGE_TYPES:
+            # override 14: pre-vote (prevote.py)
+            self._syncObj._gesmas_prevote.on_message(self._syncObj, self, node, message)
+            return
         guard = replica.rejoin if replica is not None else None
         if isinstance(message, dict) and message.get("type") == "append_entries":
             if guard is not None:
@@ -422,6 +426,7 @@ class _RaftNode(SyncObj):
                  conf: SyncObjConf, journal: DurableJournal):
         self._gesmas_replica = replica
         self._gesmas_journal = journal
+        self._gesmas_prevote = prevote.PreVote()
         if replica is not None:  # its tick thread may apply entries before __init__ returns
             replica._raft = self
         _install_wire()
@@ -458,6 +463,7 @@ class _RaftNode(SyncObj):
                                                      journal.last_index):
             # override 10: a rejoining replica that may lack entries does not stand
             self._SyncObj__raftElectionDeadline = _ps.monotonicTime() + self.conf.raftMaxTimeout
+        self._gesmas_prevote.gate(self, _ps.monotonicTime())   # override 14 (prevote.py)
         try:
             super()._onTick(timeToWait)
         finally:

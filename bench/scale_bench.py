@@ -1,0 +1,427 @@
+#!/usr/bin/env python
+"""Scale: a 3-replica cluster growing to N objects (and W blocked waiters), checkpoints and
+catch-up while a produce loop runs (issue "Scale without pauses").
+
+    python bench/scale_bench.py                          # 10^5 objects, 1 run
+    python bench/scale_bench.py --objects 1000000 --waiters 100000 --runs 3
+    python bench/scale_bench.py --quick                  # 2,000 objects (a smoke test)
+
+One run, on a fresh LocalCluster (fsync on, metrics on, GESMAS_CHECKPOINT_EVERY entries
+between checkpoints), with one client producing to a queue from start to end, one call at a
+time, every call timed:
+1. create: 16 client threads make Counters until there are N; the time of each tenth.
+2. idle: with N objects, produce until two more checkpoints were taken (a checkpoint then
+   saves only what changed, plus writing every object's frame).
+3. waiters (W > 0): W consume calls wait on one queue (asyncio clients), then as in 2.
+4. restart: kill -9 a follower and start it on its data; the time until it has applied
+   what the leader had committed when it started again.
+5. wipe: stop a follower, empty its data dir, start it (it rejoins); the same time.
+6. list: ListObjects latency (5 calls).
+Throughout, every replica's metrics are read every 0.1 s: when each checkpoint happened,
+how long it took (gesmas_checkpoint_seconds), the Raft term and who leads.
+
+Reported per run: creation rate per tenth; RSS of each replica per object and per waiter;
+checkpoint durations and size; per phase the longest produce call, and the longest within
+0.5 s of a checkpoint; term and leader before and after each phase (an election or a leader
+change is named); catch-up times; list latency. With --runs > 1: median and min-max. The
+JSON goes to --json. Bounded: each phase has a deadline, the cluster is stopped on exit.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
+
+from gesmas.aio import Client as AioClient  # noqa: E402
+from gesmas.client import Client  # noqa: E402
+from gesmas.server.cluster import LocalCluster, Member  # noqa: E402
+
+THREADS = 16
+PHASE_LIMIT = 1800.0            # seconds: no phase runs longer
+
+
+def scrape(addr: str) -> dict[str, float]:
+    try:
+        text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("gesmas_checkpoint_seconds_sum", "gesmas_checkpoint_seconds_count",
+                            "gesmas_checkpoint_index", "gesmas_checkpoint_bytes",
+                            "gesmas_raft_is_leader", "gesmas_raft_term",
+                            "gesmas_raft_applied_index", "gesmas_raft_commit_index",
+                            "gesmas_objects", "gesmas_waiters")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def rss_mib(m: Member) -> float:
+    try:
+        with open(f"/proc/{m.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, AttributeError):
+        pass
+    return float("nan")
+
+
+class Watch:
+    """Every replica's metrics every 0.1 s: checkpoints (when, how long), terms, leaders."""
+
+    def __init__(self, cl: LocalCluster) -> None:
+        self.cl = cl
+        self.lock = threading.Lock()
+        self.checkpoints: list[dict[str, Any]] = []   # {"t", "node", "index", "seconds"}
+        self.terms: list[tuple[float, int, float]] = []    # (t, node, term) on change
+        self.leaders: list[tuple[float, int]] = []        # (t, node) when a node leads anew
+        self.last: dict[int, dict[str, float]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            for m in self.cl.members:
+                if not self.cl.alive(m):
+                    continue
+                now, got = time.monotonic(), scrape(m.metrics_addr)
+                if not got:
+                    continue
+                before = self.last.get(m.node_id, {})
+                with self.lock:
+                    if got.get("gesmas_checkpoint_index") != before.get(
+                            "gesmas_checkpoint_index") and before:
+                        n = got.get("gesmas_checkpoint_seconds_count", 0) - \
+                            before.get("gesmas_checkpoint_seconds_count", 0)
+                        s = got.get("gesmas_checkpoint_seconds_sum", 0) - \
+                            before.get("gesmas_checkpoint_seconds_sum", 0)
+                        self.checkpoints.append({
+                            "t": now, "node": m.node_id,
+                            "index": int(got.get("gesmas_checkpoint_index", 0)),
+                            "seconds": s / n if n > 0 else None,
+                            "bytes": int(got.get("gesmas_checkpoint_bytes", 0))})
+                    if got.get("gesmas_raft_term") != before.get("gesmas_raft_term"):
+                        self.terms.append((now, m.node_id, got.get("gesmas_raft_term", 0)))
+                    if got.get("gesmas_raft_is_leader") and not before.get(
+                            "gesmas_raft_is_leader"):
+                        self.leaders.append((now, m.node_id))
+                    self.last[m.node_id] = got
+
+    def term(self) -> float:
+        with self.lock:
+            return max((v.get("gesmas_raft_term", 0) for v in self.last.values()), default=0)
+
+    def leader(self) -> int | None:
+        with self.lock:
+            for node, v in self.last.items():
+                if v.get("gesmas_raft_is_leader"):
+                    return node
+        return None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+class Producer:
+    """One client producing to a queue, one call at a time, each call timed."""
+
+    def __init__(self, cl: LocalCluster) -> None:
+        self.calls: list[tuple[float, float]] = []     # (start, ms)
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.client = Client(cl.addresses, retry_timeout=60)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        q = self.client.queue("scale-produce")
+        n = 0
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                q.produce(n)
+                self.calls.append((t0, (time.monotonic() - t0) * 1e3))
+                q.consume(timeout=60)          # the queue stays short (not timed)
+            except Exception as e:         # reported, the loop goes on
+                self.errors.append(repr(e))
+                self.calls.append((t0, (time.monotonic() - t0) * 1e3))
+            n += 1
+
+    def longest(self, start: float, end: float) -> float:
+        return max((ms for t, ms in self.calls if start <= t < end), default=0.0)
+
+    def near(self, times: list[float], within: float = 0.5) -> float:
+        """The longest call started within `within` s before or after any of `times`."""
+        return max((ms for t, ms in self.calls
+                    if any(-within <= t - x <= within for x in times)), default=0.0)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        self.client.close()
+
+
+def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
+    term, leader, start = watch.term(), watch.leader(), time.monotonic()
+    extra = fn(*args) or {}
+    end = time.monotonic()
+    with watch.lock:
+        ckpts = [c for c in watch.checkpoints if start <= c["t"] < end]
+        leads = [n for t, n in watch.leaders if start <= t < end]
+    out = {"phase": name, "seconds": round(end - start, 2), "term_before": term,
+           "term_after": watch.term(), "leader_before": leader, "leader_after": watch.leader(),
+           "leader_changes": leads, "checkpoints": len(ckpts),
+           "checkpoint_seconds_max": max((c["seconds"] or 0 for c in ckpts), default=None),
+           "checkpoint_bytes": max((c["bytes"] for c in ckpts), default=None),
+           "produce_max_ms": round(prod.longest(start, end), 1),
+           "produce_max_near_checkpoint_ms": round(prod.near([c["t"] for c in ckpts]), 1),
+           "produce_calls": sum(1 for t, _ in prod.calls if start <= t < end)}
+    out.update(extra)
+    print(f"  {name}: {json.dumps(out)}", flush=True)
+    return out
+
+
+def create(cl: LocalCluster, n: int) -> dict[str, Any]:
+    made = [0]
+    lock = threading.Lock()
+    tenths: list[float] = []
+    errors: list[str] = []
+    start = time.monotonic()
+    deadline = start + PHASE_LIMIT
+
+    def worker(k: int) -> None:
+        with Client(cl.addresses, retry_timeout=60) as c:
+            for i in range(k, n, THREADS):
+                if time.monotonic() > deadline:
+                    return
+                try:
+                    c.counter(f"s{i:07d}")
+                except Exception as e:
+                    errors.append(repr(e))
+                    return
+                with lock:
+                    made[0] += 1
+                    if made[0] % max(1, n // 10) == 0:
+                        tenths.append(time.monotonic())
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit(f"creating objects failed: {errors[:3]}")
+    marks = [start] + tenths
+    rates = [round(max(1, n // 10) / (b - a)) for a, b in zip(marks, marks[1:])]
+    rss = {m.node_id: round(rss_mib(m), 1) for m in cl.members}
+    return {"objects": made[0], "rate_per_tenth": rates,
+            "rate": round(made[0] / (time.monotonic() - start)), "rss_mib": rss}
+
+
+def until_checkpoints(watch: Watch, count: int, limit: float) -> dict[str, Any]:
+    with watch.lock:
+        have = len(watch.checkpoints)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with watch.lock:
+            nodes = {c["node"] for c in watch.checkpoints[have:]}
+            if len(watch.checkpoints) - have >= count * len(watch.cl.members) or \
+                    (len(watch.checkpoints) - have >= count and len(nodes) == 3):
+                break
+        time.sleep(0.2)
+    return {}
+
+
+def hold_waiters(cl: LocalCluster, n: int, ready: threading.Event, stop: threading.Event,
+                 errors: list[str]) -> None:
+    async def main() -> None:
+        clients = [AioClient(cl.addresses, session_ttl=600) for _ in range(max(1, n // 10000))]
+        for c in clients:
+            await c.__aenter__()
+        try:
+            tasks = [asyncio.create_task(clients[i % len(clients)].queue("scale-waiters")
+                                         .consume(timeout=1200)) for i in range(n)]
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for c in clients:
+                await c.__aexit__(None, None, None)
+    try:
+        asyncio.run(main())
+    except BaseException as e:
+        errors.append(repr(e))
+        ready.set()
+
+
+def waiters(cl: LocalCluster, watch: Watch, n: int, holder: dict[str, Any]) -> dict[str, Any]:
+    before = {m.node_id: rss_mib(m) for m in cl.members}
+    ready, stop, errors = threading.Event(), threading.Event(), []
+    t = threading.Thread(target=hold_waiters, args=(cl, n, ready, stop, errors), daemon=True)
+    t.start()
+    holder.update(stop=stop, thread=t)
+    ready.wait(PHASE_LIMIT)
+    deadline = time.monotonic() + PHASE_LIMIT
+    with Client(cl.addresses) as c:
+        while c.status()["waiter_count"] < n:
+            if errors or time.monotonic() > deadline:
+                raise SystemExit(f"the waiters did not all wait: {errors}")
+            time.sleep(0.5)
+    after = {m.node_id: rss_mib(m) for m in cl.members}
+    per = {k: round((after[k] - before[k]) * 1024 * 1024 / n) for k in after}
+    until_checkpoints(watch, 1, 120)
+    return {"waiters": n, "rss_bytes_per_waiter": per}
+
+
+def caught_up(cl: LocalCluster, m: Member, limit: float) -> float:
+    """Seconds until `m` applied what the leader had committed when this began."""
+    start = time.monotonic()
+    leader = next(x for x in cl.members if x is not m and cl.alive(x)
+                  and scrape(x.metrics_addr).get("gesmas_raft_is_leader"))
+    target = scrape(leader.metrics_addr).get("gesmas_raft_commit_index", 0)
+    while time.monotonic() - start < limit:
+        if scrape(m.metrics_addr).get("gesmas_raft_applied_index", -1) >= target:
+            return round(time.monotonic() - start, 2)
+        time.sleep(0.05)
+    return float("nan")
+
+
+def restart(cl: LocalCluster, watch: Watch, wipe: bool) -> dict[str, Any]:
+    m = next(x for x in cl.members if x.node_id != watch.leader())
+    if wipe:
+        cl.kill(m, signal.SIGTERM)
+        shutil.rmtree(m.data_dir)
+    else:
+        cl.kill(m, signal.SIGKILL)
+    cl.start_member(m)
+    return {"node": m.node_id, "caught_up_seconds": caught_up(cl, m, 600)}
+
+
+def listing(cl: LocalCluster) -> dict[str, Any]:
+    with Client(cl.addresses) as c:
+        times = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            got = c.list_objects()
+            times.append((time.monotonic() - t0) * 1e3)
+    return {"list_ms": [round(x, 1) for x in times], "listed": len(got)}
+
+
+def one_run(a: argparse.Namespace) -> dict[str, Any]:
+    env = {"GESMAS_CHECKPOINT_EVERY": str(a.checkpoint_every)}
+    holder: dict[str, Any] = {}
+    with LocalCluster(metrics=True, env=env, fsync=not a.unsafe_no_fsync) as cl:
+        watch = Watch(cl)
+        prod = Producer(cl)
+        try:
+            out = {"objects": a.objects, "waiters": a.waiters,
+                   "checkpoint_every": a.checkpoint_every, "phases": []}
+            rss0 = {m.node_id: rss_mib(m) for m in cl.members}
+            p = phase("create", watch, prod, create, cl, a.objects)
+            p["rss_bytes_per_object"] = {
+                k: round((p["rss_mib"][k] - rss0[k]) * 1024 * 1024 / a.objects)
+                for k in p["rss_mib"]}
+            out["phases"].append(p)
+            out["phases"].append(phase("idle", watch, prod, until_checkpoints, watch, 2, 300))
+            if a.waiters:
+                out["phases"].append(phase("waiters", watch, prod, waiters, cl, watch,
+                                           a.waiters, holder))
+            out["phases"].append(phase("restart", watch, prod, restart, cl, watch, False))
+            out["phases"].append(phase("wipe", watch, prod, restart, cl, watch, True))
+            out["phases"].append(phase("list", watch, prod, listing, cl))
+            out["produce_errors"] = prod.errors[:5]
+            with watch.lock:
+                out["checkpoint_seconds"] = [c["seconds"] for c in watch.checkpoints]
+                out["elections"] = len({t for _, _, t in watch.terms}) - 1
+            return out
+        finally:
+            if holder:
+                holder["stop"].set()
+                holder["thread"].join(120)
+            prod.close()
+            watch.close()
+
+
+def summary(runs: list[dict[str, Any]]) -> None:
+    def spread(xs: list[float]) -> str:
+        xs = [x for x in xs if x is not None]
+        if not xs:
+            return "-"
+        return f"{statistics.median(xs):g} ({min(xs):g}-{max(xs):g})" if len(xs) > 1 \
+            else f"{xs[0]:g}"
+    print(f"\n| figure ({len(runs)} run(s); median (min-max)) | value |")
+    print("|---|---:|")
+    names = [p["phase"] for p in runs[0]["phases"]]
+    for i, name in enumerate(names):
+        ps = [r["phases"][i] for r in runs]
+        print(f"| {name}: longest produce, ms | {spread([p['produce_max_ms'] for p in ps])} |")
+        print(f"| {name}: longest produce near a checkpoint, ms | "
+              f"{spread([p['produce_max_near_checkpoint_ms'] for p in ps])} |")
+        print(f"| {name}: longest checkpoint, s | "
+              f"{spread([p['checkpoint_seconds_max'] for p in ps])} |")
+        terms = ", ".join(f"{p['term_before']:g}->{p['term_after']:g}" for p in ps)
+        print(f"| {name}: term before -> after | {terms} |")
+        print(f"| {name}: leader changes | {', '.join(str(p['leader_changes']) for p in ps)} |")
+        if name == "create":
+            print(f"| create: objects/s | {spread([p['rate'] for p in ps])} |")
+            print(f"| create: objects/s per tenth (first run) | {ps[0]['rate_per_tenth']} |")
+            print(f"| create: RSS bytes per object (first run, per node) | "
+                  f"{ps[0]['rss_bytes_per_object']} |")
+        if name in ("restart", "wipe"):
+            print(f"| {name}: caught up after, s | "
+                  f"{spread([p['caught_up_seconds'] for p in ps])} |")
+        if name == "waiters":
+            print(f"| waiters: RSS bytes per waiter (first run) | "
+                  f"{ps[0]['rss_bytes_per_waiter']} |")
+        if name == "list":
+            print(f"| list: ms per call | {spread([x for p in ps for x in p['list_ms']])} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--objects", type=int, default=100_000)
+    ap.add_argument("--waiters", type=int, default=0)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--checkpoint-every", type=int, default=20_000,
+                    help="entries between checkpoints (the server's default is 20,000)")
+    ap.add_argument("--unsafe-no-fsync", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="2,000 objects, 50 waiters")
+    ap.add_argument("--json", metavar="FILE")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.objects, a.waiters, a.checkpoint_every = 2000, 50, 500
+    if a.objects < 10:
+        ap.error("--objects must be at least 10")
+    runs = []
+    for r in range(a.runs):
+        print(f"run {r + 1}/{a.runs}: {a.objects} objects, {a.waiters} waiters, "
+              f"checkpoint every {a.checkpoint_every} entries", flush=True)
+        runs.append(one_run(a))
+    summary(runs)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"argv": sys.argv[1:], "runs": runs, "load": os.getloadavg()}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
