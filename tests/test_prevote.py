@@ -177,8 +177,10 @@ def test_a_pre_vote_is_granted_only_when_the_real_vote_would_be_and_no_leader_is
 def test_the_candidate_stands_only_after_a_majority_granted_its_round():
     raft, pv = Raft(), PreVote()
     now = time.monotonic()
+    raft._SyncObj__raftLeader = Node("b")              # its leader, gone quiet
     pv.gate(raft, now)                                 # deadline passed: a round, no election
     assert raft._SyncObj__raftCurrentTerm == 5 and pv.rounds == 1
+    assert raft._SyncObj__raftLeader is None           # forgotten: it grants others' rounds
     assert raft._SyncObj__raftElectionDeadline == now + 1.0
     assert sorted(to for to, m in raft._SyncObj__transport.sent) == ["b", "c"]
     assert all(m == {"type": PRE_VOTE, "pre_term": 6, "last_log_index": 100,
@@ -205,3 +207,8 @@ def test_the_candidate_stands_only_after_a_majority_granted_its_round():
     PreVote().gate(transfer, time.monotonic())
     assert transfer._SyncObj__transport.sent == [] and transfer._SyncObj__raftElectionDeadline == 0
     assert prevote.MESSAGE_TYPES == {PRE_VOTE, PRE_VOTE_RESPONSE}
+    # two followers of a paused leader, each in its own round, grant each other's
+    quiet = Raft(leader=Node("b"), deadline=0.0)
+    PreVote().gate(quiet, time.monotonic())
+    quiet._SyncObj__transport.sent.clear()
+    assert quiet._SyncObj__raftElectionDeadline > time.monotonic() and ask(quiet) is True

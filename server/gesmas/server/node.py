@@ -1,7 +1,8 @@
 """One replica = one process: a Raft node (replication.Replica), the kernel on its apply thread,
 a grpc.aio gateway on the event loop, and the leader's duties.
 
-Threads: pysyncobj's thread applies committed commands to the kernel (`StateMachine.apply`);
+Threads: pysyncobj's tick thread runs Raft and queues the committed commands; the replica's
+apply thread applies them to the kernel (`StateMachine.apply`);
 calls waiting here and the hand-off of their answers to the event loop are in calls.py; the
 event loop runs the gateway and, every `duty_period`, the leader's duties (duties.py), which
 are commands proposed through the log. Membership changes (AddNode / RemoveNode) go through
@@ -389,7 +390,7 @@ class Node(Membership):
         loop = self._loop
         assert loop is not None
 
-        def on_fatal(exc: BaseException) -> None:      # the tick thread
+        def on_fatal(exc: BaseException) -> None:      # the tick or the apply thread
             loop.call_soon_threadsafe(stop.set)
         return on_fatal
 

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 ``Replica`` wraps a pysyncobj ``SyncObj`` (``_RaftNode``) and drives a deterministic state
-machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply thread:
+machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's tick thread
+(override 15):
 
 * ``propose(data)`` enqueues the bytes as one replicated call of ``_RaftNode._gesmas_apply``;
   a follower forwards it to the leader (pysyncobj does this by itself). When the entry is
@@ -53,6 +54,15 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
   13. ``BackgroundSerializer`` (snapshots.py) replaces pysyncobj's ``Serializer``: the tick
      thread only gathers a snapshot's parts; a thread of its own writes and fsyncs the file,
      so heartbeats and votes go on meanwhile. A snapshot received meanwhile wins.
+  14. ``PreVote`` (prevote.py), from ``_RaftNode._onTick`` and
+     ``_DurableTransport._onMessageReceived``: a replica whose election timeout passed
+     stands only once a majority says it would vote for it and hears no leader (Raft §9.6),
+     so a follower restarted or cut off from a healthy leader does not depose it.
+  15. ``Replica._apply_committed`` only queues a committed entry; the apply thread applies
+     it (``_apply_loop``), so no entry, checkpoint or snapshot load holds up heartbeats and
+     votes. A snapshot is loaded on the apply thread too (greenlets belong to their thread),
+     and entries queued before it are dropped; no snapshot is taken while the apply thread
+     is behind.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

@@ -4,8 +4,8 @@ runaway defence; watchdog.py is the first).
 
 Theory of operation
 -------------------
-Everything here runs on the apply thread (pysyncobj's tick thread), but ``load``, which also
-runs at start-up on the thread that builds the Replica. ``apply(index, data)`` gets every
+Everything here runs on the Replica's apply thread (replica.py; pysyncobj's tick thread only
+queues the committed entries for it), ``load`` included. ``apply(index, data)`` gets every
 committed gesmas entry, in log order.
 
 Generations. The applier keeps the state machine's two newest checkpoints (``Gen``: index

@@ -453,6 +453,8 @@ class _RaftNode(SyncObj):
         replica = self._gesmas_replica
         if replica is not None and replica._applier.held:
             return  # override 11: no snapshot while entries are held back (applier.py)
+        if replica is not None and replica.applying():
+            return  # override 15: nor while the apply thread is behind (replica.py)
         super()._SyncObj__tryLogCompaction()
 
     def _onTick(self, timeToWait=0.0):

@@ -64,6 +64,10 @@ class PreVote:
         if self.term is not None:
             self.held += 1
         raft._SyncObj__raftElectionDeadline = now + raft._SyncObj__generateRaftTimeout()
+        # It no longer hears its leader: forget it, as pysyncobj does when it stands. Then it
+        # grants the others' pre-votes (a replica that knows a leader and whose deadline is
+        # ahead refuses them: two followers of a paused leader would refuse each other).
+        raft._SyncObj__raftLeader = None
         self.term, self.grants, self.won = term, {raft._SyncObj__selfNode.id}, None
         self.rounds += 1
         message = {"type": PRE_VOTE, "pre_term": term,

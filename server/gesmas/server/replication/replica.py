@@ -9,7 +9,8 @@ import os
 import pickle
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterable, Optional, Tuple
 
 from pysyncobj import SyncObjConf
 from pysyncobj.config import FAIL_REASON
@@ -89,6 +90,17 @@ class Replica:
                                 forget_record=lambda: remove_record(data_dir),
                                 pending_abort=self._pending_abort)
         self._startup_snapshot = os.path.isfile(os.path.join(data_dir, SNAPSHOT_NAME))
+        # The apply thread (override 15): committed entries are queued by the tick thread and
+        # applied here, so Raft's heartbeats and votes never wait for the kernel.
+        self._apply_cv = threading.Condition()
+        self._apply_q: Deque[Tuple[int, int, bytes]] = deque()   # (generation, index, data)
+        self._apply_gen = 0              # bumped when a snapshot replaces the state
+        self._inflight = 0               # entries queued or being applied
+        self._last_done = 0              # the last entry the apply thread finished
+        self._stopping = False
+        self._apply_thread = threading.Thread(target=self._apply_loop, daemon=True,
+                                              name=f"gesmas-apply-{self_addr}")
+        self._apply_thread.start()
         # Reads without a log entry (reads.py): the ReadIndex protocol, and the reads that
         # run against the applied state under the lock the apply thread holds per entry
         self.read_index = ReadIndex(self._journal.term_at)
@@ -177,7 +189,10 @@ class Replica:
         held = self._applier.held
         if held:
             return held[0][0] - 1
-        return node.raftLastApplied
+        with self._apply_cv:
+            if self._inflight:                   # the apply thread is behind pysyncobj
+                return self._last_done
+            return node.raftLastApplied
 
     def request_read_index(self, callback: IndexCallback) -> None:
         """Ask for the index a linearizable read must wait for (reads.py): ``callback(index,
@@ -210,8 +225,13 @@ class Replica:
         return leader.id if leader is not None else None
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
-        """Wait until this replica has caught up with the leader's commit index once."""
-        return self._ready.wait(timeout)
+        """Wait until this replica has caught up with the leader's commit index once (and
+        applied what it had then)."""
+        started = time.monotonic()
+        if not self._ready.wait(timeout):
+            return False
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return self.wait_applied_all(left)
 
     def status(self) -> Dict[str, Any]:
         node = self._node
@@ -288,6 +308,12 @@ class Replica:
         thread = self._tick_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        with self._apply_cv:
+            self._stopping = True
+            self._apply_q.clear()
+            self._apply_cv.notify_all()
+        if self._apply_thread is not threading.current_thread():
+            self._apply_thread.join(timeout)
         if self.monitor is not None:
             self.monitor.stop()
 
@@ -304,14 +330,85 @@ class Replica:
         return self._applier.sm
 
     def _apply_committed(self, index: int, data: bytes) -> None:
+        """pysyncobj's tick thread: queue a committed entry for the apply thread."""
         if self.fatal is not None:
             return
-        log.debug("applying log entry %d", index)
-        try:
-            with self.applied_reads.lock:        # reads see the state between two entries
-                self._applier.apply(index, data)
-        except ApplyFailed as e:
-            self._fail(e.cause, e.what)
+        with self._apply_cv:
+            self._apply_q.append((self._apply_gen, index, data))
+            self._inflight += 1
+            self._apply_cv.notify()
+
+    def _apply_loop(self) -> None:
+        """The apply thread: the committed entries, in log order, one at a time under the
+        reads' lock (reads see the state between two entries). An entry queued before a
+        snapshot replaced the state (another generation) is dropped."""
+        cv, q = self._apply_cv, self._apply_q
+        while True:
+            with cv:
+                while not q and not self._stopping:
+                    cv.wait()
+                if not q:
+                    return
+                gen, index, data = q.popleft()
+            if callable(data):                   # a job (_on_apply_thread), not an entry
+                data()
+                continue
+            try:
+                if self.fatal is None:
+                    with self.applied_reads.lock:
+                        if gen == self._apply_gen:
+                            log.debug("applying log entry %d", index)
+                            self._applier.apply(index, data)
+            except ApplyFailed as e:
+                self._fail(e.cause, e.what)
+            except BaseException as e:          # a bug of this layer: fail-stop all the same
+                self._fail(e, f"the apply thread failed at log index {index}")
+            finally:
+                with cv:
+                    self._inflight -= 1
+                    self._last_done = index
+                    if not q:
+                        cv.notify_all()
+            if not q:
+                self.applied_reads.run_due()
+
+    def _on_apply_thread(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the apply thread, ahead of the entries queued, and wait for it
+        (greenlets belong to the thread that made them: the kernel's calls may only run
+        there). Returns its result or raises its exception."""
+        if threading.current_thread() is self._apply_thread:
+            return fn()
+        done = threading.Event()
+        out: list = [None, None]
+
+        def job() -> None:
+            try:
+                out[0] = fn()
+            except BaseException as e:
+                out[1] = e
+            finally:
+                done.set()
+        with self._apply_cv:
+            if self._stopping:
+                raise ReplicaStopped("replica destroyed")
+            self._apply_q.appendleft((self._apply_gen, 0, job))
+            self._apply_cv.notify()
+        while not done.wait(0.5):
+            if self._stopping:
+                raise ReplicaStopped("replica destroyed")
+        if out[1] is not None:
+            raise out[1]
+        return out[0]
+
+    def applying(self) -> bool:
+        """Whether committed entries wait for the apply thread (or one is being applied)."""
+        return self._inflight > 0
+
+    def wait_applied_all(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the apply thread has applied every entry queued so far."""
+        with self._apply_cv:
+            return self._apply_cv.wait_for(lambda: self._inflight == 0 or self._stopping,
+                                           timeout)
 
     def _deliver(self, completions: list) -> None:
         try:
@@ -325,7 +422,15 @@ class Replica:
         if not marked or node is None:
             return False
         commit, targets = node.raftCommitIndex, self._abort_targets
-        for at, command in marked.items():
+        for _ in range(5):          # the tick thread may be adding to it (apply thread here)
+            try:
+                items = list(marked.items())
+                break
+            except RuntimeError:
+                continue
+        else:
+            items = []
+        for at, command in items:
             if at > commit:
                 continue
             target = targets.get((at, command))
@@ -432,8 +537,15 @@ class Replica:
                 raise ValueError(f"snapshot format {payload.get('format')!r} is not the one "
                                  "this gesmas reads (1, or 2 with aborted entries): run the "
                                  "gesmas version that wrote it, or a newer one")
-            with self.applied_reads.lock:
-                self._applier.load(payload, payload["last_entry"][1])
+            with self._apply_cv:             # entries queued before it are superseded
+                self._apply_gen += 1
+                self._inflight -= len(self._apply_q)
+                self._apply_q.clear()
+                self._apply_cv.notify_all()
+            def load() -> None:
+                with self.applied_reads.lock:
+                    self._applier.load(payload, payload["last_entry"][1])
+            self._on_apply_thread(load)
             if self._startup_snapshot:
                 self._startup_snapshot = False
                 self._align_journal(payload["prev_entry"], payload["last_entry"])
