@@ -93,7 +93,7 @@ class Replica:
         # The apply thread (override 15): committed entries are queued by the tick thread and
         # applied here, so Raft's heartbeats and votes never wait for the kernel.
         self._apply_cv = threading.Condition()
-        self._apply_q: Deque[Tuple[int, int, bytes]] = deque()   # (generation, index, data)
+        self._apply_q: Deque[Tuple[int, int, Any]] = deque()   # (generation, index, data or a job)
         self._apply_gen = 0              # bumped when a snapshot replaces the state
         self._inflight = 0               # entries queued or being applied
         self._last_done = 0              # the last entry the apply thread finished
