@@ -10,6 +10,7 @@ from typing import Any
 from . import codec
 from .auth import AuthState, Usage
 from .errors import Code, Error, KernelError
+from .names import SortedNames
 from .registry import ClassVersion
 from .sched import SAVING, Host, Task, Waiter
 
@@ -58,7 +59,7 @@ class State:
         self.index = 0                           # the log index of the last command applied
         self.now = 0.0                           # kernel time: commands' ts, made monotonic
         self.sessions: dict[int, Session] = {}
-        self.objects: dict[str, ObjectRecord] = {}
+        self.objects = ObjectTable()
         # A cache, not part of the state: each object's entry in the last checkpoint taken or
         # loaded (checkpoint.py), None until the next one saves it. Kept in the order of
         # `objects` (lifecycle.py and checkpoint.py add and remove names in both alike).
@@ -84,6 +85,68 @@ class State:
             raise KernelError(Code.RESOURCE_EXHAUSTED,
                               f"quota {what} of {who} exceeded: {used} in use, limit {limit}",
                               "QuotaExceeded")
+
+
+class ObjectTable(dict[str, "ObjectRecord"]):
+    """The live objects by name, in creation order as a dict keeps them (the order the
+    checkpoint and the digest walk), plus `names`: the same names sorted, for listings by
+    page (names.py). Every way to add or remove a key keeps the two alike."""
+
+    __slots__ = ("names",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names = SortedNames()
+
+    def __setitem__(self, name: str, rec: ObjectRecord) -> None:
+        if name not in self:
+            self.names.add(name)
+        super().__setitem__(name, rec)
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        self.names.discard(name)
+
+    _MISSING: Any = object()
+
+    def pop(self, name: str, default: Any = _MISSING) -> Any:
+        if name in self:
+            self.names.discard(name)
+            return super().pop(name)
+        if default is ObjectTable._MISSING:
+            raise KeyError(name)
+        return default
+
+    def setdefault(self, name: str, rec: Any = None) -> Any:
+        if name not in self:
+            self[name] = rec
+        return self[name]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for name, rec in dict(*args, **kwargs).items():
+            self[name] = rec
+
+    def popitem(self) -> tuple[str, ObjectRecord]:
+        name, rec = super().popitem()
+        self.names.discard(name)
+        return name, rec
+
+    def clear(self) -> None:
+        super().clear()
+        self.names = SortedNames()
+
+    def __ior__(self, other: Any) -> ObjectTable:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def __reduce__(self) -> Any:          # a copy or a pickle gets its sorted names too
+        return (_object_table, (list(self.items()),))
+
+
+def _object_table(items: list[tuple[str, ObjectRecord]]) -> ObjectTable:
+    table = ObjectTable()
+    table.update(items)
+    return table
 
 
 class Session:
