@@ -34,9 +34,11 @@ class Config:
     max_source: int = 256 * 1024      # characters of one class source
     # class names only the replicas' own uploads (auth.SYSTEM) may define
     reserved_classes: frozenset[str] = frozenset()
-    # per-user quotas for users without their own value (kernel/auth.py; root has none)
+    # per-user quotas for users without their own value (kernel/auth.py; root has none);
+    # callers without a login share one. Objects: room for a million-object cluster (a
+    # standard object holds ~0.3 KB of state and costs ~1 KB of memory on each replica).
     default_quota: tuple[tuple[str, int], ...] = (
-        ("sessions", 10_000), ("objects", 100_000), ("waiters", 100_000),
+        ("sessions", 10_000), ("objects", 2_000_000), ("waiters", 100_000),
         ("state_bytes", 1 << 30), ("source_bytes", 4 << 20))
     # Log indices the operator declared poison (a command that kills the process whatever the
     # kernel does): they complete with INTERNAL without running. Same list on every replica.
@@ -81,10 +83,20 @@ class State:
         used = (self.auth.source_used.get(user, 0) if what == "source_bytes"
                 else self.usage.get(user, what))
         if used + extra > limit:
+            own = self.auth.users.get(user)
+            flag = what.replace("_", "-")
+            if own is not None and what in own["quota"]:
+                source = "the user's own quota"
+            elif user:
+                source = (f"the default quota; `gesmas user quota {user} --{flag} N` sets "
+                          "its own")
+            else:
+                source = ("the default quota, shared by every caller without a login: log in "
+                          "as a user to have a quota of its own")
             who = f"user {user!r}" if user else "anonymous callers"
             raise KernelError(Code.RESOURCE_EXHAUSTED,
-                              f"quota {what} of {who} exceeded: {used} in use, limit {limit}",
-                              "QuotaExceeded")
+                              f"quota {what} of {who} exceeded: {used} in use, limit {limit} "
+                              f"({source})", "QuotaExceeded")
 
 
 class ObjectTable(dict[str, "ObjectRecord"]):
