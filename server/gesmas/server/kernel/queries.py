@@ -4,9 +4,9 @@ Interface: `Queries(state, registry, runner, checkpoints)`. `answer(what, arg, u
 the value of one read and changes nothing: it reads the shared state, the registry, the
 runner's waiters and the last checkpoint. Two callers:
 
-- the read path of a replica (node.py `Node.read`, no log entry): the gateway's ListObjects,
-  ListClasses, GetClass and Status call `answer` on the replica's applied state, serialized
-  with the applying of entries;
+- the read path of a replica (node.py `Node.read`, no log entry): the gateway's ListClasses,
+  GetClass and Status call `answer`, and ListObjects `objects_page`, on the replica's
+  applied state, serialized with the applying of entries;
 - `Query` commands in the log (`query`), which answer through the runner: kept so that a log
   written by an older gesmas replays the same, and for tests that drive the kernel alone.
 
