@@ -205,13 +205,13 @@ def test_a_page_examines_a_bounded_number_of_names(monkeypatch):
 
 
 def test_a_page_stops_at_its_byte_budget(monkeypatch):
-    monkeypatch.setattr(queries, "PAGE_BYTES", 100)
+    monkeypatch.setattr(queries, "PAGE_BYTES", 300)
     h = OH()
-    names = [f"{'é' * 20}{i}" for i in range(6)]            # 41 UTF-8 bytes each
+    names = [f"{'é' * 20}{i}" for i in range(6)]            # 21 characters each
     for n in names:
         h.make("Counter", n)
     first, token = page(h.kernel, limit=6)
-    assert first == names[:2] and token == names[1]         # 2 x (41 + 7 + 16) > 100
+    assert first == names[:3] and token == names[2]         # 3 x (4 x (21 + 7) + 16) > 300
     assert walk(h.kernel)[0] == names
 
 

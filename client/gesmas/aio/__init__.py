@@ -480,10 +480,10 @@ class Client(session_.SessionView):
                                                    limit=limit, consistency=consistency)]
 
     def iter_objects(self, *, prefix: str = "", class_name: str = "",
-                     limit: int | None = None, page_size: int = core.MAX_PAGE,
+                     limit: int | None = None, page_size: int = core.DEFAULT_PAGE,
                      consistency: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """``async for o in c.iter_objects(...)``: the objects ``list_objects`` gives, one
-        page (``page_size`` objects, at most 10,000) fetched at a time, as
+        page (``page_size`` objects, default 1,000, at most 10,000) fetched at a time, as
         ``gesmas.client.Client.iter_objects``."""
         size = core.page_size(limit, page_size)            # checked now, not at the first await
         return self._pages(prefix, class_name, limit, size, consistency)

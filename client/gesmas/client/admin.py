@@ -88,12 +88,12 @@ class AdminCalls:
                                       consistency=consistency))
 
     def iter_objects(self, *, prefix: str = "", class_name: str = "",
-                     limit: int | None = None, page_size: int = core.MAX_PAGE,
+                     limit: int | None = None, page_size: int = core.DEFAULT_PAGE,
                      consistency: str | None = None) -> Iterator[ObjectInfo]:
-        """The objects ``list_objects`` gives, fetched one page (``page_size`` objects, at
-        most 10,000) at a time as the iteration goes: each page is a read of its own, so
-        objects created or deleted meanwhile may or may not appear, but names only go
-        up and none appears twice."""
+        """The objects ``list_objects`` gives, fetched one page (``page_size`` objects,
+        default 1,000, at most 10,000) at a time as the iteration goes: each page is a read
+        of its own, so objects created or deleted meanwhile may or may not appear, but
+        names only go up and none appears twice."""
         size = core.page_size(limit, page_size)            # checked now, not at next()
         return self._pages(prefix, class_name, limit, size, consistency)
 

@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("objects", aliases=["ls"], parents=[common, as_json],
                        help="list the live objects",
                        description="List the live objects you may see, in name order "
-                                   "(fetched 10,000 per request).")
+                                   "(fetched 1,000 per request).")
     p.add_argument("--prefix", default="", help="only names that start with PREFIX")
     p.add_argument("--class", dest="class_name", metavar="CLASS", default="",
                    help="only objects of class CLASS")

@@ -350,6 +350,9 @@ class Seen:
 
 
 MAX_PAGE = 10_000      # the largest ListObjects page a server gives
+# Pages the clients ask for: a page is read under the replica's apply lock, and 1,000
+# objects hold it ~2 ms where 10,000 hold it ~20 ms, a stall of every write meanwhile.
+DEFAULT_PAGE = 1000
 
 
 def page_size(limit: int | None, page_size: int) -> int:

@@ -16,8 +16,9 @@ Every answer needs an authenticated user when auth is enabled (the gateway also 
 `objects_page` is the listing by page (ListObjects): the objects in name order after a
 continuation token, filtered by prefix and class, read from the sorted names the object
 table keeps (names.py), so a page costs O(log n + the names it examines), never a sort. A
-page stops at `limit` objects, at PAGE_BYTES of names and class names (a gRPC answer stays
-far below its 16 MiB limit whatever the names), or after examining MAX_EXAMINED names (a
+page stops at `limit` objects, at PAGE_BYTES of names and class names (counting 4 bytes,
+UTF-8's most, per character: a gRPC answer stays far below its 16 MiB limit whatever the
+names), or after examining MAX_EXAMINED names (a
 filter that matches few objects, or a user who may see few, cannot make one page walk the
 whole table under the apply lock): a page can then hold fewer than `limit` objects, even
 none, and still carry a token; the last page's token is "". The token is the last name the
@@ -38,7 +39,7 @@ from .runner import Runner
 DEFAULT_PAGE = 1000          # objects per ListObjects page when the request says none
 MAX_PAGE = 10_000            # the largest page a request may ask for
 MAX_EXAMINED = 20_000        # names one page looks at, matching the filters or not
-PAGE_BYTES = 4 << 20         # UTF-8 bytes of names and class names in one page
+PAGE_BYTES = 4 << 20         # bytes of names and class names in one page (4 per character)
 MAX_TEXT = 256               # characters of a page token, prefix or class filter (the
                              # longest object name: anything longer matches nothing)
 
@@ -155,8 +156,7 @@ class Queries:
                 continue
             found.append({"name": name, "class": cls.name, "version": cls.version,
                           "waiters": waiting.get(name, 0), "owner": rec.owner})
-            size += len(name.encode("utf-8", "surrogatepass")) + \
-                len(cls.name.encode("utf-8", "surrogatepass")) + 16
+            size += 4 * (len(name) + len(cls.name)) + 16     # UTF-8: at most 4 per character
         # MAX_EXAMINED names looked at: more may follow; or the names ran out
         return {"objects": found, "next": last if examined == MAX_EXAMINED else ""}
 
