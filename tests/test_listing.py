@@ -99,6 +99,28 @@ def test_the_object_table_keeps_its_sorted_names_whatever_changes_it():
     assert list(t.names) == [] and len(t.names) == 0
 
 
+def test_a_bulk_change_of_the_table_sorts_its_names_once_at_the_end(monkeypatch):
+    """A restore adds every object inside bulk(): the names are made again from the keys at
+    the end (chunked as LOAD says), and later changes keep them as usual."""
+    monkeypatch.setattr(names_module, "LOAD", 3)
+    t = ObjectTable()
+    t["m"] = 0
+    with t.bulk():
+        for n in "qwertyuiopasdfgh":
+            t[n] = 1
+        del t["w"]
+        assert len(t.names) == 0                   # not kept meanwhile
+    assert list(t.names) == sorted(set("qertyuiopasdfghm")) and len(t.names) == 16
+    assert [len(c) for c in t.names._chunks] == [3, 3, 3, 3, 3, 1]
+    t["b"] = 2
+    t.pop("q")
+    assert list(t.names) == sorted(set("ertyuiopasdfghmb"))
+    assert list(t.names.since("h", inclusive=False)) == sorted(c for c in t if c > "h")
+    with t.bulk():
+        t.clear()
+    assert list(t.names) == [] and list(t.names.since("", inclusive=True)) == []
+
+
 # -- pages ---------------------------------------------------------------------------------------
 
 

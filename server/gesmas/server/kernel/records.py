@@ -4,8 +4,9 @@ checks that read nothing else; no part of the kernel is imported here."""
 from __future__ import annotations
 
 import enum
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from . import codec
 from .auth import AuthState, Usage
@@ -153,6 +154,29 @@ class ObjectTable(dict[str, "ObjectRecord"]):
 
     def __reduce__(self) -> Any:          # a copy or a pickle gets its sorted names too
         return (_object_table, (list(self.items()),))
+
+    @contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Many changes (a restore adds every object) without keeping the sorted names
+        meanwhile: they are made again at the end, with one sort."""
+        self.names = _NOT_KEPT
+        try:
+            yield
+        finally:
+            self.names = SortedNames.of(sorted(self))
+
+
+class _NotKept(SortedNames):
+    """The sorted names of an ObjectTable in bulk(): changes are ignored."""
+
+    def add(self, name: str) -> None:
+        pass
+
+    def discard(self, name: str) -> None:
+        pass
+
+
+_NOT_KEPT = _NotKept()
 
 
 def _object_table(items: list[tuple[str, ObjectRecord]]) -> ObjectTable:
