@@ -230,6 +230,34 @@ def test_an_ack_at_or_beyond_seq_is_refused():
     assert invoke(h, s, "b", "put", 1, user="", seq=1)[0].value == 1
 
 
+def test_the_default_quotas_hold_a_million_objects_and_errors_say_where_a_limit_comes_from():
+    """Callers without a login share one quota: by default it holds a million objects. Past
+    a quota the error names it, its value, and whether it is the user's own or the default
+    (and how to change that)."""
+    from gesmas.server.kernel.records import State
+    State(Config()).within("", "objects", 1_000_000)          # raises if it does not fit
+    h = H(Config(default_quota=(("objects", 2),)))
+    h.run(RegisterClass(source=BUF, user=SYSTEM))
+    for name in ("x", "y"):
+        assert h.run(CreateObject(class_name="Buf", name=name)).error is None
+    c = h.run(CreateObject(class_name="Buf", name="z"))
+    assert code_of(c) == Code.RESOURCE_EXHAUSTED and c.error.type == "QuotaExceeded"
+    assert c.error.message == (
+        "quota objects of anonymous callers exceeded: 2 in use, limit 2 (the default quota, "
+        "shared by every caller without a login: log in as a user to have a quota of its own)")
+    admin(h, "user_add", name="carol", hash="h-carol")
+    for name in ("c1", "c2"):
+        assert h.run(CreateObject(class_name="Buf", name=name, user="carol")).error is None
+    c = h.run(CreateObject(class_name="Buf", name="c3", user="carol"))
+    assert c.error.message.endswith("limit 2 (the default quota; `gesmas user quota carol "
+                                    "--objects N` sets its own)")
+    admin(h, "user_quota", name="carol", quota={"objects": 3, "state_bytes": 1})
+    assert h.run(CreateObject(class_name="Buf", name="c3", user="carol")).error is None
+    c = h.run(CreateObject(class_name="Buf", name="c4", user="carol"))
+    assert c.error.message == ("quota objects of user 'carol' exceeded: 3 in use, limit 3 "
+                               "(the user's own quota)")
+
+
 def test_quotas_are_per_user_and_named_in_the_error():
     h = secured()
     admin(h, "user_quota", name="alice", quota={"sessions": 2, "objects": 1, "waiters": 1,

@@ -6,6 +6,7 @@ synchronise with threading.Event and bounded waits, never with sleeps.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -538,6 +539,65 @@ def test_admin_calls(replicas):
     assert a.fake.seen("OpenSession") == []  # connect=False and no call needed one
 
 
+def _paging_server(names: list[str]) -> Callable[[Any, Any], Any]:
+    """A ListObjects handler that pages `names` (sorted) as a replica does: after the
+    token, at most `limit` (0: 1000), filtered by prefix, with the next token."""
+    def handler(request, context):
+        after = [n for n in sorted(names) if n > request.page_token
+                 and n.startswith(request.prefix)]
+        page = after[:request.limit or 1000]
+        return pb.ListObjectsResponse(
+            objects=[pb.ObjectInfo(name=n, class_name="Counter", class_version=1)
+                     for n in page],
+            next_page_token=page[-1] if len(after) > len(page) else "")
+    return handler
+
+
+def test_listings_follow_pages_and_stop_at_the_limit(replicas):
+    a = replicas[0]
+    names = [f"n{i:02d}" for i in range(25)]
+    a.fake.handlers["ListObjects"] = _paging_server(names)
+    with Client(a.address, connect=False, route="replica") as c:
+        assert [o["name"] for o in c.iter_objects(page_size=10)] == names
+        assert [(r.limit, r.page_token) for r in a.fake.seen("ListObjects")] == [
+            (10, ""), (10, "n09"), (10, "n19")]
+        assert [o["name"] for o in c.list_objects(limit=12, prefix="n")] == names[:12]
+        assert [(r.limit, r.page_token, r.prefix)
+                for r in a.fake.seen("ListObjects")[3:]] == [(12, "", "n")]
+        assert [o["name"] for o in c.list_objects(prefix="n1")] == names[10:20]
+        assert c.list_objects(limit=0) == [] and len(a.fake.seen("ListObjects")) == 5
+        for bad, says in (({"limit": -1}, "limit must be None"),
+                          ({"page_size": 0}, "page_size must be"),
+                          ({"page_size": 10_001}, "page_size must be")):
+            with pytest.raises(ValueError, match=says):
+                c.iter_objects(**bad)             # at the call, before any request
+        assert len(a.fake.seen("ListObjects")) == 5
+        # a server from before paging answers everything and no token: the limit still holds
+        a.fake.handlers["ListObjects"] = lambda request, context: pb.ListObjectsResponse(
+            objects=[pb.ObjectInfo(name=n) for n in names])
+        assert [o["name"] for o in c.list_objects(limit=3)] == names[:3]
+        assert len(c.list_objects()) == 25
+
+
+def test_the_asyncio_client_follows_pages(replicas):
+    from gesmas.aio import Client as AioClient
+    a = replicas[0]
+    names = [f"n{i:02d}" for i in range(25)]
+    a.fake.handlers["ListObjects"] = _paging_server(names)
+
+    async def main() -> tuple[list[str], list[str]]:
+        async with AioClient(a.address, call_stream=False) as c:
+            every = [o["name"] async for o in c.iter_objects(page_size=10)]
+            some = await c.list_objects(prefix="n2", limit=3)
+            with pytest.raises(ValueError, match="limit must be None"):
+                c.iter_objects(limit=-5)
+            return every, [o["name"] for o in some]
+    every, some = asyncio.run(main())
+    assert every == names and some == ["n20", "n21", "n22"]
+    assert [(r.limit, r.page_token) for r in a.fake.seen("ListObjects")] == [
+        (10, ""), (10, "n09"), (10, "n19"), (3, "")]
+
+
 def test_convert_round_trip():
     x = {"a": [None, True, 1, -2.5, "é", b"\x00", [], {}], "b": {"c": (1, 2)}}
     back = convert.from_value(convert.to_value(x))
@@ -614,6 +674,8 @@ def test_cli_unreachable_cluster_is_one_line(capsys):
     (["call", "Queue", "q", "produce", "--create", "3"], "--create: expected"),
     (["call", "Queue", "q", "produce", '{"$bytes": "!!"}'], "base64"),
     (["frobnicate"], "invalid choice"),
+    (["objects", "--limit", "-1"], "--limit: must be >= 0"),
+    (["ls", "--limit", "ten"], "--limit: not an integer"),
     (["status", "--cluster", ","], "--cluster"),
     # issue 26, points 5 and 15
     (["call", "Queue", "q", "consume", "--kwargs", '{"timeout": 1}'], "write --timeout 1"),
@@ -713,6 +775,20 @@ def test_cli_consistency_reaches_every_read(replicas, capsys, monkeypatch):
                   "'eventual'\n"
     rc, _, err = run_cli(capsys, "objects", "--consistency", "eventual")
     assert rc == 2 and "invalid choice: 'eventual'" in err
+
+
+def test_cli_objects_filters_and_limit(replicas, capsys):
+    a = replicas[0]
+    a.fake.handlers["ListObjects"] = _paging_server(["jobs/1", "jobs/2", "jobs/3", "locks/a"])
+    rc, out, _ = run_cli(capsys, "ls", "--prefix", "jobs/", "--class", "Counter", "--limit",
+                         "2", "--json", "--cluster", cluster(replicas))
+    assert rc == 0 and [o["name"] for o in json.loads(out)] == ["jobs/1", "jobs/2"]
+    [req] = a.fake.seen("ListObjects")
+    assert (req.prefix, req.class_name, req.limit) == ("jobs/", "Counter", 2)
+    rc, out, _ = run_cli(capsys, "objects", "--prefix", "locks/", "--cluster",
+                         cluster(replicas))
+    assert rc == 0 and out.split() == ["NAME", "CLASS", "VERSION", "WAITERS", "locks/a",
+                                       "Counter", "1", "0"]
 
 
 def test_cli_plain_word_is_a_string():

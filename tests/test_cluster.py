@@ -103,6 +103,48 @@ def test_200_blocked_consumers_released_in_fifo_order(cluster):
         assert results == list(range(n))
 
 
+def test_objects_listed_by_page_through_both_clients(cluster):
+    """ListObjects through real replicas: pages in name order whatever the creation order,
+    tokens followed by the clients, prefix and class filters, limits checked by the server
+    with an error that names the field."""
+    import asyncio
+
+    from gesmas.aio import Client as AioClient
+    from gesmas.v1 import gesmas_pb2 as pb
+
+    names = sorted([f"paged/{i:03d}" for i in range(25)] + ["paged/é", "paged/\U0001f600"])
+    with on(cluster, 1) as c:
+        for n in reversed(names):
+            c.counter(n)
+        c.lock("paged/~lock")
+        c.counter("paged-not")                         # outside the prefix, next to it
+        c.counter("paged0")
+        everything = sorted(names + ["paged/~lock"])
+        assert [o["name"] for o in c.iter_objects(prefix="paged/", page_size=7)] == everything
+        assert [o["name"] for o in c.list_objects(prefix="paged/", class_name="Lock")] == \
+            ["paged/~lock"]
+        assert [o["name"] for o in c.list_objects(prefix="paged/", limit=3)] == everything[:3]
+        listed = [o["name"] for o in c.list_objects()]            # every object, by page
+        assert listed == sorted(listed) and set(everything) <= set(listed)
+        resp = c._call("ListObjects", pb.ListObjectsRequest(prefix="paged/", limit=26))
+        assert [o.name for o in resp.objects] == everything[:26]
+        assert resp.next_page_token == everything[25]
+        resp = c._call("ListObjects", pb.ListObjectsRequest(
+            prefix="paged/", page_token=resp.next_page_token))
+        assert [o.name for o in resp.objects] == everything[26:] and resp.next_page_token == ""
+        for request, says in ((pb.ListObjectsRequest(limit=10_001), "limit must be 0"),
+                              (pb.ListObjectsRequest(limit=-1), "not -1"),
+                              (pb.ListObjectsRequest(prefix="x" * 257), "prefix must be at"),
+                              (pb.ListObjectsRequest(page_token="x" * 300), "page_token")):
+            with pytest.raises(InvalidArgument, match=says):
+                c._call("ListObjects", request)
+
+    async def aio() -> list[str]:
+        async with AioClient(addr(cluster, 2), route="replica") as a:
+            return [o["name"] async for o in a.iter_objects(prefix="paged/", page_size=5)]
+    assert asyncio.run(aio()) == everything
+
+
 def test_barrier_of_three_clients_on_three_replicas(cluster):
     clients = [on(cluster, i) for i in range(3)]
     try:

@@ -49,8 +49,9 @@ def test_each_replica_serves_its_metrics():
                          "gesmas_journal_fsync_seconds", "gesmas_journal_bytes",
                          "gesmas_checkpoint_seconds", "gesmas_raft_role_changes",
                          "gesmas_sessions_expired", "gesmas_gc_pause_seconds",
-                         "gesmas_rejoining"):
+                         "gesmas_rejoining", "gesmas_snapshot_bytes", "gesmas_data_dir_bytes"):
                 assert name in f, (node_id, name)
+            assert value(f, "gesmas_data_dir_bytes") >= value(f, "gesmas_journal_bytes") > 0
             assert value(f, "gesmas_rejoining") == 0.0   # a new cluster's replicas vote
             assert value(f, "gesmas_raft_is_leader") == (1.0 if node_id == leader.node_id
                                                          else 0.0)
@@ -97,3 +98,40 @@ def test_the_garbage_collectors_pauses_are_observed_until_closed():
     closed = full()
     gc.collect()
     assert full() == closed and m._on_gc not in gc.callbacks
+
+
+def test_the_disk_gauges_count_the_whole_journal_the_snapshot_and_the_data_dir(tmp_path):
+    """gesmas_journal_bytes is the log (buffered records too) and the meta file;
+    gesmas_snapshot_bytes the snapshot; gesmas_data_dir_bytes every file, a snapshot being
+    received and files in sub-directories included: what `du` would add up."""
+    import os
+    from types import SimpleNamespace
+
+    from gesmas.server.metrics import NodeCollector
+    from gesmas.server.replication.journal import DurableJournal
+    from gesmas.server.replication.replica import SNAPSHOT_NAME
+
+    journal = DurableJournal(str(tmp_path), fsync=False)
+    try:
+        for i in range(1, 101):
+            journal.add(b"x" * 100, i, 1)
+        journal.setCurrentTerm(1, "a")                    # syncs, writes the meta file
+        journal.add(b"y" * 1000, 101, 1)                  # buffered, not yet written
+        (tmp_path / SNAPSHOT_NAME).write_bytes(b"s" * 50_000)
+        (tmp_path / (SNAPSHOT_NAME + ".1.tmp")).write_bytes(b"r" * 7_000)
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / SNAPSHOT_NAME).write_bytes(b"n" * 300)  # not the snapshot
+        node = SimpleNamespace(replica=SimpleNamespace(status=lambda: {}, _journal=journal,
+                                                       data_dir=str(tmp_path)),
+                               kernel=None, calls={})
+        got = {f.name: f.samples[0].value for f in NodeCollector(node).collect()}
+        log = os.path.getsize(tmp_path / "raft.log")
+        meta = os.path.getsize(tmp_path / "raft.meta")
+        assert log > 100 * 100 and meta > 0
+        assert got["gesmas_journal_bytes"] == log + meta + 1000 + 24 == journal.files_size()
+        assert got["gesmas_snapshot_bytes"] == 50_000
+        on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+        assert got["gesmas_data_dir_bytes"] == on_disk
+        assert on_disk >= log + meta + 50_000 + 7_000 + 300
+    finally:
+        journal._destroy()

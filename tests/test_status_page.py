@@ -8,9 +8,13 @@ import subprocess
 import threading
 import time
 import urllib.request
+from types import SimpleNamespace
 
 from gesmas.client import Client
+from gesmas.server import statuspage
 from gesmas.server.cluster import LocalCluster
+
+from test_objects import OH
 
 
 def get(url: str) -> bytes:
@@ -57,3 +61,49 @@ def test_the_status_page_shows_members_objects_and_sessions(tmp_path):
             assert shot.exists() and shot.stat().st_size > 5000
             c.queue("status-jobs").produce("release")
             blocked.join(30)
+
+
+class _Replica:
+    """read_applied as a replica between two entries runs it, or never (`busy`)."""
+
+    def __init__(self, kernel, busy: bool = False) -> None:
+        self.kernel, self.busy, self.handles = kernel, busy, []
+
+    def read_applied(self, need, fn, done):
+        handle = SimpleNamespace(cancelled=False)
+        self.handles.append(handle)
+        if not self.busy:
+            done(fn(SimpleNamespace(kernel=self.kernel)), self.kernel.index, None)
+        return handle
+
+
+def _node(kernel, busy: bool = False):
+    return SimpleNamespace(config=SimpleNamespace(node_id=1, client_addr="127.0.0.1:1"),
+                           status=lambda: {"is_leader": True}, kernel=kernel,
+                           replica=_Replica(kernel, busy))
+
+
+def test_the_page_lists_the_first_objects_by_name_and_counts_them_all(monkeypatch):
+    """Past MAX_ROWS objects the page shows the first ones in name order (from the sorted
+    names, not a sort) and the full count; while the replica applies a long entry, the
+    counts alone, saying why."""
+    monkeypatch.setattr(statuspage, "MAX_ROWS", 5)
+    h = OH()
+    names = [f"q{i:02d}" for i in range(12)]
+    for n in reversed(names):
+        h.make("Queue", n)
+    s = h.open_session()
+    h.call(s, "q03", "consume")
+    data = statuspage.snapshot(_node(h.kernel))
+    assert [o["name"] for o in data["objects"]] == names[:5]
+    assert data["objects"][3] == {"name": "q03", "class": "Queue", "version": 1,
+                                  "waiters": 1, "owner": ""}
+    assert (data["object_count"], data["session_count"], data["waiter_count"]) == (12, 1, 1)
+    assert [x["id"] for x in data["sessions"]] == [s] and data["sessions"][0]["waiting"] == 1
+    assert "rows_note" not in data
+    monkeypatch.setattr(statuspage, "READ_WAIT", 0.01)
+    node = _node(h.kernel, busy=True)
+    data = statuspage.snapshot(node)
+    assert "objects" not in data and data["object_count"] == 12
+    assert "applying an entry" in data["rows_note"]
+    assert [hd.cancelled for hd in node.replica.handles] == [True]   # not run later

@@ -38,7 +38,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, AsyncIterator
 
 import grpc
 
@@ -471,12 +471,41 @@ class Client(session_.SessionView):
         return core.read_options(core.consistency_setting(consistency, self._consistency),
                                  self._seen)
 
-    async def list_objects(self, *, consistency: str | None = None) -> list[dict[str, Any]]:
-        """Every live object, as ``gesmas.client.Client.list_objects`` (a read)."""
-        resp = await self._call("ListObjects", pb.ListObjectsRequest(
-            read=self._read_options(consistency)))
-        return [{"name": o.name, "class_name": o.class_name, "class_version": o.class_version,
-                 "waiters": o.waiters} for o in resp.objects]
+    async def list_objects(self, *, prefix: str = "", class_name: str = "",
+                           limit: int | None = None,
+                           consistency: str | None = None) -> list[dict[str, Any]]:
+        """The live objects in name order, filtered and limited as
+        ``gesmas.client.Client.list_objects`` (page after page; each page a read)."""
+        return [o async for o in self.iter_objects(prefix=prefix, class_name=class_name,
+                                                   limit=limit, consistency=consistency)]
+
+    def iter_objects(self, *, prefix: str = "", class_name: str = "",
+                     limit: int | None = None, page_size: int = core.DEFAULT_PAGE,
+                     consistency: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """``async for o in c.iter_objects(...)``: the objects ``list_objects`` gives, one
+        page (``page_size`` objects, default 1,000, at most 10,000) fetched at a time, as
+        ``gesmas.client.Client.iter_objects``."""
+        size = core.page_size(limit, page_size)            # checked now, not at the first await
+        return self._pages(prefix, class_name, limit, size, consistency)
+
+    async def _pages(self, prefix: str, class_name: str, left: int | None, size: int,
+                     consistency: str | None) -> AsyncIterator[dict[str, Any]]:
+        token = ""
+        while left != 0:
+            resp = await self._call("ListObjects", pb.ListObjectsRequest(
+                prefix=prefix, class_name=class_name, page_token=token,
+                limit=size if left is None else min(size, left),
+                read=self._read_options(consistency)))
+            for o in resp.objects:
+                if left is not None:
+                    if left == 0:          # a server before paging answers every object
+                        return
+                    left -= 1
+                yield {"name": o.name, "class_name": o.class_name,
+                       "class_version": o.class_version, "waiters": o.waiters}
+            token = resp.next_page_token
+            if not token:
+                return
 
     async def list_classes(self, *, consistency: str | None = None) -> dict[str, int]:
         """{class name: newest version} (a read)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypedDict
 
 from gesmas.client import convert, core
 from gesmas.client.core import RPC_TIMEOUT
@@ -76,14 +76,45 @@ class AdminCalls:
         return core.read_options(core.consistency_setting(consistency, self._consistency),
                                  self._seen)
 
-    def list_objects(self, *, consistency: str | None = None) -> list[ObjectInfo]:
-        """Every live object: [{"name", "class_name", "class_version", "waiters"}, ...].
-        A read without a log entry; ``consistency`` ("linearizable" or "sequential")
-        overrides the client's for this call (README "Reads")."""
-        resp = self._call("ListObjects", pb.ListObjectsRequest(
-            read=self._read_options(consistency)))
-        return [ObjectInfo(name=o.name, class_name=o.class_name, class_version=o.class_version,
-                           waiters=o.waiters) for o in resp.objects]
+    def list_objects(self, *, prefix: str = "", class_name: str = "",
+                     limit: int | None = None,
+                     consistency: str | None = None) -> list[ObjectInfo]:
+        """The live objects, in name order: [{"name", "class_name", "class_version",
+        "waiters"}, ...]; those whose name starts with ``prefix`` and of class ``class_name``
+        if given, at most ``limit`` of them if given (default: all, page after page, as
+        ``iter_objects``). A read without a log entry; ``consistency`` ("linearizable" or
+        "sequential") overrides the client's for this call (README "Reads")."""
+        return list(self.iter_objects(prefix=prefix, class_name=class_name, limit=limit,
+                                      consistency=consistency))
+
+    def iter_objects(self, *, prefix: str = "", class_name: str = "",
+                     limit: int | None = None, page_size: int = core.DEFAULT_PAGE,
+                     consistency: str | None = None) -> Iterator[ObjectInfo]:
+        """The objects ``list_objects`` gives, fetched one page (``page_size`` objects,
+        default 1,000, at most 10,000) at a time as the iteration goes: each page is a read
+        of its own, so objects created or deleted meanwhile may or may not appear, but
+        names only go up and none appears twice."""
+        size = core.page_size(limit, page_size)            # checked now, not at next()
+        return self._pages(prefix, class_name, limit, size, consistency)
+
+    def _pages(self, prefix: str, class_name: str, left: int | None, size: int,
+               consistency: str | None) -> Iterator[ObjectInfo]:
+        token = ""
+        while left != 0:
+            resp = self._call("ListObjects", pb.ListObjectsRequest(
+                prefix=prefix, class_name=class_name, page_token=token,
+                limit=size if left is None else min(size, left),
+                read=self._read_options(consistency)))
+            for o in resp.objects:
+                if left is not None:
+                    if left == 0:          # a server before paging answers every object
+                        return
+                    left -= 1
+                yield ObjectInfo(name=o.name, class_name=o.class_name,
+                                 class_version=o.class_version, waiters=o.waiters)
+            token = resp.next_page_token
+            if not token:
+                return
 
     # --- classes -------------------------------------------------------------------------------
 

@@ -349,6 +349,23 @@ class Seen:
                     self.index = index
 
 
+MAX_PAGE = 10_000      # the largest ListObjects page a server gives
+# Pages the clients ask for: a page is read under the replica's apply lock, and 1,000
+# objects hold it ~2 ms where 10,000 hold it ~20 ms, a stall of every write meanwhile.
+DEFAULT_PAGE = 1000
+
+
+def page_size(limit: int | None, page_size: int) -> int:
+    """The page size of a listing of at most `limit` objects (None: all), checked: a
+    ValueError names the argument that is wrong."""
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise ValueError(f"limit must be None (all) or an integer >= 0, not {limit!r}")
+    if type(page_size) is not int or not 1 <= page_size <= MAX_PAGE:
+        raise ValueError(f"page_size must be an integer from 1 to {MAX_PAGE}, "
+                         f"not {page_size!r}")
+    return page_size
+
+
 def read_options(consistency: str, seen: Seen) -> Any:
     """The ReadOptions of a read: its consistency and the highest index seen."""
     from gesmas.v1 import gesmas_pb2 as pb

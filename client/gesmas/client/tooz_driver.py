@@ -298,8 +298,8 @@ class GesmasDriver(coordination.CoordinationDriverCachedRunWatchers):
         def groups() -> list[bytes]:
             client = self._require_client()
             with _translated():
-                return [_bytes(o["name"][len(GROUP_PREFIX):]) for o in client.list_objects()
-                        if o["class_name"] == "Group" and o["name"].startswith(GROUP_PREFIX)]
+                return [_bytes(o["name"][len(GROUP_PREFIX):]) for o in client.list_objects(
+                        prefix=GROUP_PREFIX, class_name="Group")]
         return _Result(groups)
 
     def join_group(self, group_id: bytes, capabilities: Any = b"") -> \

@@ -287,18 +287,28 @@ class ObjectInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., class_version: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class ListObjectsRequest(_message.Message):
-    __slots__ = ("read",)
+    __slots__ = ("limit", "page_token", "prefix", "class_name", "read")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    page_token: str
+    prefix: str
+    class_name: str
     read: ReadOptions
-    def __init__(self, read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
+    def __init__(self, limit: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ..., class_name: _Optional[str] = ..., read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
 
 class ListObjectsResponse(_message.Message):
-    __slots__ = ("objects", "applied_index")
+    __slots__ = ("objects", "next_page_token", "applied_index")
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    next_page_token: str
     applied_index: int
-    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class ClassInfo(_message.Message):
     __slots__ = ("name", "version")

@@ -50,7 +50,7 @@ from . import streams, tokens, wire
 from .calls import CallFailed
 from .config import MAX_MESSAGE
 from .kernel import auth, codec, queries
-from .kernel.errors import Code, Error
+from .kernel.errors import Code, Error, KernelError
 from .kernel.sched import NotYet
 from .replication.reads import LINEARIZABLE, SEQUENTIAL
 
@@ -466,12 +466,21 @@ class Gateway(pb_grpc.GesmasServicer):
         return await self._guard(context, self._list_objects, request)
 
     async def _list_objects(self, request: Any, context: Any) -> Any:
+        """One page, in name order, from the names the kernel keeps sorted (no sort here);
+        the kernel checks the limit and the strings, naming the field it refuses."""
         user = await self._user(context)
-        value = await self._read(request, lambda k: k.queries.answer("objects", None, user))
+        after, prefix, class_name, limit = (request.page_token, request.prefix,
+                                            request.class_name, request.limit)
+        try:                                      # refused before a read index is asked
+            queries.page_limit(limit)
+        except KernelError as e:
+            raise CallFailed(e.error) from None
+        value = await self._read(request, lambda k: k.queries.objects_page(
+            user, after=after, prefix=prefix, class_name=class_name, limit=limit))
         return pb.ListObjectsResponse(objects=[
             pb.ObjectInfo(name=o["name"], class_name=o["class"], class_version=o["version"],
-                          waiters=o["waiters"])
-            for o in sorted(value, key=lambda o: o["name"])])
+                          waiters=o["waiters"]) for o in value["objects"]],
+            next_page_token=value["next"])
 
     # -- status --------------------------------------------------------------------------------
 

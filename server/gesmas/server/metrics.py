@@ -9,6 +9,7 @@ increment when it fails.
     gesmas_raft_applied_index, gesmas_raft_peers_connected
     gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
     gesmas_checkpoint_index, gesmas_checkpoint_bytes, gesmas_rejoining
+    gesmas_journal_bytes, gesmas_snapshot_bytes, gesmas_data_dir_bytes   (what the disk holds)
     gesmas_runaway_aborts_total, gesmas_held_entries   (README "A call that runs away")
     gesmas_rpc_duration_seconds{method}   (histogram: every RPC served by this replica)
     gesmas_rpc_errors_total{method,code}
@@ -17,6 +18,7 @@ increment when it fails.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -84,8 +86,45 @@ class NodeCollector:
                     "away, until the cluster aborts it", float(st.get("held_entries") or 0))
         journal = getattr(node.replica, "_journal", None)
         if journal is not None:
-            yield gauge("gesmas_journal_bytes", "size of the Raft journal file",
-                        float(journal.size))
+            yield gauge("gesmas_journal_bytes", "bytes of the Raft journal: its log file "
+                        "(records buffered for the next fsync included) and its meta file",
+                        float(journal.files_size()))
+        data_dir = getattr(node.replica, "data_dir", None)
+        if data_dir:
+            snapshot, total = data_dir_bytes(data_dir)
+            yield gauge("gesmas_snapshot_bytes", "bytes of the Raft snapshot file (the last "
+                        "checkpoint and the entries after it) in the data directory",
+                        float(snapshot))
+            yield gauge("gesmas_data_dir_bytes", "bytes of every file in the data directory: "
+                        "journal, snapshot, snapshots being written or received, markers",
+                        float(total))
+
+
+def data_dir_bytes(path: str) -> tuple[int, int]:
+    """(bytes of the snapshot file, bytes of every file under `path`), by a walk of the
+    directory: files that come and go meanwhile (a snapshot written, a compaction) are
+    counted if they are seen, never an error."""
+    from .replication.replica import SNAPSHOT_NAME
+    snapshot = total = 0
+    top = os.path.join(path, SNAPSHOT_NAME)
+    todo = [path]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    size = e.stat(follow_symlinks=False).st_size
+                    total += size
+                    if e.path == top:
+                        snapshot = size
+            except OSError:
+                continue
+    return snapshot, total
 
 
 class Metrics:

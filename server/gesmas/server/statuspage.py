@@ -9,18 +9,25 @@ names and session ids, never secrets).
 """
 from __future__ import annotations
 
+import threading
 import time
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .kernel import Kernel
     from .node import Node
 
 MAX_ROWS = 500          # objects and sessions listed (the counts are always complete)
+READ_WAIT = 1.0         # seconds to wait for a moment between two entries
 
 
 def snapshot(node: Node) -> dict[str, Any]:
-    """The page's data, read on the HTTP thread while the apply thread runs: dicts are
-    copied first (a resize during the copy is retried)."""
+    """The page's data, read on the HTTP thread. The counts are read at once (sizes, each
+    read atomic); the rows (the first MAX_ROWS objects in name order, from the names the
+    kernel keeps sorted, and the first sessions) are read between two entries, as a read
+    without a log entry is. While the replica applies an entry longer than READ_WAIT the
+    page shows the counts alone and says why."""
     out: dict[str, Any] = {"generated": time.time(), "node": node.config.node_id,
                            "client_addr": node.config.client_addr}
     try:
@@ -30,32 +37,48 @@ def snapshot(node: Node) -> dict[str, Any]:
     k = node.kernel
     if k is None:
         return out
-    for _ in range(5):
-        try:
-            objects = list(k.objects.items())
-            sessions = list(k.sessions.values())
-            waiting: dict[str, int] = {}
-            for s in sessions:
-                for r in list(s.inflight.values()):
-                    if r.waiter is not None:
-                        waiting[r.obj] = waiting.get(r.obj, 0) + 1
-            break
-        except RuntimeError:        # a dict changed size while copied
-            continue
-    else:
-        return out
-    now = k.now
-    out["kernel_time"] = now
-    out["object_count"], out["session_count"] = len(objects), len(sessions)
+    out["kernel_time"] = k.now
+    out["object_count"], out["session_count"] = len(k.objects), len(k.sessions)
     out["waiter_count"] = k._waiting
-    out["objects"] = [{"name": n, "class": r.cls.name, "version": r.cls.version,
-                       "waiters": waiting.get(n, 0), "owner": r.owner}
-                      for n, r in sorted(objects)[:MAX_ROWS]]
-    out["sessions"] = [{"id": s.id, "user": s.user, "ttl": s.ttl,
-                        "age": round(now - s.opened, 1) if s.opened else None,
-                        "waiting": sum(1 for r in s.inflight.values() if r.waiter is not None)}
-                       for s in sessions[:MAX_ROWS]]
+    rows = _rows(node)
+    if rows is None:
+        out["rows_note"] = f"the replica is applying an entry (over {READ_WAIT:g} s): counts only"
+    else:
+        out.update(rows)
     return out
+
+
+def _rows(node: Node) -> dict[str, Any] | None:
+    replica = node.replica
+    if replica is None:
+        return None
+    done = threading.Event()
+    box: list[Any] = []
+
+    def read(kernel: Kernel) -> dict[str, Any]:
+        now = kernel.now
+        sessions = list(islice(kernel.sessions.values(), MAX_ROWS))
+        return {
+            "kernel_time": now, "object_count": len(kernel.objects),
+            "session_count": len(kernel.sessions), "waiter_count": kernel._waiting,
+            "objects": kernel.queries.page(limit=MAX_ROWS)["objects"],
+            "sessions": [{"id": s.id, "user": s.user, "ttl": s.ttl,
+                          "age": round(now - s.opened, 1) if s.opened else None,
+                          "waiting": sum(1 for r in s.inflight.values()
+                                         if r.waiter is not None)}
+                         for s in sessions]}
+
+    def finish(value: Any, index: int, error: BaseException | None) -> None:
+        box.append(value if error is None else None)
+        done.set()
+    try:
+        handle = replica.read_applied(0, lambda sm: read(sm.kernel), finish)
+    except Exception:               # stopped meanwhile
+        return None
+    if not done.wait(READ_WAIT):
+        handle.cancelled = True
+        return None
+    return box[0]
 
 
 PAGE = """<!doctype html>
@@ -97,10 +120,14 @@ async function refresh(){
   fill('members', s.nodes||[], n=>[cell(n.node_id), cell(n.address),
    cell(n.address && n.address===s.leader_address ? 'leader':'follower'),
    cell(n.match_index,'num'), cell(n.connected?'yes':'NO', n.connected?'ok':'bad')]);
-  document.getElementById('objcount').textContent='('+(s.object_count||0)+')';
+  const shown=(s.objects||[]).length, count=s.object_count||0;
+  document.getElementById('objcount').textContent=s.rows_note ? '('+count+'; '+s.rows_note+')' :
+   shown<count ? '(the first '+shown+' of '+count+', by name)' : '('+count+')';
   fill('objects', s.objects||[], o=>[cell(o.name), cell(o.class), cell(o.version,'num'),
    cell(o.waiters,'num'), cell(o.owner)]);
-  document.getElementById('sesscount').textContent='('+(s.session_count||0)+')';
+  const sshown=(s.sessions||[]).length, scount=s.session_count||0;
+  document.getElementById('sesscount').textContent=
+   sshown<scount ? '(the first '+sshown+' of '+scount+')' : '('+scount+')';
   fill('sessions', s.sessions||[], x=>[cell(x.id,'num'), cell(x.user), cell(x.age,'num'),
    cell(x.ttl,'num'), cell(x.waiting,'num')]);
  }catch(e){document.getElementById('summary').textContent='cannot reach the replica: '+e;}

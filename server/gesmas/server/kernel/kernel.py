@@ -202,7 +202,8 @@ class Kernel:
         k = cls(config)
         limit = sys.getrecursionlimit()
         try:
-            k.checkpoints.load(blob)
+            with k.state.objects.bulk():     # the sorted names: one sort, not 10^6 inserts
+                k.checkpoints.load(blob)
         finally:
             stack.use(limit)
         return k

@@ -4,12 +4,14 @@ checks that read nothing else; no part of the kernel is imported here."""
 from __future__ import annotations
 
 import enum
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from . import codec
 from .auth import AuthState, Usage
 from .errors import Code, Error, KernelError
+from .names import SortedNames
 from .registry import ClassVersion
 from .sched import SAVING, Host, Task, Waiter
 
@@ -33,9 +35,11 @@ class Config:
     max_source: int = 256 * 1024      # characters of one class source
     # class names only the replicas' own uploads (auth.SYSTEM) may define
     reserved_classes: frozenset[str] = frozenset()
-    # per-user quotas for users without their own value (kernel/auth.py; root has none)
+    # per-user quotas for users without their own value (kernel/auth.py; root has none);
+    # callers without a login share one. Objects: room for a million-object cluster (a
+    # standard object holds ~0.3 KB of state and costs ~1 KB of memory on each replica).
     default_quota: tuple[tuple[str, int], ...] = (
-        ("sessions", 10_000), ("objects", 100_000), ("waiters", 100_000),
+        ("sessions", 10_000), ("objects", 2_000_000), ("waiters", 100_000),
         ("state_bytes", 1 << 30), ("source_bytes", 4 << 20))
     # Log indices the operator declared poison (a command that kills the process whatever the
     # kernel does): they complete with INTERNAL without running. Same list on every replica.
@@ -58,7 +62,7 @@ class State:
         self.index = 0                           # the log index of the last command applied
         self.now = 0.0                           # kernel time: commands' ts, made monotonic
         self.sessions: dict[int, Session] = {}
-        self.objects: dict[str, ObjectRecord] = {}
+        self.objects = ObjectTable()
         # A cache, not part of the state: each object's entry in the last checkpoint taken or
         # loaded (checkpoint.py), None until the next one saves it. Kept in the order of
         # `objects` (lifecycle.py and checkpoint.py add and remove names in both alike).
@@ -80,10 +84,105 @@ class State:
         used = (self.auth.source_used.get(user, 0) if what == "source_bytes"
                 else self.usage.get(user, what))
         if used + extra > limit:
+            own = self.auth.users.get(user)
+            flag = what.replace("_", "-")
+            if own is not None and what in own["quota"]:
+                source = "the user's own quota"
+            elif user:
+                source = (f"the default quota; `gesmas user quota {user} --{flag} N` sets "
+                          "its own")
+            else:
+                source = ("the default quota, shared by every caller without a login: log in "
+                          "as a user to have a quota of its own")
             who = f"user {user!r}" if user else "anonymous callers"
             raise KernelError(Code.RESOURCE_EXHAUSTED,
-                              f"quota {what} of {who} exceeded: {used} in use, limit {limit}",
-                              "QuotaExceeded")
+                              f"quota {what} of {who} exceeded: {used} in use, limit {limit} "
+                              f"({source})", "QuotaExceeded")
+
+
+class ObjectTable(dict[str, "ObjectRecord"]):
+    """The live objects by name, in creation order as a dict keeps them (the order the
+    checkpoint and the digest walk), plus `names`: the same names sorted, for listings by
+    page (names.py). Every way to add or remove a key keeps the two alike."""
+
+    __slots__ = ("names",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names = SortedNames()
+
+    def __setitem__(self, name: str, rec: ObjectRecord) -> None:
+        if name not in self:
+            self.names.add(name)
+        super().__setitem__(name, rec)
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        self.names.discard(name)
+
+    _MISSING: Any = object()
+
+    def pop(self, name: str, default: Any = _MISSING) -> Any:
+        if name in self:
+            self.names.discard(name)
+            return super().pop(name)
+        if default is ObjectTable._MISSING:
+            raise KeyError(name)
+        return default
+
+    def setdefault(self, name: str, rec: Any = None) -> Any:
+        if name not in self:
+            self[name] = rec
+        return self[name]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for name, rec in dict(*args, **kwargs).items():
+            self[name] = rec
+
+    def popitem(self) -> tuple[str, ObjectRecord]:
+        name, rec = super().popitem()
+        self.names.discard(name)
+        return name, rec
+
+    def clear(self) -> None:
+        super().clear()
+        self.names = SortedNames()
+
+    def __ior__(self, other: Any) -> ObjectTable:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def __reduce__(self) -> Any:          # a copy or a pickle gets its sorted names too
+        return (_object_table, (list(self.items()),))
+
+    @contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Many changes (a restore adds every object) without keeping the sorted names
+        meanwhile: they are made again at the end, with one sort."""
+        self.names = _NOT_KEPT
+        try:
+            yield
+        finally:
+            self.names = SortedNames.of(sorted(self))
+
+
+class _NotKept(SortedNames):
+    """The sorted names of an ObjectTable in bulk(): changes are ignored."""
+
+    def add(self, name: str) -> None:
+        pass
+
+    def discard(self, name: str) -> None:
+        pass
+
+
+_NOT_KEPT = _NotKept()
+
+
+def _object_table(items: list[tuple[str, ObjectRecord]]) -> ObjectTable:
+    table = ObjectTable()
+    table.update(items)
+    return table
 
 
 class Session:

@@ -57,6 +57,7 @@ class Runner:
         self.measure_every = (config.max_object_bytes >> 2) // 64   # steps between measures
         self.order = 0                   # block sequence number
         self.waiting = 0                 # live waiters
+        self.waiting_on: dict[str, int] = {}   # ... per object (listings), none if 0
         self.deadlines: list[tuple[float, int, Waiter[Request]]] = []
         self.ready: deque[tuple[Request, BaseException | None]] = deque()
         self.out: list[Completion] = []  # completions of the command being applied
@@ -264,6 +265,7 @@ class Runner:
         sem._enqueue(w)
         req.waiter = w
         self.waiting += 1
+        self.waiting_on[req.obj] = self.waiting_on.get(req.obj, 0) + 1
         self.state.usage.add(req.user, "waiters", 1)
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, w.order, w))
@@ -288,7 +290,7 @@ class Runner:
         """Semaphore.release handed a permit to `w`: run it after the current request."""
         req = w.request
         req.waiter = None
-        self.waiting -= 1
+        self._unwait(req)
         self.state.usage.add(req.user, "waiters", -1)
         self.ready.append((req, None))
 
@@ -298,7 +300,7 @@ class Runner:
         if w is not None and w.live:
             w.semaphore._drop(w)
             req.waiter = None
-            self.waiting -= 1
+            self._unwait(req)
             self.state.usage.add(req.user, "waiters", -1)
             self.ready.append((req, exc))
 
@@ -307,9 +309,18 @@ class Runner:
         w = req.waiter
         if w is not None and w.live:
             w.semaphore._drop(w)
-            self.waiting -= 1
+            self._unwait(req)
             self.state.usage.add(req.user, "waiters", -1)
         req.waiter = None
+
+    def _unwait(self, req: Request) -> None:
+        """Count `req` out of the waiters (its waiter left its semaphore)."""
+        self.waiting -= 1
+        n = self.waiting_on[req.obj] - 1
+        if n:
+            self.waiting_on[req.obj] = n
+        else:
+            del self.waiting_on[req.obj]
 
     def expire_due(self) -> None:
         """Time out the waits whose deadline is not after kernel time."""

@@ -221,6 +221,18 @@ class DurableJournal(Journal):
         """Bytes of the journal file, buffered records included."""
         return self._end
 
+    def files_size(self) -> int:
+        """Bytes of the whole journal: the log file (buffered records included, a compaction's
+        new file while it is written too) and the meta file. Read on any thread (a stat of
+        each file; a file that is not there counts 0)."""
+        total = self._end
+        for path in (self._meta_path, self._path + ".tmp"):
+            try:
+                total += os.stat(path).st_size
+            except OSError:
+                pass
+        return total
+
     def _store_meta(self) -> None:
         self.sync()  # the stored commit index never runs ahead of the durable log
         voted = (self._voted_for or "").encode()
