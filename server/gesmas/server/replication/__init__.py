@@ -49,6 +49,10 @@ machine ``sm`` (the kernel) on pysyncobj's tick thread, which is also its apply 
      ask, grant) to ``reads.ReadIndex`` before pysyncobj sees them; ``Replica._on_tick``
      starts the rounds and runs the reads whose index is applied (reads.py: reads without a
      log entry, serialized with the applying of entries by ``AppliedReads.lock``).
+  13. ``_DurableTransport._send_grouped`` holds a node's messages while the outgoing
+     connection to it is up but pysyncobj's key exchange is not finished (``_handshaking``):
+     pysyncobj would write them without the connection key, and the peer would close the
+     connection.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it
