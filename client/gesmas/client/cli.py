@@ -310,6 +310,17 @@ def cmd_auth_op(args: argparse.Namespace) -> int:
 
 # --- server commands ---------------------------------------------------------------------
 
+def _file_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal file mode: {text!r}") from None
+    if not 0 <= mode <= 0o777 or mode & 0o400 == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a mode from 0400 to 0777 that lets the "
+                                         "owner read")
+    return mode
+
+
 def _comma_list(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -333,6 +344,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise GesmasError(f"the server is not available in this installation: {e}") from None
     pki = certs.make_pki(args.dir, users=args.users, hosts=args.hosts, days=args.days)
+    if args.server_key_mode is not None:
+        # A container's user (uid 10001 in deploy/Dockerfile) reads the key through a bind
+        # mount (a Compose file secret), which keeps the host's owner and mode: it needs
+        # read access for others. Only the directory's owner may then enter the directory.
+        os.chmod(args.dir, 0o700)
+        os.chmod(pki.server_key, args.server_key_mode)
     print(f"CA {pki.ca_cert}; server {pki.server_cert} / {pki.server_key}")
     for user, (cert, key) in pki.clients.items():
         print(f"client {user}: {cert} / {key}")
@@ -461,6 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=_comma_list, default=["root"],
                    help="client certificates to make (their common names)")
     p.add_argument("--days", type=int, default=365)
+    p.add_argument("--server-key-mode", type=_file_mode, metavar="OCTAL",
+                   help="mode of server.key (default 0600, its owner only). 0644 lets a "
+                        "container's user read it as a Compose secret (deploy/compose.yaml: "
+                        "the image runs as uid 10001); DIR is then made 0700, so that only "
+                        "you (and root) can reach the files on the host")
     p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("up", help="run a local cluster in the foreground",
