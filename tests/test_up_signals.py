@@ -138,14 +138,21 @@ def start_up(tmp_path):
 
     yield start
     for u in started:                          # whatever is left of each session, by pid
-        for pid in [u.proc.pid] + u.group():
-            st = stat(pid)
-            if st is not None and st[2] == u.proc.pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        if u.proc.poll() is None:
+            u.proc.kill()                      # first: it restarts no node after this
         u.proc.wait(timeout=30)
+        for _ in range(10):
+            left = u.group()
+            if not left:
+                break
+            for pid in left:
+                st = stat(pid)
+                if st is not None and st[2] == u.proc.pid:    # still one of ours
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            wait_gone(left, 10)
         if u.proc.stdout is not None:
             u.ended.wait(10)
             u.proc.stdout.close()
