@@ -486,3 +486,54 @@ def test_a_frame_without_the_connection_key_is_refused_by_name(cluster, target, 
             _wait_closed(s)
     assert "without the connection key" in caplog.text
     cluster.commit(b"after a keyless frame")
+
+
+def test_messages_held_for_a_silent_handshake_are_dropped_when_it_times_out(tmp_path):
+    """A peer that accepts the connection but never answers the handshake (a stopped
+    process: the kernel still accepts) must not make the replica hold messages for ever: at
+    connectionTimeout the connection is closed, as a send would have found (holding them, no
+    send checked it any more), and the messages are dropped as for any disconnected peer."""
+    listeners = []
+    for _ in range(2):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4)
+        sock.settimeout(COMMIT_TIMEOUT)
+        listeners.append(sock)
+    peer_addrs = ["127.0.0.1:%d" % s.getsockname()[1] for s in listeners]
+    addr = next(a for a in (f"127.0.0.1:{p}" for _ in range(100) for p in free_ports(1))
+                if a > max(peer_addrs))
+    replica = Replica(addr, [addr] + peer_addrs, str(tmp_path / "r"), fresh=DigestSM,
+                      restore=DigestSM, on_completions=lambda c: None, password=TEST_SECRET,
+                      fsync=False, new_cluster=True,
+                      tuning=RaftTuning(connection_timeout=2.0))
+    conns = []
+    try:
+        ends = []
+        for sock in listeners:
+            conn, _ = sock.accept()
+            conns.append(conn)
+            ends.append(_PeerEnd(conn))
+        keys = [end.next() for end in ends]
+        mine = os.urandom(32)
+        ends[0].send((keys[0], mine))                        # one peer answers, and keeps
+        assert ends[0].next() == (mine, addr)                # reading what it gets
+        silent = conns[1]                                    # the other never answers
+        deadline = time.monotonic() + COMMIT_TIMEOUT
+        while True:                                          # closed by the replica
+            assert time.monotonic() < deadline, "the silent handshake was never closed"
+            # the first peer stays in touch (a stale vote answer, ignored), so that the
+            # replica keeps standing for election and has messages for the silent one
+            ends[0].send((keys[0], {"type": "response_vote", "term": 0}))
+            ends[0].arrived()
+            if select.select([silent], [], [], 0.1)[0]:
+                try:
+                    data = silent.recv(65536)
+                except ConnectionResetError:
+                    break
+                assert not data, "a message left before the handshake finished"
+                break
+    finally:
+        replica.destroy()
+        for c in conns + listeners:
+            c.close()

@@ -410,8 +410,13 @@ class _DurableTransport(TCPTransport):
         limit = self._syncObj.conf.appendEntriesBatchSizeBytes
         for node, messages in per_node.items():
             if self._handshaking(node):
-                held.extend((node, m) for m in messages)
-                continue
+                # what a send would check: a peer silent for connectionTimeout (one that
+                # accepted the connection but never answers the handshake, a stopped process)
+                # is disconnected, and its messages are dropped like any disconnected node's
+                self._connections[node]._TcpConnection__processConnectionTimeout()
+                if self._handshaking(node):
+                    held.extend((node, m) for m in messages)
+                    continue
             for run in _size_runs(coalesce(messages, limit), limit):
                 for message in batch(run):
                     super().send(node, message)
