@@ -17,7 +17,8 @@ from gesmas.server.certs import make_pki
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 FILES = ["Dockerfile", "compose.yaml", "k8s/gesmas.yaml", "gesmas.service"]
 CLIENT_ENV = {"GESMAS_CLUSTER", "GESMAS_TLS_CA", "GESMAS_TLS_CERT", "GESMAS_TLS_KEY",
-              "GESMAS_USER", "GESMAS_PASSWORD", "GESMAS_LOG", "GESMAS_LOG_FORMAT"}
+              "GESMAS_USER", "GESMAS_PASSWORD", "GESMAS_LOG", "GESMAS_LOG_FORMAT",
+              "GESMAS_HEALTH_ADDR"}        # read by `gesmas health`
 
 
 def text(name: str) -> str:
@@ -117,3 +118,117 @@ def test_the_grafana_dashboard_uses_only_metrics_a_replica_serves():
     served = set(re.findall(r"\"(gesmas_[a-z_]+)\"", Path(metrics_mod.__file__).read_text()))
     served = {re.sub(r"_total$", "", s) for s in served} | served
     assert used and used <= served, sorted(used - served)
+
+
+# --- properties of the deploy files (issue 26: probes, restart policy, health, context) -----
+
+def _yaml(name: str):
+    import yaml                             # a dev dependency (pyproject.toml)
+    return list(yaml.safe_load_all(text(name)))
+
+
+def _statefulset_container() -> dict:
+    [sts] = [d for d in _yaml("k8s/gesmas.yaml") if d and d.get("kind") == "StatefulSet"]
+    [container] = sts["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _health_args(command: list[str]) -> list[str]:
+    """The argv of a `gesmas health` probe command, parsed by the real CLI parser."""
+    assert command[:2] == ["gesmas", "health"], command
+    args = cli.build_parser().parse_args(command[1:])
+    assert args.func is cli.cmd_health
+    return command[2:]
+
+
+def test_the_k8s_probes_run_gesmas_health_and_liveness_is_local():
+    c = _statefulset_container()
+    ready, live = c["readinessProbe"], c["livenessProbe"]
+    # the kubelet's grpc probe speaks no TLS: both are exec probes of the TLS-aware command
+    assert "grpc" not in ready and "grpc" not in live
+    assert "--live" not in _health_args(ready["exec"]["command"])     # readiness: SERVING
+    assert "--live" in _health_args(live["exec"]["command"])          # liveness: it answers
+    # the probe commands take what they need from the container's environment (the kubelet
+    # does not expand $(VAR) in exec probes): the CA, the pod's address, the certificate name
+    env = {e["name"]: e for e in c["env"]}
+    assert env["GESMAS_TLS_CA"]["value"].startswith("/etc/gesmas/")
+    assert env["GESMAS_HEALTH_ADDR"]["value"] == "$(POD_IP):7101"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["GESMAS_CLIENT_ADDR"]["value"].startswith("$(POD_NAME).gesmas:")
+    names = list(env)
+    assert names.index("POD_IP") < names.index("GESMAS_HEALTH_ADDR")   # defined before use
+    # every probe gives the command time to answer (its own --timeout is shorter)
+    for probe in (ready, live):
+        cmd = probe["exec"]["command"]
+        assert float(cmd[cmd.index("--timeout") + 1]) < probe["timeoutSeconds"]
+    assert "--from-file=ca.pem" in text("k8s/gesmas.yaml")
+
+
+def test_the_compose_nodes_have_a_health_check_and_the_secrets_it_needs():
+    [compose] = _yaml("compose.yaml")
+    for name, service in compose["services"].items():
+        check = service["healthcheck"]
+        test = check["test"]
+        assert test[0] == "CMD" and "--live" not in _health_args(test[1:]), name
+        env = service["environment"]
+        assert env["GESMAS_TLS_CA"] == "/run/secrets/ca-cert"
+        assert env["GESMAS_CLIENT_ADDR"].startswith(f"{name}:")   # what `health` dials
+        assert "ca-cert" in service["secrets"]
+    assert compose["secrets"]["ca-cert"] == {"file": "./secrets/ca.pem"}
+    # the image's user (uid 10001) reads the server key through a file secret: the documented
+    # `gesmas certs` makes it readable (and parses: test_every_gesmas_command_line_parses)
+    certs = re.search(r"^#\s*(gesmas certs .*)$", text("compose.yaml"), re.M).group(1)
+    assert "--server-key-mode 0644" in certs
+    assert "USER gesmas" in text("Dockerfile") and "--uid 10001" in text("Dockerfile")
+    assert "chmod 0644 deploy/secrets/cluster-secret deploy/secrets/root-password" in \
+        text("compose.yaml")
+
+
+def test_the_server_key_mode_option_makes_a_key_a_container_can_read(tmp_path):
+    import os
+    import stat
+    d = tmp_path / "secrets"
+    args = cli.build_parser().parse_args(["certs", str(d), "--hosts", "node1",
+                                          "--server-key-mode", "0644"])
+    assert args.func(args) == 0
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)      # noqa: E731
+    assert mode(d / "server.key") == 0o644
+    assert mode(d) == 0o700                                 # only its owner gets in
+    assert mode(d / "ca.key") == 0o600 and mode(d / "client-root.key") == 0o600
+    plain = tmp_path / "plain"
+    args = cli.build_parser().parse_args(["certs", str(plain)])
+    assert args.func(args) == 0 and mode(plain / "server.key") == 0o600
+    with pytest.raises(cli.UsageError):
+        cli.build_parser().parse_args(["certs", str(d), "--server-key-mode", "0200"])
+
+
+def test_the_systemd_unit_does_not_restart_a_replica_that_stopped_on_purpose():
+    import configparser
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str                                  # keys are case-sensitive
+    unit.read_string(text("gesmas.service"))
+    service = unit["Service"]
+    assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"].split() == ["3"]
+    # 3 is what gesmas server returns when it stops on purpose (server/main.py)
+    src = (Path(server_config.__file__).parent / "main.py").read_text()
+    assert src.count("return 3") >= 2 and "RestartPreventExitStatus=3" in \
+        (DEPLOY / "README.md").read_text()
+    # the data dir in node.json is the one systemd makes for the unit's user
+    assert service["StateDirectory"] == "gesmas" and service["User"] == "gesmas"
+    assert json.loads(text("node1.json"))["data_dir"] == "/var/lib/gesmas"
+    assert "--new-cluster" not in service["ExecStart"]
+    readme = (DEPLOY / "README.md").read_text()
+    assert "python3 -m venv /opt/gesmas/.venv" in readme and "useradd" in readme
+
+
+def test_the_dockerignore_keeps_the_build_context_small_and_secret_free():
+    path = DEPLOY.parent / ".dockerignore"
+    entries = {line.strip() for line in path.read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".venv", ".git", "**/__pycache__", ".pytest_cache", ".mypy_cache",
+            "deploy/secrets", "data"} <= entries
+    # nothing the Dockerfile copies is left out
+    copied = {w for line in text("Dockerfile").splitlines() if line.startswith("COPY ")
+              and "--from" not in line for w in line.split()[1:-1]}
+    assert copied and not copied & entries, copied & entries

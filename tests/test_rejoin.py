@@ -94,6 +94,11 @@ def test_a_cluster_started_without_new_cluster_still_elects(tmp_path):
         for m in cluster.members:
             cluster.wait_caught_up(m)
             _wait_path(os.path.join(m.data_dir, MARKER_NAME), exists=False)
+            # the way a unit file or a StatefulSet starts a cluster: nothing to warn about,
+            # and above all no advice to pass --new-cluster (never in a unit: README)
+            with open(m.log_path, encoding="utf-8", errors="replace") as f:
+                log = f.read()
+            assert "new-cluster" not in log and "WARNING" not in log, log
     finally:
         cluster.stop()
 

@@ -459,6 +459,36 @@ def test_an_empty_start_without_new_cluster_is_a_rejoin_that_survives_restarts(t
     assert RejoinGuard.open(str(e), SNAPSHOT_NAME, True, new_cluster=False) is None
 
 
+def test_a_first_start_without_new_cluster_logs_no_warning_a_refused_vote_does(tmp_path, caplog):
+    """A unit file or a StatefulSet never passes --new-cluster, so every replica of a correct
+    first start is an empty start without it: that must not log a warning (which advised
+    --new-cluster, the flag the README says never to put in a unit). Refusing a vote to a
+    candidate with a history is the moment something may be wrong: one warning then."""
+    import logging
+
+    from gesmas.server.replication import SNAPSHOT_NAME
+    from gesmas.server.replication.rejoin import RejoinGuard
+    d = tmp_path / "n"
+    d.mkdir()
+    with caplog.at_level(logging.INFO, logger="gesmas.server.replication.rejoin"):
+        g = RejoinGuard.open(str(d), SNAPSHOT_NAME, True, new_cluster=False)
+        assert g is not None
+        assert not g.refuses({"type": "request_vote", "term": 1, "last_log_term": 0,
+                              "last_log_index": 1})          # a new cluster's candidate
+        assert RejoinGuard.open(str(d), SNAPSHOT_NAME, True, new_cluster=False) is not None
+    assert caplog.records and all(r.levelno < logging.WARNING for r in caplog.records)
+    assert not any("start every replica with --new-cluster" in r.getMessage()
+                   for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gesmas.server.replication.rejoin"):
+        for _ in range(3):                                     # a candidate with a history
+            assert g.refuses({"type": "request_vote", "term": 5, "last_log_term": 4,
+                              "last_log_index": 31})
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "term 4, index 31" in warnings[0]
+    assert "--new-cluster" not in warnings[0] and g.refused == 3
+
+
 def test_a_rejoining_replica_votes_only_for_logs_that_hold_what_it_may_have_lost(tmp_path):
     from gesmas.server.replication.rejoin import RejoinGuard
     g = RejoinGuard(str(tmp_path / "marker"), fsync=False)

@@ -79,3 +79,32 @@ def test_gesmas_up_restarts_a_killed_node_while_the_others_serve(monkeypatch, ca
             t.join(10)
     assert f"node {victim.node_id} exited with -9; the others keep serving; restarting" \
         in capfd.readouterr().err
+
+
+def test_a_stop_signal_while_the_replica_starts_is_a_clean_stop(monkeypatch, tmp_path):
+    """SIGINT before the event loop handles it (during the imports and the configuration) is
+    recorded, not raised: a KeyboardInterrupt there could be swallowed by a bare `except:`
+    in an import and turn into a misleading failure (exit 1). The replica exits 0 at once."""
+    import os
+    import signal
+
+    import gesmas.server.node as node_mod
+    monkeypatch.setattr(server_main, "ensure_hash_seed", lambda: None)
+    real_load = server_main.load_config
+
+    def load_and_interrupt(flags):
+        os.kill(os.getpid(), signal.SIGINT)       # a Ctrl-C while the replica starts
+        return real_load(flags)
+
+    def no_node(*a, **kw):
+        raise AssertionError("a replica asked to stop while starting must not serve")
+
+    monkeypatch.setattr(server_main, "load_config", load_and_interrupt)
+    monkeypatch.setattr(node_mod, "Node", no_node)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        client, raft = free_ports(2)
+        assert server_main.run_server(server_main_args(tmp_path, client, raft)) == 0
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)

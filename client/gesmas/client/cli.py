@@ -1,6 +1,7 @@
 """The ``gesmas`` command: call methods, upload classes, inspect and run a cluster.
 
-Client commands (call, upload, status, objects, classes, admin) talk to ``--cluster``. Server
+Client commands (call, upload, status, objects, classes, admin) talk to ``--cluster``;
+``health`` asks one replica. Server
 commands (up, server) only parse their arguments here and hand the Namespace to
 ``gesmas.server.node``, imported when they run. Errors are one line on stderr:
 exit 2 for usage mistakes, 1 for errors from (or reaching) the cluster.
@@ -218,6 +219,54 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _host(address: str) -> str:
+    host = address.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """One gRPC health check of ONE replica, without a login (what a container probe runs:
+    the kubelet's own gRPC probe cannot speak TLS). 0 if it is SERVING (with --live: if it
+    answers at all, SERVING or not), else 1 with the reason on stderr."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from gesmas.client.client import check_address
+    own = os.environ.get("GESMAS_CLIENT_ADDR") or ""
+    address = (args.address or os.environ.get("GESMAS_HEALTH_ADDR") or own
+               or args.cluster.split(",")[0].strip())
+    try:
+        check_address(address)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    # the replica's certificate is for the host of its client address, which may not be the
+    # address dialled (GESMAS_HEALTH_ADDR: the pod's IP, so that no DNS lookup is needed)
+    name = args.tls_server_name or (_host(own) if own else "") or _host(address)
+    if args.tls_ca or args.tls_cert or args.tls_key:
+        creds = TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key).credentials()
+        options = [("grpc.ssl_target_name_override", name)] if name != _host(address) else []
+        channel = grpc.secure_channel(address, creds, options=options)
+    else:
+        channel = grpc.insecure_channel(address)
+    statuses = health_pb2.HealthCheckResponse.ServingStatus
+    with channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service),
+                timeout=None if math.isinf(args.timeout) else args.timeout)
+        except grpc.RpcError as e:
+            print(f"gesmas health: {address}: no answer ({e.code().name}: {e.details()})",
+                  file=sys.stderr)
+            return 1
+    status = statuses.Name(answer.status)
+    print(f"{address}: {status}")
+    if args.live or answer.status == statuses.SERVING:
+        return 0
+    print(f"gesmas health: {address} is {status}: it does not reach a leader or lags "
+          "behind (README \"Probes\")", file=sys.stderr)
+    return 1
+
+
 def cmd_objects(args: argparse.Namespace) -> int:
     with _client(args) as c:
         objects = c.list_objects(prefix=args.prefix, class_name=args.class_name,
@@ -278,6 +327,17 @@ def cmd_auth_op(args: argparse.Namespace) -> int:
 
 # --- server commands ---------------------------------------------------------------------
 
+def _file_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal file mode: {text!r}") from None
+    if not 0 <= mode <= 0o777 or mode & 0o400 == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a mode from 0400 to 0777 that lets the "
+                                         "owner read")
+    return mode
+
+
 def _comma_list(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -301,6 +361,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise GesmasError(f"the server is not available in this installation: {e}") from None
     pki = certs.make_pki(args.dir, users=args.users, hosts=args.hosts, days=args.days)
+    if args.server_key_mode is not None:
+        # A container's user (uid 10001 in deploy/Dockerfile) reads the key through a bind
+        # mount (a Compose file secret), which keeps the host's owner and mode: it needs
+        # read access for others. Only the directory's owner may then enter the directory.
+        os.chmod(args.dir, 0o700)
+        os.chmod(pki.server_key, args.server_key_mode)
     print(f"CA {pki.ca_cert}; server {pki.server_cert} / {pki.server_key}")
     for user, (cert, key) in pki.clients.items():
         print(f"client {user}: {cert} / {key}")
@@ -390,6 +456,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at most N objects (default: all)")
     p.set_defaults(func=cmd_objects)
 
+    p = sub.add_parser(
+        "health", parents=[common], help="health check of one replica (for probes)",
+        description="Ask ONE replica the gRPC health service (no login): exit 0 if it is "
+                    "SERVING (it reaches a leader and keeps up), 1 if not or if it does not "
+                    "answer. --live: exit 0 whenever it answers, a check of the process "
+                    "alone, for a liveness probe (a replica cut off from the quorum is not "
+                    "ready, but restarting it would not help).")
+    p.add_argument("--address", metavar="HOST:PORT",
+                   help="the replica (default: env GESMAS_HEALTH_ADDR, else env "
+                        "GESMAS_CLIENT_ADDR, the replica's own address in its container, else "
+                        "the first of --cluster)")
+    p.add_argument("--tls-server-name", metavar="NAME",
+                   help="the name its certificate must carry (default: the host of env "
+                        "GESMAS_CLIENT_ADDR if set, else of the address dialled)")
+    p.add_argument("--live", action="store_true",
+                   help="succeed whenever the replica answers, SERVING or NOT_SERVING")
+    p.add_argument("--service", default="", help="health service name (default: '')")
+    p.add_argument("--timeout", type=seconds, default=5.0, metavar="S",
+                   help="wait at most S seconds for the answer (default %(default)s)")
+    p.set_defaults(func=cmd_health)
+
     p = sub.add_parser("admin", help="change the cluster's membership",
                        description="Membership changes, one at a time, through the leader "
                                    "(see README: Replacing a node).")
@@ -422,13 +509,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=_comma_list, default=["root"],
                    help="client certificates to make (their common names)")
     p.add_argument("--days", type=int, default=365)
+    p.add_argument("--server-key-mode", type=_file_mode, metavar="OCTAL",
+                   help="mode of server.key (default 0600, its owner only). 0644 lets a "
+                        "container's user read it as a Compose secret (deploy/compose.yaml: "
+                        "the image runs as uid 10001); DIR is then made 0700, so that only "
+                        "you (and root) can reach the files on the host")
     p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("up", help="run a local cluster in the foreground",
                        description="Start NODES server processes on 127.0.0.1 and wait.")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default %(default)s)")
     p.add_argument("--base-port", type=int, default=7100,
-                   help="node i (1..NODES) serves clients on BASE+i (default %(default)s)")
+                   help="node i (1..NODES) serves clients on BASE+i and Raft on BASE+100+i "
+                        "(default %(default)s; 0: free ports the OS picks, printed at start)")
     p.add_argument("--data-dir", metavar="DIR", help="where the nodes keep their data")
     p.add_argument("--unsafe-no-fsync", action="store_true",
                    help="do not fsync the journal (fast, loses data on power failure)")

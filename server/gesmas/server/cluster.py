@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .config import HASH_SEED
 
@@ -48,6 +48,10 @@ def tail_log(path: str, label: str, lines: int = 30) -> str:
             return f"--- {label} ---\n" + "".join(f.readlines()[-lines:])
     except OSError:
         return f"--- {label}: no log ---"
+
+
+class StartInterrupted(Exception):
+    """`LocalCluster.start(stop=...)` gave up because `stop()` became true."""
 
 
 def stop_by_pid(procs: list[subprocess.Popen[bytes] | None], timeout: float = 10.0) -> None:
@@ -226,7 +230,11 @@ class LocalCluster:
         m.new_cluster = False
         log.close()
 
-    def start(self, timeout: float = 60.0) -> LocalCluster:
+    def start(self, timeout: float = 60.0,
+              stop: Callable[[], bool] | None = None) -> LocalCluster:
+        """Start every replica and wait until the cluster is ready (wait_ready); raises
+        StartInterrupted as soon as `stop()` is true (the replicas are left running: stop
+        them with stop())."""
         # No replica has data yet: the first start of a new cluster. A replica started on an
         # emptied dir next to others that have data is rejoining (replication/rejoin.py).
         new = not any(os.path.isdir(m.data_dir) and os.listdir(m.data_dir)
@@ -234,13 +242,15 @@ class LocalCluster:
         for m in self.members:
             m.new_cluster = new
             self.start_member(m)
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, stop)
         if os.environ.get("GESMAS_TEST_SECURE") == "1":
             os.environ.update(self.client_env())
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait until a leader is elected and the standard classes are registered."""
+    def wait_ready(self, timeout: float = 60.0,
+                   stop: Callable[[], bool] | None = None) -> None:
+        """Wait until a leader is elected and the standard classes are registered; raise
+        StartInterrupted as soon as `stop()` is true."""
         import grpc
         from gesmas.v1 import gesmas_pb2 as pb
         from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -248,6 +258,8 @@ class LocalCluster:
         last: Exception | None = None
         while time.monotonic() < deadline:
             for m in self.members:
+                if stop is not None and stop():
+                    raise StartInterrupted("stop requested while the cluster was starting")
                 if m.proc is not None and m.proc.poll() is not None:
                     raise RuntimeError(f"node {m.node_id} exited with {m.proc.returncode}; "
                                        f"log:\n{self.tail(m)}")

@@ -40,9 +40,19 @@ def _setup_logging(node_id: int = 0, fmt: str | None = None) -> None:
 
 
 def run_server(args: Any) -> int:
-    """`gesmas server`: one replica in the foreground; 2 (with a message) for a bad
-    configuration."""
+    """`gesmas server`: one replica in the foreground. Exit status: 0 when stopped by SIGINT
+    or SIGTERM (at any moment, also while starting); 2 (with a message) for a bad
+    configuration; 3 when the replica stopped on purpose because it cannot go on with its
+    data (the journal cannot be opened, or it can no longer apply the log): restarting it
+    as it is would fail the same way; 1 for any other error (a port in use, ...)."""
     ensure_hash_seed()
+    # SIGINT or SIGTERM before the event loop takes them over (while the imports below run)
+    # is a stop request like any other, not a KeyboardInterrupt: one raised inside an import
+    # guarded by a bare `except:` (pysyncobj's optional cryptography) was swallowed, and the
+    # replica went on to fail with a misleading error and exit 1.
+    early: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: early.append(signum))
     try:
         config = load_config(vars(args))
         _setup_logging(config.node_id, config.log_format)
@@ -58,6 +68,8 @@ def run_server(args: Any) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if early:               # asked to stop while starting: nothing to serve
+            return
         await Node(config).serve(stop)
 
     from .replication.journal import JournalError

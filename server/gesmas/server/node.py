@@ -447,7 +447,8 @@ class Node(Membership):
             await stop.wait()
             if self.replica.fatal is not None:
                 # a replica that can no longer apply the log must not keep answering: exit
-                # non-zero, so that `gesmas up`, systemd or Kubernetes restart it
+                # 3, stopped on purpose (deploy/gesmas.service does not restart it, as a
+                # restart would fail the same way; `gesmas up` tries a few times)
                 raise ReplicaFailed(repr(self.replica.fatal))
         finally:
             duties.cancel()

@@ -63,6 +63,10 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      votes. A snapshot is loaded on the apply thread too (greenlets belong to their thread),
      and entries queued before it are dropped; no snapshot is taken while the apply thread
      is behind.
+  16. ``_DurableTransport._send_grouped`` holds a node's messages while the outgoing
+     connection to it is up but pysyncobj's key exchange is not finished (``_handshaking``):
+     pysyncobj would write them without the connection key, and the peer would close the
+     connection.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

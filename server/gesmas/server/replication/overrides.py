@@ -236,6 +236,9 @@ def _process_parse_message(self):
     try:
         message = _ps_pickle.loads(_tcp_connection.zlib.decompress(data))
         if self.recvRandKey:
+            if not (isinstance(message, tuple) and len(message) == 2):
+                raise ValueError("a message without the connection key (sent before the "
+                                 "handshake finished?)")
             rand_key, message = message
             if rand_key != self.recvRandKey:
                 raise ValueError("wrong connection key")
@@ -361,12 +364,13 @@ class _DurableTransport(TCPTransport):
         return True
 
     def flush(self) -> None:
+        held_early: List[Tuple[Any, Any]] = []
         if self._outbox and self._journal.dirty:
             # Messages that state nothing about this node's log go out before the fsync, so
             # that followers write their copy while this node writes its own (Raft thesis
             # §10.2.1). See _early() for why this keeps "majority durable before commit".
             early, self._outbox = split_early(self._outbox)
-            self._send_grouped(early)
+            held_early = self._send_grouped(early)
         try:
             self._journal.sync()
         except OSError as exc:
@@ -378,19 +382,45 @@ class _DurableTransport(TCPTransport):
                 replica._fail(exc, "journal write/fsync failed")
             raise
         outbox, self._outbox = self._outbox, []
-        self._send_grouped(outbox)
+        held = self._send_grouped(outbox)
+        if held_early or held:
+            self._outbox[:0] = held_early + held   # in their order, before anything newer
 
-    def _send_grouped(self, items: List[Tuple[Any, Any]]) -> None:
+    def _handshaking(self, node) -> bool:
+        """Override 16. Is the connection to `node` up but its key exchange not finished? An outgoing
+        connection is CONNECTED (and TCPTransport.send would write to it) as soon as TCP
+        connects, while pysyncobj's handshake still waits for the peer's random key: a message
+        written then goes out without that key, and the peer, which expects (key, message)
+        from its first reply on, closes the connection ("authenticated frame refused
+        (ValueError('too many values to unpack'))", seen during a rolling restart)."""
+        conn = self._connections.get(node)
+        return (conn is not None and self._syncObj.encryptor is not None
+                and conn.state == CONNECTION_STATE.CONNECTED and not conn.sendRandKey)
+
+    def _send_grouped(self, items: List[Tuple[Any, Any]]) -> List[Tuple[Any, Any]]:
+        """Send `items` grouped per node; returns those held back for a node whose handshake
+        is not finished (sent by a later flush, or dropped as for any node that is not
+        connected if the connection fails)."""
+        held: List[Tuple[Any, Any]] = []
         if not items:
-            return
+            return held
         per_node: Dict[Any, List[Any]] = {}
         for node, message in items:
             per_node.setdefault(node, []).append(message)
         limit = self._syncObj.conf.appendEntriesBatchSizeBytes
         for node, messages in per_node.items():
+            if self._handshaking(node):
+                # what a send would check: a peer silent for connectionTimeout (one that
+                # accepted the connection but never answers the handshake, a stopped process)
+                # is disconnected, and its messages are dropped like any disconnected node's
+                self._connections[node]._TcpConnection__processConnectionTimeout()
+                if self._handshaking(node):
+                    held.extend((node, m) for m in messages)
+                    continue
             for run in _size_runs(coalesce(messages, limit), limit):
                 for message in batch(run):
                     super().send(node, message)
+        return held
 
     def _onMessageReceived(self, node, message):
         if isinstance(message, dict) and message.get("type") == BATCH:

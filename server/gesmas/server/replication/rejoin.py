@@ -56,6 +56,7 @@ class RejoinGuard:
         self.fsync = fsync
         self.term = -1          # the term whose leader's first reported commit index is `commit`
         self.commit = 0
+        self.refused = 0        # vote requests refused: the cluster had a history
 
     @classmethod
     def open(cls, data_dir: str, snapshot_name: str, has_peers: bool, new_cluster: bool,
@@ -64,8 +65,8 @@ class RejoinGuard:
         before the journal is opened: an empty start writes the marker first."""
         marker = os.path.join(data_dir, MARKER_NAME)
         if os.path.isfile(marker):
-            log.warning("still rejoining after an empty start (%s exists): no vote for a "
-                        "candidate with a history until caught up", marker)
+            log.info("still rejoining after an empty start (%s exists): no vote for a "
+                     "candidate with a history until caught up", marker)
             return cls(marker, fsync)
         if new_cluster or not has_peers or not is_empty(data_dir, snapshot_name):
             return None
@@ -76,10 +77,13 @@ class RejoinGuard:
                 os.fsync(f.fileno())
         if fsync:
             fsync_dir(data_dir)
-        log.warning("started with an empty data dir and without --new-cluster: this replica "
-                    "may have lost acknowledged entries, so it withholds its vote and does not "
-                    "stand for election until it has caught up with a leader. If this is the "
-                    "first start of a new cluster, start every replica with --new-cluster.")
+        # INFO, not a warning: this is also every replica's first start under a unit file or
+        # a StatefulSet (which never pass --new-cluster), and then nothing is wrong: the
+        # candidates have empty logs and get the vote. The warning comes from refuses(), when
+        # a candidate with a history shows that this replica may lack entries it had.
+        log.info("started with an empty data dir and without --new-cluster: until it has "
+                 "caught up with a leader it votes only for candidates whose log surely holds "
+                 "what it may have had (on a cluster's first start: any, their logs are empty)")
         return cls(marker, fsync)
 
     def heard(self, message: Dict[str, Any]) -> None:
@@ -104,9 +108,20 @@ class RejoinGuard:
         return last_term > self.term or (last_term == self.term and last_index >= self.commit)
 
     def refuses(self, message: Dict[str, Any]) -> bool:
-        """Whether to ignore this request_vote."""
-        return not self.covers(message.get("last_log_term") or 0,
-                               message.get("last_log_index") or 0)
+        """Whether to ignore this request_vote. The first refusal is a warning: a candidate
+        with a history means the cluster had entries before this replica started empty."""
+        last_term = message.get("last_log_term") or 0
+        last_index = message.get("last_log_index") or 0
+        if self.covers(last_term, last_index):
+            return False
+        if not self.refused:
+            log.warning("refused the vote to a candidate whose log (term %d, index %d) may "
+                        "lack entries committed before this replica started with an empty data "
+                        "dir (a lost disk?): it votes for such candidates again once it has "
+                        "caught up with a leader (README 'A replica that lost its disk')",
+                        last_term, last_index)
+        self.refused += 1
+        return True
 
     def may_stand(self, last_term: Optional[int], last_index: Optional[int]) -> bool:
         """Whether to stand for election with its own log (its own vote is one too)."""

@@ -474,8 +474,10 @@ class Replica:
                                self._journal.term_at(applied)):
                 guard.clear()
                 self.rejoin = None
-                log.warning("rejoining replica caught up (index %d, term %d): it votes again",
-                            applied, node.raftCurrentTerm)
+                # a warning only if it had to refuse votes (rejoin.py warned then)
+                log.log(logging.WARNING if guard.refused else logging.INFO,
+                        "rejoining replica caught up (index %d, term %d): it votes again",
+                        applied, node.raftCurrentTerm)
         applier = self._applier
         if applier.held:
             abort = applier.due_proposal(time.monotonic())
