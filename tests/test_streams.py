@@ -41,6 +41,13 @@ def leader_of(client) -> str:
     return address
 
 
+def _next(it):
+    try:
+        return next(it), None
+    except BaseException as e:          # StopIteration, an RpcError: raised by the caller
+        return None, e
+
+
 class Raw:
     """One Calls stream on a raw channel, with a session of its own."""
 
@@ -71,8 +78,19 @@ class Raw:
     def send(self, msg):
         self.out.put(msg)
 
-    def answer(self):
-        return next(self.rpc)
+    def answer(self, timeout: float = 60.0):
+        """The next answer; a test fails rather than hangs when none comes (a lost answer is
+        a bug to see, not a suite that never ends)."""
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(_next(self.rpc)), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not got:
+            raise AssertionError(f"no answer on the stream within {timeout:g} s")
+        value, error = got[0]
+        if error is not None:
+            raise error
+        return value
 
     def close(self):
         self.out.put(None)

@@ -73,7 +73,8 @@ class Replica:
         self._on_completions, self._on_role_change = on_completions, on_role_change
         self._on_fatal = on_fatal
         self.fatal: Optional[BaseException] = None
-        self._ready = threading.Event()
+        self._ready = threading.Event()          # pysyncobj applied the leader's commit once
+        self._caught_up = threading.Event()      # ... and so had the apply thread
         self._role: Optional[Tuple[bool, Optional[str]]] = None
         self.snapshots_loaded = 0
         os.makedirs(data_dir, exist_ok=True)
@@ -227,11 +228,16 @@ class Replica:
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
         """Wait until this replica has caught up with the leader's commit index once (and
         applied what it had then)."""
+        if self._caught_up.is_set():              # once is enough: it stays true
+            return True
         started = time.monotonic()
         if not self._ready.wait(timeout):
             return False
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        return self.wait_applied_all(left)
+        if not self.wait_applied_all(left):
+            return False
+        self._caught_up.set()
+        return True
 
     def status(self) -> Dict[str, Any]:
         node = self._node
@@ -262,13 +268,13 @@ class Replica:
             "leader": leader.id if leader is not None else None,
             "term": raw.get("raft_term"),
             "commit_index": raw.get("commit_idx"),
-            "last_applied": raw.get("last_applied") if holding is None else holding - 1,
+            "last_applied": self.applied_index(),    # the apply thread's (held: before them)
             "leader_commit_index": raw.get("leader_commit_idx"),
             "log_len": raw.get("log_len"),
             "log_last_index": self._journal_last_index(),
             "has_quorum": raw.get("has_quorum"),
             "peers": peers,
-            "ready": self._ready.is_set(),
+            "ready": self._caught_up.is_set() or self.wait_ready(0),
             "checkpoint_index": applier.gens[-1].index or None,
             "commands_since_checkpoint": len(applier.gens[-1].entries),
             "holding": holding,                       # entry held back (applier.py), or None
