@@ -290,7 +290,7 @@ def test_a_local_cluster_that_does_not_get_ready_is_stopped(monkeypatch):
     cl = LocalCluster()
     started = []
 
-    def not_ready(timeout: float = 60.0) -> None:
+    def not_ready(timeout: float = 60.0, stop=None) -> None:
         started.extend(m.proc for m in cl.members)
         with pytest.raises(RuntimeError, match="already running"):
             cl.start_member(cl.members[0])

@@ -23,6 +23,7 @@ import pytest
 from pysyncobj.encryptor import SALT
 
 from gesmas.server.replication import RaftTuning, Replica, overrides
+from gesmas.server.replication.prevote import PRE_VOTE
 from gesmas.server.replication.raftwire import AeadEncryptor, Framing, derive_master
 from gesmas.server.replication.types import NotLeader
 
@@ -420,9 +421,10 @@ def test_no_message_leaves_before_the_handshake_has_finished(tmp_path):
     its handshake has finished: such a message went out without a key, and the peer refused
     it ("Raft port: ... authenticated frame refused (ValueError('too many values to
     unpack'))", seen once during a rolling restart). Here the replica has two peers, both
-    played by this test: one finishes the handshake (so the replica stands for election),
-    the other holds its answer back while the replica stands twice. Nothing may reach the
-    second but the key; once it answers, every frame carries its key."""
+    played by this test: one finishes the handshake (so the replica asks for pre-votes,
+    prevote.py: it stands for election only once a majority would vote for it), the other
+    holds its answer back while the replica asks twice. Nothing may reach the second but the
+    key; once it answers, every frame carries its key."""
     listeners = []
     for _ in range(2):
         sock = socket.socket()
@@ -450,10 +452,10 @@ def test_no_message_leaves_before_the_handshake_has_finished(tmp_path):
         mine = [os.urandom(32), os.urandom(32)]
         ends[0].send((keys[0], mine[0]))                     # the first peer answers
         assert ends[0].next() == (mine[0], addr)             # and is told who it is
-        term = replica.status()["term"] or 0
+        rounds = replica._raft._gesmas_prevote.rounds
         deadline = time.monotonic() + COMMIT_TIMEOUT
-        while (replica.status()["term"] or 0) < term + 2:    # two request_votes for each
-            assert time.monotonic() < deadline, "the replica does not stand for election"
+        while replica._raft._gesmas_prevote.rounds < rounds + 2:   # two pre-votes for each
+            assert time.monotonic() < deadline, "the replica does not ask for pre-votes"
             assert ends[1].arrived() == [], "a message left before the handshake finished"
             time.sleep(0.05)
         assert ends[1].arrived() == [], "a message left before the handshake finished"
@@ -464,7 +466,7 @@ def test_no_message_leaves_before_the_handshake_has_finished(tmp_path):
         while not votes:                                     # what it held back, keyed
             got_key, message = ends[1].next(max(0.1, deadline - time.monotonic()))
             assert got_key == mine[1]
-            votes = [m for m in _messages(message) if m.get("type") == "request_vote"]
+            votes = [m for m in _messages(message) if m.get("type") == PRE_VOTE]
     finally:
         replica.destroy()
         for c in conns + listeners:
