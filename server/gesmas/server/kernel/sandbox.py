@@ -122,7 +122,7 @@ class _StandIn(type):
         real = tuple(_REAL.get(x, x) if isinstance(x, _StandIn) else x for x in item) \
             if type(item) is tuple else _REAL.get(item, item) if isinstance(item, _StandIn) \
             else item
-        return cls._real[real]
+        return cls._real[real]  # type: ignore[index]
 
     def __repr__(cls) -> str:
         return repr(cls._real)
@@ -323,9 +323,9 @@ def _special(obj: Any, name: str, readable: set[type]) -> Any:
     which walk the fields natively; object.__setattr__ through super; a builtin's slot) is
     refused: write the operator instead (a == b, repr(x))."""
     if type(obj) is super:
-        start = obj.__self_class__
+        start: type = getattr(obj, "__self_class__")
         mro = start.__mro__
-        mro = mro[mro.index(obj.__thisclass__) + 1:]
+        mro = mro[mro.index(getattr(obj, "__thisclass__")) + 1:]
     elif isinstance(obj, type):
         if obj not in readable and not (name == "__init__" and _builtin_exception(obj)):
             raise AttributeError(f"{name} of {obj.__name__} is not accessible in gesmas "
