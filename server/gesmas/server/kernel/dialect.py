@@ -13,6 +13,15 @@ registered (errors name the line):
   takes more than its budget of steps between two waits gets `BudgetExceeded` raised at its
   next step. Operators and builtins that can make big values (``*``, ``**``, ``<<``, ``+``,
   ``%``, formatting, ``join``...) check the size of what they make and charge steps for it.
+- Variable annotations at class and module level are evaluated (rewritten like any
+  expression, so charged; `sandbox.seal` checks that what they hold is immutable); in a
+  function they are not evaluated (CPython's rule), an attribute's or item's becomes a plain
+  assignment, and a signature's become their source text. Compiled with `dont_inherit`, so no
+  `from __future__` of this module or of RestrictedPython's changes that.
+- ``super()`` in a method becomes ``super(__class__, first_argument)``; the ``super`` the code
+  sees is `sandbox`'s, which takes only uploaded classes and their instances. Special methods
+  may be named (``Base.__init__``) and are looked up by `sandbox._special`.
+- ``print`` writes to the replica's log through `runtime.PrintLog` (charged, rate-limited).
 - The runtime rules (who may read ``_`` attributes, what may be written, which classes may be
   made, what module and class level may hold) are in `sandbox.py`.
 
@@ -26,12 +35,12 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from RestrictedPython import compile_restricted_exec
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES, RestrictingNodeTransformer
 
 from . import limits
 from .limits import Budget, SyncObject  # noqa: F401
 from .runtime import make_globals  # noqa: F401 - the globals compiled code runs with
+from .sandbox import SPECIAL_METHODS
 # The names uploaded code gets without an import (make_globals), importable from here so that
 # type checkers and editors know them: `if TYPE_CHECKING: from ...dialect import Semaphore`.
 from .sched import (  # noqa: F401
@@ -43,12 +52,6 @@ from .sched import (  # noqa: F401
     WaitError,
     context,
 )
-
-SPECIAL_METHODS = frozenset("""
-    __init__ __repr__ __str__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __len__
-    __contains__ __iter__ __next__ __getitem__ __setitem__ __delitem__ __bool__ __post_init__
-    __enter__ __exit__ __call__ __add__ __sub__ __mul__ __neg__
-""".split())
 
 _BINOPS = {ast.Mult: "_mul_", ast.Add: "_add_", ast.Pow: "_pow_", ast.LShift: "_lshift_",
            ast.Mod: "_mod_", ast.FloorDiv: "_floordiv_"}
@@ -116,6 +119,10 @@ class _Policy(RestrictingNodeTransformer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trusted: list[str | None] = [None]    # the trusted `self` of each function
+        self._first: list[str | None] = [None]      # the first parameter of the method
+
+    def error(self, node: Any, info: str) -> None:
+        super().error(node, _REWORDED.get(info, info))
 
     def check_name(self, node: Any, name: str | None, allow_magic_methods: bool = False) -> None:
         if name is None or name == "_":
@@ -123,11 +130,47 @@ class _Policy(RestrictingNodeTransformer):
         if name.startswith("__"):
             if allow_magic_methods and name in SPECIAL_METHODS and node.col_offset != 0:
                 return
-            self.error(node, f'"{name}": names starting with "__" are not allowed')
+            self.error(node, f'"{name}": names starting with "__" are not allowed'
+                             + _DUNDER_HINTS.get(name, " (special methods such as __init__, "
+                                                 "__eq__ or __len__ may be defined in a "
+                                                 "class)"))
         elif name.startswith("_") and name.endswith("_"):
             self.error(node, f'"{name}" is reserved for the runtime')
         elif name in ("print", "printed", "builtins", "breakpoint"):
-            self.error(node, f'"{name}" is a reserved name')
+            self.error(node, f'"{name}" is a reserved name: choose another')
+
+    def not_allowed(self, node: ast.AST) -> None:
+        kind = type(node).__name__
+        self.error(node, _REFUSED.get(kind, f"{kind} statements are not allowed in gesmas "
+                                            "classes"))
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id == "printed" and isinstance(node.ctx, ast.Load):
+            self.error(node, '"printed" is not available: print() writes to the replica\'s '
+                             "log; return the value from the method instead")
+            return node
+        if node.id == "super" and isinstance(node.ctx, ast.Load) and \
+                not getattr(node, "_gesmas_called", False):
+            self.error(node, "super can only be called, as super() in a method or "
+                             "super(Class, obj)")
+            return node
+        return super().visit_Name(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> Any:
+        """`x: T = v` and `x: T` on a name stay annotations (a class body keeps them for
+        dataclasses; CPython evaluates them only at class and module level, and the annotation
+        is rewritten like any expression, so what it evaluates is charged). `obj.x: T = v` and
+        `obj[k]: T = v` become plain assignments: their annotation is never evaluated."""
+        target = node.target
+        if isinstance(target, ast.Name):
+            return self.node_contents_visit(node)
+        if node.value is None:
+            self.error(node, "an annotation of an attribute or item needs a value "
+                             "(self.x: int = 0), or declare the field in the class body "
+                             "(x: int)")
+            return node
+        assign = ast.copy_location(ast.Assign([target], node.value), node)
+        return self.visit(ast.fix_missing_locations(assign))
 
     def visit_Global(self, node: ast.Global) -> Any:
         self.error(node, "global statements are not allowed: module-level values are "
@@ -135,8 +178,15 @@ class _Policy(RestrictingNodeTransformer):
 
     def visit_Attribute(self, node: ast.Attribute) -> Any:
         attr = node.attr
+        if attr in SPECIAL_METHODS and isinstance(node.ctx, ast.Load):
+            # `Base.__init__(self)`, `super().__eq__(other)`: looked up by the sandbox, which
+            # hands out only special methods written in uploaded code (and a few harmless
+            # natives for __init__), never through a trusted `self`
+            node = self.node_contents_visit(node)
+            return _call("_getattr_", [node.value, ast.Constant(attr)], node)
         if attr.startswith("__"):
-            self.error(node, f'attribute "{attr}": names starting with "__" are not allowed')
+            self.error(node, f'attribute "{attr}": names starting with "__" are not allowed'
+                             + _DUNDER_HINTS.get(attr, ""))
         elif attr.startswith("_") and attr.endswith("_") and attr != "_":
             self.error(node, f'attribute "{attr}" is reserved for the runtime')
         elif attr in INSPECT_ATTRIBUTES:
@@ -244,6 +294,20 @@ class _Policy(RestrictingNodeTransformer):
         return node
 
     def visit_Call(self, node: ast.Call) -> Any:
+        if isinstance(node.func, ast.Name) and node.func.id == "super":
+            node.func._gesmas_called = True  # type: ignore[attr-defined]
+            if not node.args and not node.keywords:
+                first = self._first[-1]
+                if first is None:
+                    self.error(node, "super() without arguments works only in a method "
+                                     "that takes self (or cls); elsewhere write "
+                                     "super(Class, obj)")
+                    return node
+                # the cell __class__ is made by the compiler for a method that names it,
+                # exactly as for a bare super()
+                node.args = [ast.copy_location(ast.Name("__class__", ast.Load()), node),
+                             ast.copy_location(ast.Name(first, ast.Load()), node)]
+                return node         # nothing in it to visit: two names of our own
         out = super().visit_Call(node)
         if isinstance(out, ast.Call):
             for kw in out.keywords:
@@ -337,10 +401,12 @@ class _Policy(RestrictingNodeTransformer):
             if isinstance(child, ast.FunctionDef):
                 child._gesmas_method = True  # type: ignore[attr-defined]
         self._trusted.append(None)
+        self._first.append(None)
         try:
             return super().visit_ClassDef(node)
         finally:
             self._trusted.pop()
+            self._first.pop()
 
     def visit_Lambda(self, node: ast.Lambda) -> Any:
         self._trusted.append(None)
@@ -363,16 +429,68 @@ class _Policy(RestrictingNodeTransformer):
             first = node.args.args[0].arg
             if not _rebinds(node, first):
                 trusted = first
+        # a signature's annotations stay text, never evaluated (what CPython does under
+        # `from __future__ import annotations`): they are checked like any code, then
+        # replaced by their source text
+        signature = [a for a in (*node.args.posonlyargs, *node.args.args,
+                                 *node.args.kwonlyargs, node.args.vararg, node.args.kwarg)
+                     if a is not None and a.annotation is not None]
+        texts = [ast.unparse(a.annotation) for a in signature]  # type: ignore[arg-type]
+        returns = ast.unparse(node.returns) if node.returns is not None else None
         self._trusted.append(trusted)
+        if getattr(node, "_gesmas_method", False):
+            self._first.append(node.args.args[0].arg if node.args.args else
+                               node.args.posonlyargs[0].arg if node.args.posonlyargs else None)
+        else:
+            self._first.append(self._first[-1])     # a function inside a method
         try:
             node = super().visit_FunctionDef(node)  # type: ignore[assignment]
         finally:
             self._trusted.pop()
+            self._first.pop()
+        for a, text in zip(signature, texts):
+            a.annotation = ast.copy_location(ast.Constant(text), a)
+        if returns is not None:
+            node.returns = ast.copy_location(ast.Constant(returns), node)
         entry = (_call("_self_", [ast.Name(trusted, ast.Load())], node) if trusted
                  else _call("_step_", [], node))
         node.body.insert(0, ast.fix_missing_locations(ast.copy_location(ast.Expr(entry), node)))
         return node
 
+
+# what to write instead of a dunder name a user is likely to try
+_DUNDER_HINTS = {
+    "__class__": " (use type(x))",
+    "__dict__": " (read attributes by name, with getattr(obj, name))",
+    "__name__": " (keep a name of your own in the object)",
+    "__slots__": " (a class keeps its attributes in its instances)",
+    "__new__": " (define __init__ instead)",
+}
+
+# RestrictedPython refuses these statements as "X statements are not allowed."
+_REFUSED = {
+    "Nonlocal": "nonlocal is not allowed: keep the state in the object (self.x) or return it",
+    "AsyncFunctionDef": "async def is not allowed: methods are plain functions; a method "
+                        "waits with Semaphore.acquire() and the server runs it as a coroutine",
+    "Await": "await is not allowed: wait with Semaphore.acquire()",
+    "AsyncFor": "async for is not allowed: use a plain for loop",
+    "AsyncWith": "async with is not allowed: use a plain with statement",
+    "TryStar": "except* is not allowed: catch with a plain except",
+    "Match": "match statements are not allowed in gesmas classes: write if/elif with ==, "
+             "isinstance() or len()",
+}
+
+# RestrictedPython's own wording, said as what to write instead
+_REWORDED = {
+    '"*" imports are not allowed.': "from ... import * is not allowed: import the names you "
+                                    "use (from collections import deque)",
+    'The keyword argument "metaclass" is not allowed.': "metaclass= is not allowed: derive "
+        "from a base class, or decorate with dataclasses.dataclass or functools.total_ordering",
+    "Exec calls are not allowed.": "exec() is not allowed: gesmas classes cannot run code "
+                                   "made from strings",
+    "Eval calls are not allowed.": "eval() is not allowed: gesmas classes cannot run code "
+                                   "made from strings",
+}
 
 _CMP_TEXT = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
              ast.GtE: ">="}
@@ -399,12 +517,17 @@ def compile_source(source: str, filename: str) -> Any:
     """Compile `source` in the dialect or raise DialectError naming the line and problem."""
     if not isinstance(source, str) or not source.strip():
         raise DialectError("class source is empty")
-    result = compile_restricted_exec(source, filename=filename, policy=_Policy)
-    if result.errors:
+    tree = ast.parse(source, filename, "exec")
+    errors: list[str] = []
+    _Policy(errors, [], {}).visit(tree)
+    if errors:
         raise DialectError("; ".join(
-            "line" + e[4:] if e.startswith("Line") else e for e in result.errors))
-    assert result.code is not None
-    return result.code
+            "line" + e[4:] if e.startswith("Line") else e for e in errors))
+    # compiled here rather than by RestrictedPython's compile_restricted_exec, which would
+    # pass on the `from __future__` imports of its own module: the dialect's annotations
+    # follow the rules written in _Policy (variable annotations at class and module level
+    # are evaluated, rewritten and charged like any expression; a signature's are text)
+    return compile(tree, filename, "exec", dont_inherit=True)
 
 
 def line_of(exc: BaseException, filename: str) -> int | None:

@@ -18,6 +18,7 @@ import heapq as _heapq
 import itertools as _itertools
 import math as _math
 import sys as _sys
+import types as _types
 import typing as _typing
 from typing import Any, Callable
 
@@ -189,14 +190,51 @@ def _at_load(decorator: Callable[..., Any]) -> Callable[..., Any]:
                             "as a decorator where the class is defined")
         return cls
 
+    def apply(cls: Any, kwargs: dict[str, Any]) -> Any:
+        cls = check(cls)
+        if decorator is not _dataclasses.dataclass:
+            return decorator(cls, **kwargs)
+        n = annotated_fields(cls)
+        if n > MAX_FIELDS:
+            raise ResourceLimit(f"dataclass {cls.__name__}: {n} fields, more than "
+                                f"{MAX_FIELDS}")
+        out = decorator(cls, **kwargs)
+        _charged_init(out, n)
+        return out
+
     @_functools.wraps(decorator)
     def wrapper(cls: Any = None, /, **kwargs: Any) -> Any:
         if kwargs.get("slots"):
             raise TypeError("dataclass(slots=True) is not available in gesmas classes")
         if cls is None:
-            return lambda c: decorator(check(c), **kwargs)
-        return decorator(check(cls), **kwargs)
+            return lambda c: apply(c, kwargs)
+        return apply(cls, kwargs)
     return wrapper
+
+
+def annotated_fields(cls: type) -> int:
+    """How many annotations `cls` and its bases hold: an upper bound of the fields a
+    dataclass or NamedTuple of it gets."""
+    return sum(len(vars(c).get("__annotations__", ())) for c in cls.__mro__)
+
+
+def _charged_init(cls: type, n: int) -> None:
+    """The __init__ a dataclass generated assigns every field in uncounted code: wrap it so
+    that each call is charged first (one step per 8 fields), as the rest of native work is.
+    An __init__ written in the class (compiled from the upload) counts its own steps."""
+    init = vars(cls).get("__init__")
+    if not isinstance(init, _types.FunctionType) or \
+            init.__code__.co_filename.startswith("<class source "):
+        return
+    cost = 1 + (n >> 3)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _charge(cost)
+        init(self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__gesmas_charged__ = True       # type: ignore[attr-defined]  # sandbox._special
+    type.__setattr__(cls, "__init__", __init__)
 
 
 MAX_FIELDS = 1000

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any, Callable
 
-from . import dialect, failpoints, limits, sandbox, stack
+from . import dialect, failpoints, limits, runtime, sandbox, stack
 from .modules import LOADING as _LOADING
 from .errors import Code, KernelError
 
@@ -73,6 +73,7 @@ class Registry:
                  failpoints: bool = False) -> None:
         self._budget = budget
         self._max_source = max_source
+        self.prints = runtime.PrintLog()     # print() of this kernel's uploaded code
         self._failpoints = failpoints      # the test-only builtins of failpoints.py
         self.types = sandbox.UserTypes()
         self.sources: list[str] = []
@@ -138,7 +139,8 @@ class Registry:
         except BaseException as e:     # RecursionError, MemoryError... on a hostile source
             raise KernelError(Code.INVALID_ARGUMENT, f"bad class source: cannot compile it: "
                               f"{type(e).__name__}") from None
-        ns = dialect.make_globals(self._budget, f"{_MODULE_PREFIX}{module}", self.types)
+        ns = dialect.make_globals(self._budget, f"{_MODULE_PREFIX}{module}", self.types,
+                                  self.prints)
         if self._failpoints:
             ns["__builtins__"].update(failpoints.BUILTINS)
         budget, types = self._budget, self.types

@@ -10,13 +10,13 @@ sum, isinstance/issubclass over tuples of classes, `is` between values. The rewr
 from __future__ import annotations
 
 import builtins
+import logging
 import sys
 from typing import Any
 
 import greenlet
 
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
-from RestrictedPython.PrintCollector import PrintCollector
 
 from . import charge, limits, measure, modules, natives, sandbox, sched
 from .limits import Budget
@@ -26,7 +26,7 @@ from .modules import ALLOWED_IMPORTS
 _BUILTINS = ("""None False True Ellipsis NotImplemented abs bool callable chr complex divmod
     float int isinstance issubclass len oct hex ord round slice str dict list set frozenset
     tuple sorted min max any all enumerate zip map filter reversed iter next property
-    staticmethod classmethod super""".split()
+    staticmethod classmethod""".split()
     + [n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
        and issubclass(getattr(builtins, n), BaseException)
        # groups: split/subgroup/derive walk nested groups natively
@@ -196,8 +196,93 @@ def _import_(name: str, globals: Any = None, locals: Any = None, fromlist: Any =
     return proxy
 
 
-def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> dict[str, Any]:
-    """Fresh globals for one compiled source, wired to the kernel's step budget."""
+# -- print() ------------------------------------------------------------------------------------
+
+print_log = logging.getLogger("gesmas.print")
+PRINT_LINE = 500        # characters of one print() kept in the log
+PRINT_RATE = 10.0       # lines a second of kernel time, on average
+PRINT_BURST = 50        # lines at once
+
+
+class PrintLog:
+    """Where one kernel's print() goes: the replica's log (logger `gesmas.print`, WARNING),
+    one line per print, at most PRINT_BURST lines at once and PRINT_RATE a second of kernel
+    time (the log's timestamps, not a clock: every replica applying the same entries prints
+    the same lines; a replica restored from a checkpoint starts with a full allowance).
+    Lines over the allowance are dropped and counted; the count is logged with the next line
+    that gets through. Nothing here is part of the kernel's state."""
+
+    def __init__(self) -> None:
+        self.tokens = float(PRINT_BURST)
+        self.at: float | None = None
+        self.dropped = 0
+
+    def emit(self, where: str, now: float | None, line: str) -> None:
+        if now is not None:
+            if self.at is not None and now > self.at:
+                self.tokens = min(float(PRINT_BURST), self.tokens + (now - self.at) * PRINT_RATE)
+            if self.at is None or now > self.at:
+                self.at = now
+        if self.tokens < 1:
+            self.dropped += 1
+            return
+        self.tokens -= 1
+        if self.dropped:
+            print_log.warning("%d print() lines of uploaded code dropped (at most %d at once, "
+                              "%g a second)", self.dropped, PRINT_BURST, PRINT_RATE)
+            self.dropped = 0
+        if len(line) > PRINT_LINE:
+            line = f"{line[:PRINT_LINE]}... ({len(line) - PRINT_LINE} more characters)"
+        print_log.warning("print in %s: %s", where, line.translate(_CONTROL))
+
+
+# a printed newline or escape sequence must not forge a log line of its own
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127)} | {10: "\\n", 13: "\\r", 9: "\\t"}
+
+
+def _where() -> tuple[str, float | None]:
+    g = greenlet.getcurrent()
+    if isinstance(g, sched.Task):
+        return g.request.label, g.runner.now        # type: ignore[attr-defined]
+    if sched.READING[0] is not None:
+        return str(sched.READING[0]), None
+    return "a class source while it loads", None
+
+
+class _Printer:
+    """What `print` is in compiled code (RestrictedPython rewrites `print(...)` to
+    `_print_(_getattr_)._call_print(...)`): each argument is made a str as str() does in the
+    dialect (charged by what it walks, no addresses), and the line goes to the kernel's
+    PrintLog."""
+
+    __slots__ = ("_log",)
+
+    def __init__(self, log: PrintLog) -> None:
+        self._log = log
+
+    def _call_print(self, *objects: Any, sep: Any = " ", end: Any = "\n", file: Any = None,
+                    flush: Any = False) -> None:
+        if file is not None:
+            raise TypeError("print(file=...) is not available in gesmas classes: print() "
+                            "writes to the replica's log")
+        for what, v in (("sep", sep), ("end", end)):
+            if v is not None and type(v) is not str:
+                raise TypeError(f"print(): {what} must be None or a str, not "
+                                f"{type(v).__name__}")
+        parts = [o if type(o) is str else sandbox.str_(o) for o in objects]
+        line = limits._sized((" " if sep is None else sep).join(parts), "print()")
+        limits._charge(len(line) >> 6)
+        self._log.emit(*_where(), line)
+
+    def __repr__(self) -> str:
+        return "<built-in function print>"
+
+
+def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes,
+                 prints: PrintLog | None = None) -> dict[str, Any]:
+    """Fresh globals for one compiled source, wired to the kernel's step budget (and its
+    print() log)."""
+    printer = _Printer(prints if prints is not None else PrintLog())
     guards = sandbox.make_guards(types, budget)
     b = {n: getattr(builtins, n) for n in _BUILTINS}
     b.update(guards.pop("builtins"))
@@ -231,7 +316,7 @@ def make_globals(budget: Budget, module_name: str, types: sandbox.UserTypes) -> 
         "_cmpv_": limits._cmpv_, "_binop_": limits._binop_, "_unary_": limits._unary_,
         "_consume_": charge.consume, "_sub_": charge._sub_, "_excepts_": _excepts_, "_is_": _is_,
         "_delfrom_": _delfrom_,
-        "_print_": PrintCollector,
+        "_print_": lambda _getattr_: printer,
         # the dialect's own names
         "Semaphore": sched.Semaphore,
         "context": sched.context,

@@ -46,6 +46,15 @@ from .limits import (_CODECS, _charge_scan, _INSPECT, _NAMEDTUPLE_API, GUARDABLE
 from .modules import (_EnumType, _Enum_Enum, _Enum_Flag, _Enum_IntEnum, _Enum_IntFlag, _Enum_StrEnum,
                       ModuleProxy)
 
+#: the special methods a class may define (dialect.py), and name as Base.__init__ or
+#: super().__eq__ where uploaded code wrote them (_special)
+SPECIAL_METHODS = frozenset("""
+    __init__ __repr__ __str__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __len__
+    __contains__ __iter__ __next__ __getitem__ __setitem__ __delitem__ __bool__ __post_init__
+    __enter__ __exit__ __call__ __add__ __sub__ __mul__ __neg__
+""".split())
+_SPECIAL = SPECIAL_METHODS
+
 # Not the builtin containers and scalars: a subclass can override the methods that pickle,
 # the size measure or the builtins themselves call (items, __iter__...), so the state saved in
 # a checkpoint could differ from the live one. Hold a dict in an attribute instead.
@@ -107,6 +116,13 @@ class _StandIn(type):
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(cls._real, name)
+
+    def __getitem__(cls, item: Any) -> Any:
+        """`list[int]` in an annotation: the builtin's generic alias (immutable)."""
+        real = tuple(_REAL.get(x, x) if isinstance(x, _StandIn) else x for x in item) \
+            if type(item) is tuple else _REAL.get(item, item) if isinstance(item, _StandIn) \
+            else item
+        return cls._real[real]  # type: ignore[index]
 
     def __repr__(cls) -> str:
         return repr(cls._real)
@@ -171,6 +187,16 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         if type(name) is not str:
             raise TypeError("attribute name must be a str")
         t = type(obj)
+        if name in _SPECIAL:
+            try:
+                return _special(obj, name, readable)
+            except AttributeError:
+                if default:
+                    return default[0]
+                raise
+        if t is super and name.startswith("_") and not name.startswith("__") and \
+                not name.endswith("_"):
+            return getattr(obj, name, *default)   # _super_ made it: an uploaded instance
         if name.startswith("_"):
             if name.startswith("__") or name.endswith("_") or not (
                     t in readable or obj in readable if isinstance(obj, type)
@@ -202,6 +228,26 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
             if default:
                 return default[0]
             raise
+
+    def _super_(*args: Any) -> Any:
+        """super() in a method (dialect.py passes the method's class and first argument),
+        or super(Class, obj): only over uploaded classes and their instances, so what it
+        reaches is what `obj` itself may reach."""
+        if len(args) != 2:
+            raise TypeError("super() takes no arguments in a method (super().m()), or an "
+                            "uploaded class and an instance of it: super(Base, self)")
+        cls, obj = args
+        if not isinstance(cls, type) or cls not in readable:
+            raise TypeError("super(): the first argument must be a class of an uploaded "
+                            f"source, not {_what(cls)}")
+        if isinstance(obj, type):
+            ok = obj in readable and issubclass(obj, cls)
+        else:
+            ok = type(obj) in readable and isinstance(obj, cls)
+        if not ok:
+            raise TypeError(f"super(): {_what(obj)} is not an instance or subclass of "
+                            f"{cls.__name__}")
+        return super(cls, obj)
 
     def _write_(obj: Any) -> Any:
         if type(obj) in writable:
@@ -261,8 +307,64 @@ def make_guards(types: UserTypes, budget: Budget) -> dict[str, Any]:
         "_mod_": _mod_, "_floordiv_": _floordiv_, "_fmt_": _fmt_, "_in_": _in_,
         "_slice_": _slice_, "_setslice_": _setslice_,
         "builtins": {"getattr": _getattr_, "setattr": _setattr_, "delattr": _delattr_,
-                     "hasattr": _hasattr_, "type": _type_},
+                     "hasattr": _hasattr_, "type": _type_, "super": _super_},
     }
+
+
+def _what(v: Any) -> str:
+    return f"class {v.__name__}" if isinstance(v, type) else f"a {type(v).__name__}"
+
+
+def _special(obj: Any, name: str, readable: set[type]) -> Any:
+    """`x.__init__`, `Base.__eq__`, `super().__repr__`: a special method is handed out only
+    if uploaded code wrote it (it counts its own steps; a dataclass's generated __init__ is
+    charged, modules._charged_init). __init__ may also be object's, a builtin exception's or
+    enum's, which do constant work. Anything else (a dataclass's generated __eq__ or __repr__,
+    which walk the fields natively; object.__setattr__ through super; a builtin's slot) is
+    refused: write the operator instead (a == b, repr(x))."""
+    if type(obj) is super:
+        start: type = getattr(obj, "__self_class__")
+        mro = start.__mro__
+        mro = mro[mro.index(getattr(obj, "__thisclass__")) + 1:]
+    elif isinstance(obj, type):
+        if obj not in readable and not (name == "__init__" and _builtin_exception(obj)):
+            raise AttributeError(f"{name} of {obj.__name__} is not accessible in gesmas "
+                                 "classes")
+        mro = obj.__mro__
+    elif type(obj) in readable:
+        mro = type(obj).__mro__
+    else:
+        raise AttributeError(f"{name} of a {type(obj).__name__} is not accessible in gesmas "
+                             "classes (use the operator or builtin it stands for)")
+    for owner in mro:
+        raw = vars(owner).get(name, _MISSING)
+        if raw is _MISSING:
+            continue
+        if _uploaded_function(raw) or name == "__init__" and (
+                owner is object or _builtin_exception(owner) or owner.__module__ == "enum"):
+            return getattr(obj, name)
+        break
+    raise AttributeError(f"{name} here is not written in uploaded code and is not available "
+                         "by name in gesmas classes (use the operator or builtin it stands "
+                         "for: ==, repr(), hash(), len() ...)")
+
+
+_MISSING = object()
+
+
+def _builtin_exception(cls: type) -> bool:
+    return issubclass(cls, BaseException) and cls.__module__ == "builtins"
+
+
+def _uploaded_function(f: Any) -> bool:
+    """Whether `f` is a function compiled from an uploaded source (or a wrapper the kernel
+    made for one, marked __gesmas_charged__)."""
+    if isinstance(f, (staticmethod, classmethod)):
+        f = f.__func__
+    if not isinstance(f, _types.FunctionType):
+        return False
+    return f.__code__.co_filename.startswith("<class source ") or \
+        getattr(f, "__gesmas_charged__", False)
 
 
 _CLASS_CALLS = {"fromkeys": lambda real: lambda items, *value: _sized(
@@ -273,7 +375,7 @@ _CLASS_CALLS = {"fromkeys": lambda real: lambda items, *value: _sized(
 
 
 # native classes that consume an iterable when called, without the dialect's charges
-_REFUSED_TYPES = frozenset({filter, _functools.partial, _functools.partialmethod} | {
+_REFUSED_TYPES = frozenset({filter, _functools.partial, _functools.partialmethod, super} | {
     v for v in vars(_itertools).values() if isinstance(v, type)})
 _NATIVE_METHODS = (_types.BuiltinMethodType, _types.MethodWrapperType,
                    _types.MethodDescriptorType, _types.WrapperDescriptorType)
@@ -343,6 +445,10 @@ class ClassMaker:
         meta, real = self._meta(name, bases)
         if not real:
             real = (Object,)
+        fields = ns.get("__annotations__") if isinstance(ns, dict) else None
+        if meta is not type and fields and len(fields) > modules.MAX_FIELDS:
+            raise ResourceLimit(f"class {name}: {len(fields)} fields, more than "
+                                f"{modules.MAX_FIELDS}")     # a NamedTuple compiles them
         cls = meta(name, real, ns, **kw)
         if issubclass(cls, BaseException) and not any(
                 "args" in vars(c) for c in cls.__mro__ if c.__module__ != "builtins"):
@@ -394,6 +500,14 @@ def seal(ns: dict[str, Any], made: list[type], types: UserTypes) -> None:
         if cls.__repr__ is object.__repr__:
             type.__setattr__(cls, "__repr__", _plain_repr)
     seen: set[int] = set()
+    # annotations evaluated at module and class level are kept (a dataclass field's `type`
+    # can be read back with dataclasses.fields): they must not be anything a method could
+    # change
+    for holder, where in [(ns, "")] + [(vars(c), f"{c.__name__}.") for c in made]:
+        notes = holder.get("__annotations__")
+        if isinstance(notes, dict):
+            for k, v in notes.items():
+                _immutable(v, f"the annotation of {where}{k}", seen, types)
     for name, value in ns.items():
         if not (name.startswith("__") or name.startswith("_") and name.endswith("_")):
             _immutable(value, name, seen, types)
@@ -462,14 +576,18 @@ def _immutable(v: Any, path: str, seen: set[int], types: UserTypes) -> None:
             if not (isinstance(content, type) and content in types.readable):
                 _immutable(content, f"{path} (closure)", seen, types)
         return
-    if isinstance(v, (_typing.TypeVar,)) or type(v).__module__ == "typing":
+    if isinstance(v, (_typing.TypeVar, _types.GenericAlias, _types.UnionType)) or \
+            type(v).__module__ == "typing":
         return
     if isinstance(v, _dataclasses.Field):
         _immutable(v.default, f"{path} (default)", seen, types)
         _immutable(v.default_factory, f"{path} (default_factory)", seen, types)
         _immutable(tuple(v.metadata.values()), f"{path} (metadata)", seen, types)
         return
-    if v is _dataclasses.MISSING:
+    if isinstance(v, _dataclasses.InitVar):       # an annotation: InitVar[int]
+        _immutable(v.type, f"{path}.type", seen, types)
+        return
+    if v is _dataclasses.MISSING or v is getattr(_dataclasses, "_HAS_DEFAULT_FACTORY", None):
         return
     raise TypeError(f"{path}: a {type(v).__name__} at module or class level could be changed "
                     "by a method, and such state is not saved in checkpoints; keep state in "
