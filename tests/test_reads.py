@@ -662,3 +662,36 @@ def test_declared_readers_are_served_without_an_entry_and_can_wait(cluster):
         watcher.join(30)
         assert watched and watched[0]["term"] == int(term) and watched[0]["value"] == "me"
         assert _leader_commit(cluster) - before <= 3   # the campaign (and a tick, a no-op)
+
+
+# --- waiting readers: woken by entries that change their object ------------------------------
+
+
+def test_a_waiting_reader_wakes_for_entries_on_its_object_only():
+    from gesmas.server.node_reads import ObjectChanges
+    changes = ObjectChanges()
+    applied = [10]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        waiter = asyncio.ensure_future(changes.wait("a", 10, lambda: applied[0], 30))
+        await asyncio.sleep(0)                       # it registers
+        assert changes.waiting() == 1
+        for index, touched in ((11, {"b"}), (12, set()), (13, {"b", "c"})):
+            await loop.run_in_executor(None, changes.applied, index, touched)
+            await asyncio.sleep(0.01)
+            assert not waiter.done(), index           # other objects: it sleeps on
+        await loop.run_in_executor(None, changes.applied, 14, {"b", "a"})
+        assert await asyncio.wait_for(waiter, 5) == 14
+        assert changes.waiting() == 0
+        # an entry applied between the reader's run (index 14) and its wait: run again at once
+        applied[0] = 15
+        assert await changes.wait("a", 14, lambda: applied[0], 30) == 15
+        # a replaced state wakes everyone; a timeout answers None
+        waiter = asyncio.ensure_future(changes.wait("x", 15, lambda: applied[0], 30))
+        await asyncio.sleep(0)
+        await loop.run_in_executor(None, changes.everything, 20)
+        assert await asyncio.wait_for(waiter, 5) == 20
+        assert await changes.wait("y", 15, lambda: applied[0], 0.05) is None
+        assert changes.waiting() == 0
+    asyncio.run(main())

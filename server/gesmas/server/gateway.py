@@ -269,8 +269,9 @@ class Gateway(pb_grpc.GesmasServicer):
     async def _read_call(self, request: Any, user: str, name: str, method: str, args: Any,
                          kwargs: Any, timeout: float | None) -> Any:
         """A declared reader, run by this replica without a log entry (kernel/readers.py).
-        One that raises NotYet runs again each time this replica has applied another entry,
-        until it answers or `timeout` (seconds; None: no limit) has passed (TIMEOUT)."""
+        One that raises NotYet runs again each time this replica has applied an entry that
+        changed its object (node_reads.ObjectChanges), until it answers or `timeout`
+        (seconds; None: no limit) has passed (TIMEOUT)."""
         consistency, min_index = _read_options(request)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -284,26 +285,29 @@ class Gateway(pb_grpc.GesmasServicer):
             except NotYet:
                 return (False, None)
 
+        changes = self.node.reads.changes
         waiting = False
         while True:
-            left = None if deadline is None else deadline - loop.time()
-            if waiting and left is not None and left <= 0:
-                raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out waiting",
-                                       "Timeout"))
             try:
                 (done, value), index = await self.node.read(
-                    run, consistency, min_index,
-                    **({"wait": min(left, 5.0) if left is not None else 5.0} if waiting
-                       else {}))
-            except CallFailed as e:     # waiting: nothing applied here for a while
-                if waiting and e.error.code == Code.UNAVAILABLE:
+                    run, consistency, min_index, **({"wait": 5.0} if waiting else {}))
+            except CallFailed as e:     # waiting: this replica fell behind for a while
+                if waiting and e.error.code == Code.UNAVAILABLE and \
+                        (deadline is None or loop.time() < deadline):
                     continue
                 raise
             _saw(index)
             if done:
                 return value
             waiting = True
-            consistency, min_index = SEQUENTIAL, index + 1    # the next entry applied here
+            changed = None
+            while changed is None:      # until an entry changes the object, or the deadline
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out "
+                                           "waiting", "Timeout"))
+                changed = await changes.wait(name, index, self.node.applied_index, left)
+            consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
                      leader_hint: str = "", request: Any = None) -> None:

@@ -125,6 +125,7 @@ class Node(Membership):
     def make_state_machine(self, kernel: Kernel | None = None) -> StateMachine:
         kernel = kernel or Kernel(self._kernel_config())
         self.leader_duties.reset(kernel, time.monotonic())
+        self.reads.changes.everything(kernel.index)      # waiting readers look again
         if self.replica is None:
             self._kernel = kernel
         return StateMachine(self, kernel)
@@ -148,6 +149,7 @@ class Node(Membership):
     def _applied(self, index: int, cmd: codec.Command, out: list[Completion], kernel: Kernel,
                  deliver: bool) -> None:
         self.leader_duties.applied(index, kernel, time.monotonic())
+        self.reads.changes.applied(index, kernel.touched)
         if deliver:
             self.calls.applied(out, cmd.tag, index)
 

@@ -31,6 +31,7 @@ READ_WAIT = 2.0
 class NodeReads:
     def __init__(self, node: Node) -> None:
         self.node = node
+        self.changes = ObjectChanges()     # waiting readers: which objects entries change
 
     async def read(self, fn: Callable[[Kernel], Any], consistency: str = LINEARIZABLE,
                    min_index: int = 0, wait: float = READ_WAIT) -> tuple[Any, int]:
@@ -116,6 +117,70 @@ class NodeReads:
             raise CallFailed(Error(Code.INTERNAL, f"the server failed this read: "
                                    f"{type(error).__name__}", type(error).__name__))
         return value, index
+
+
+class ObjectChanges:
+    """Which objects the entries applied here change, for readers that wait (NotYet): such a
+    reader runs again only after an entry that ran on its object, made it or removed it
+    (Kernel.touched), not after every entry. The apply thread calls `applied` after each
+    entry and `everything` when the state is replaced (a snapshot, a restore); readers wait
+    on the event loop with `wait`. Only the names some reader waits for are looked at."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: dict[str, list[asyncio.Future[int]]] = {}   # event loop only
+        self._names: frozenset[str] = frozenset()   # their names, read by the apply thread
+
+    def applied(self, index: int, touched: set[str]) -> None:
+        """The apply thread: entry `index` ran on, made or removed `touched`."""
+        names, loop = self._names, self._loop
+        if not names or loop is None:
+            return
+        hit = names.intersection(touched)
+        if hit:
+            loop.call_soon_threadsafe(self._wake, hit, index)
+
+    def everything(self, index: int) -> None:
+        """The apply thread: the whole state was replaced (at `index`)."""
+        names, loop = self._names, self._loop
+        if names and loop is not None:
+            loop.call_soon_threadsafe(self._wake, names, index)
+
+    def _wake(self, names: Any, index: int) -> None:
+        for name in names:
+            for fut in self._waiters.get(name, ()):
+                _set_once(fut, index)
+
+    async def wait(self, name: str, after: int, applied: Callable[[], int],
+                   timeout: float | None) -> int | None:
+        """Wait for an entry after index `after` that changes `name`; its index, or None
+        when `timeout` (seconds) passed first. `applied()` is this replica's applied index:
+        an entry applied between the reader's run and this call may have changed the object
+        unseen, so then the reader runs again at once (returns the applied index)."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        fut: asyncio.Future[int] = loop.create_future()
+        self._waiters.setdefault(name, []).append(fut)
+        self._names = frozenset(self._waiters)
+        try:
+            now = applied()
+            if now > after:               # maybe changed before we were watching
+                return now
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                return None
+        finally:
+            futs = self._waiters.get(name)
+            if futs is not None:
+                futs.remove(fut)
+                if not futs:
+                    del self._waiters[name]
+                    self._names = frozenset(self._waiters)
+
+    def waiting(self) -> int:
+        """Readers waiting (tests, status)."""
+        return sum(len(f) for f in self._waiters.values())
 
 
 def _set_once(fut: asyncio.Future[Any], result: Any) -> None:
