@@ -57,3 +57,23 @@ def test_aio_bench_small() -> None:
     figures = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
     assert figures["lost"] == "0" and figures["wrong"] == "0" and figures["n"] == "200"
     assert float(figures["rss_mb_blocked"]) > 0
+
+
+def test_scale_bench_quick(tmp_path: Path) -> None:
+    """bench/scale_bench.py --quick: every phase runs, the catch-up after a restart and after
+    a wipe is measured, and the JSON holds what the table prints."""
+    out_json = tmp_path / "scale.json"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "scale_bench.py"), "--quick",
+         "--json", str(out_json)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    run = json.loads(out_json.read_text())["runs"][0]
+    assert [p["phase"] for p in run["phases"]] == ["create", "idle", "waiters", "restart",
+                                                   "wipe", "list"]
+    create, _, waiters, restart, wipe, listing = run["phases"]
+    assert create["objects"] == 2000 and len(create["rate_per_tenth"]) == 10
+    assert waiters["waiters"] == 50
+    assert restart["caught_up_seconds"] > 0 and wipe["caught_up_seconds"] > 0
+    assert listing["listed"] >= 2000
+    assert "| restart: caught up after, s |" in out.stdout
