@@ -63,7 +63,6 @@ def test_a_slow_entry_holds_up_the_entries_behind_it_but_not_raft(cluster):
         time.sleep(0.05)
     committed_during = leader._raft.raftCommitIndex
     applied_during = leader.applied_index()
-    assert time.monotonic() - started < SLOW, "the commits waited for the slow apply"
     assert committed_during >= before + 6                 # committed while it is applied...
     assert applied_during <= before                       # ...applied only after it
     cluster.wait_applied([hashlib.sha256(b"behind %d" % i).hexdigest() for i in range(5)])
