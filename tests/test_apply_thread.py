@@ -12,7 +12,7 @@ import pytest
 
 from gesmas.server.replication import Replica
 
-from test_raft_port import COMMIT_TIMEOUT, DigestSM, InProcessCluster
+from test_raft_port import DigestSM, InProcessCluster, warmed
 from replication_node import TEST_SECRET
 
 SLOW = 3 * 1.2           # three of the longest election timeouts (RaftTuning.raft_max_timeout)
@@ -40,14 +40,7 @@ class SlowCluster(InProcessCluster):
 
 @pytest.fixture
 def cluster(tmp_path):
-    c = SlowCluster(str(tmp_path))
-    try:
-        for r in c.replicas:
-            assert r.wait_ready(COMMIT_TIMEOUT)
-        c.commit(b"warm-up")
-        yield c
-    finally:
-        c.destroy()
+    yield from warmed(SlowCluster(str(tmp_path)))
 
 
 def test_a_slow_entry_holds_up_the_entries_behind_it_but_not_raft(cluster):

@@ -14,7 +14,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 from gesmas.server.replication import prevote
 from gesmas.server.replication.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
 
-from test_raft_port import COMMIT_TIMEOUT, InProcessCluster
+from test_raft_port import COMMIT_TIMEOUT, InProcessCluster, warmed
 
 CUT = 3 * 1.2            # three of the longest election timeouts (RaftTuning.raft_max_timeout)
 
@@ -48,14 +48,7 @@ def cut_leader_to_follower(c: InProcessCluster):
 
 @pytest.fixture
 def cluster(tmp_path):
-    c = InProcessCluster(str(tmp_path))
-    try:
-        for r in c.replicas:
-            assert r.wait_ready(COMMIT_TIMEOUT)
-        c.commit(b"warm-up")
-        yield c
-    finally:
-        c.destroy()
+    yield from warmed(InProcessCluster(str(tmp_path)))
 
 
 def test_a_follower_that_stops_hearing_the_leader_does_not_depose_it(cluster):

@@ -135,9 +135,10 @@ class InProcessCluster:
             r.destroy()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = InProcessCluster(str(tmp_path_factory.mktemp("raftport")))
+def warmed(c: InProcessCluster):
+    """Yield `c` once every replica is ready and a first command is committed everywhere;
+    destroy it afterwards, whatever the test did (the fixtures of this module and of
+    test_prevote.py, test_apply_thread.py)."""
     try:
         for r in c.replicas:
             assert r.wait_ready(COMMIT_TIMEOUT)
@@ -145,6 +146,11 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.destroy()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    yield from warmed(InProcessCluster(str(tmp_path_factory.mktemp("raftport"))))
 
 
 @pytest.fixture
