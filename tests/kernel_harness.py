@@ -28,6 +28,7 @@ class H:
         self.index = self.kernel.index
         self.ts = self.kernel.now
         self.encoded = encoded
+        self.defer = True                # checkpoint()'s default
         self.log: list[tuple[int, Command]] = []
         self.results: dict[str, Completion] = {}    # every completion seen, by tag
         self.trace: list[tuple[int, list[Completion]]] = []   # per index, in order
@@ -94,8 +95,10 @@ class H:
         self.ts = max(self.ts, ts)
         return self.apply(Tick(ts=ts))
 
-    def checkpoint(self) -> Completion:
-        return self.run(Checkpoint(ts=self.ts))
+    def checkpoint(self, defer: bool | None = None) -> Completion:
+        """A Checkpoint as the leader proposes it: its standard-class objects saved after it
+        (kernel/capture.py) unless `defer` (or the harness's `defer`) says otherwise."""
+        return self.run(Checkpoint(ts=self.ts, defer=self.defer if defer is None else defer))
 
     # -- reading results ----------------------------------------------------------------------
 

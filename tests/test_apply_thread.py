@@ -165,3 +165,32 @@ def test_idle_runs_once_the_queue_is_empty():
         assert idle.wait(10) and seen == [1]
     finally:
         t.stop(5)
+
+
+def test_background_work_runs_in_slices_while_nothing_is_queued():
+    """An entry queued during background work waits for one slice at most (a checkpoint's
+    capture, kernel/capture.py, runs this way)."""
+    slices, order = [], []
+    in_slice, go_on, done = threading.Event(), threading.Event(), threading.Event()
+
+    def background():
+        slices.append(len(slices))
+        order.append(("slice", len(slices)))
+        if len(slices) == 2:
+            in_slice.set()
+            assert go_on.wait(10)
+        if len(slices) == 5:
+            done.set()
+        return len(slices) < 5
+
+    t = ApplyThread("t", lambda i, d: order.append(("entry", i)), lambda: None, background)
+    try:
+        t.put(1, b"a")                           # after it: background until it says done
+        assert in_slice.wait(10)
+        t.put(2, b"b")                           # queued during slice 2
+        go_on.set()
+        assert t.wait_idle(10) and done.wait(10)
+        assert order[:4] == [("entry", 1), ("slice", 1), ("slice", 2), ("entry", 2)]
+        assert [o for o in order if o[0] == "slice"] == [("slice", n) for n in range(1, 6)]
+    finally:
+        t.stop(5)

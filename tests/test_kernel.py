@@ -163,6 +163,7 @@ ALL_COMMANDS = [
     DeleteObject(ts=5.0, tag="d", name="a"),
     Tick(ts=6.0),
     Checkpoint(ts=7.0, tag="k"),
+    Checkpoint(ts=7.0, tag="k", defer=True),
     Query(ts=8.0, tag="q", what="class", arg=["A", 2]),
     Query(ts=8.0, tag="q", what="stats", arg=None),
     Cancel(ts=9.0, tag="x", session=1, seq=2, call_tag="i"),
@@ -172,7 +173,10 @@ ALL_COMMANDS = [
 @pytest.mark.parametrize("cmd", ALL_COMMANDS, ids=lambda c: type(c).__name__)
 def test_codec_round_trip(cmd):
     data = encode(cmd)
-    assert data[0] == codec.FORMAT_VERSION
+    # version 3 only for a command that needs its fields: a replica of the previous gesmas
+    # reads every other command, and stops at a deferred checkpoint (codec._NEW_IN_3)
+    assert data[0] == (codec.FORMAT_VERSION if getattr(cmd, "defer", False) else 2)
+    assert codec.is_checkpoint(data) == isinstance(cmd, Checkpoint)
     back = decode(data)
     assert back == cmd and type(back) is type(cmd)
     assert encode(back) == data
@@ -204,8 +208,8 @@ def test_value_nan_and_tuple():
         codec.encode_value({1: 2})
 
 
-def _env(items: list) -> bytes:
-    return bytes([codec.FORMAT_VERSION]) + codec.encode_value(items)
+def _env(items: list, version: int = 2) -> bytes:
+    return bytes([version]) + codec.encode_value(items)
 
 
 _GOOD = encode(Invoke(ts=4.0, tag="i", session=1, seq=9, name="a", method="m", args=[1.5, "x"]))

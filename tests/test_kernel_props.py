@@ -153,11 +153,11 @@ def build(script, subject: str = "uploaded") -> list[tuple[int, object]]:
     return log
 
 
-def with_checkpoint(log, pos: int):
+def with_checkpoint(log, pos: int, defer: bool = False):
     """The log with a Checkpoint before its entry `pos` (the last entry is a Tick, so every
     interesting position is covered and the final index is the same)."""
     index = 2 * pos + 1
-    return log[:pos] + [(index, Checkpoint(ts=0.0, tag="ckpt"))] + log[pos:], index
+    return log[:pos] + [(index, Checkpoint(ts=0.0, tag="ckpt", defer=defer))] + log[pos:], index
 
 
 def run(log, encoded=False):
@@ -204,7 +204,7 @@ def test_b_checkpoint_changes_no_completion(subject, script, data):
     log = build(script, subject)
     _, base = run(log)
     pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
-    ck_log, ck_index = with_checkpoint(log, pos)
+    ck_log, ck_index = with_checkpoint(log, pos, data.draw(st.booleans(), label="defer"))
     k, trace = run(ck_log)
     ck_out = dict(trace)[ck_index]
     assert [c.tag for c in ck_out] == ["ckpt"] and ck_out[0].error is None
@@ -230,7 +230,7 @@ def test_b_checkpoint_leaves_the_same_final_digest(subject, script, data):
 def test_c_restore_and_reapply_gives_same_completions_and_digest(subject, script, data):
     log = build(script, subject)
     pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
-    ck_log, ck_index = with_checkpoint(log, pos)
+    ck_log, ck_index = with_checkpoint(log, pos, data.draw(st.booleans(), label="defer"))
     k, trace = run(ck_log)
     assert k.checkpoint_index == ck_index
     restored = Kernel.restore(k.checkpoint_blob, CONFIG)
@@ -315,3 +315,51 @@ def test_e_incremental_checkpoints_keep_every_frame_fresh(subject, script, data)
     # the objects' frames are the same bytes (the rest of the blob is not compared: its block
     # counter and the sessions' pickle memo differ on a restored replica, as before)
     assert restored.state.frames == k.state.frames
+
+
+@pytest.mark.parametrize("subject", list(SUBJECTS))
+@SETTINGS
+@given(ops, st.data())
+def test_f_a_deferred_capture_is_the_same_whenever_its_slices_run(subject, script, data):
+    """kernel/capture.py: a deferred checkpoint saves the standard classes' objects after its
+    entry, in idle slices or just before they change. Whenever the slices run (drawn between
+    entries), every completion, the digest after every entry and each checkpoint's bytes are
+    those of a kernel that saves everything right after the checkpoint's entry; a replica
+    restored from the first blob goes on like the live one, to the same frames."""
+    from gesmas.server.kernel.capture import PendingBlob
+    log = build(script, subject)
+    p1 = data.draw(st.integers(0, len(log) - 2), label="first checkpoint before entry")
+    p2 = data.draw(st.integers(p1 + 1, len(log) - 1), label="second checkpoint before entry")
+    one, i1 = with_checkpoint(log, p1, defer=True)
+    two = sorted(one + [(2 * p2 + 1, Checkpoint(ts=0.0, tag="ckpt2", defer=True))],
+                 key=lambda e: e[0])
+
+    def run_two(slices):
+        k, trace, digests, results = Kernel(CONFIG), [], [], {}
+        for n, (index, cmd) in enumerate(two):
+            trace.append((index, k.apply(index, encode(cmd))))
+            if isinstance(cmd, Checkpoint):
+                results[index] = k.checkpoint_result
+            if slices is None:
+                k.checkpoint_blob                  # finishes any open capture at once
+            elif slices[n]:
+                k.capture_some(slices[n])
+            digests.append(k.state_digest())
+        blobs = {i: r.result() if isinstance(r, PendingBlob) else r for i, r in results.items()}
+        return k, trace, digests, blobs
+
+    eager = run_two(None)
+    slices = data.draw(st.lists(st.sampled_from([0, 0, 0, 1, 2]), min_size=len(two),
+                                max_size=len(two)), label="idle slices after each entry")
+    lazy = run_two(slices)
+    assert lazy[1] == eager[1]
+    assert lazy[2] == eager[2]
+    assert lazy[3] == eager[3]
+    k, blobs = lazy[0], lazy[3]
+    restored = Kernel.restore(blobs[i1], CONFIG)
+    rest = [(i, c) for i, c in two if i > i1]
+    r, rtrace = replay(rest, restored)
+    assert rtrace == [(i, out) for i, out in lazy[1] if i > i1]
+    assert r.state_digest() == k.state_digest()
+    r.checkpoint_blob, k.checkpoint_blob           # both captures finished
+    assert r.state.frames == k.state.frames

@@ -152,7 +152,7 @@ class LeaderDuties:
         if (self.applied_index - self._checkpoint_index >= self.checkpoint_every
                 and now - self._checkpoint_proposed > PROPOSE_RETRY):
             self._checkpoint_proposed = now
-            out.append(codec.Checkpoint(ts=wall))
+            out.append(codec.Checkpoint(ts=wall, defer=True))   # kernel/capture.py
         if not self._has_standard and now - self._standard_proposed > PROPOSE_RETRY:
             self._standard_proposed = now
             out.extend(codec.RegisterClass(ts=wall, source=source, user=SYSTEM)

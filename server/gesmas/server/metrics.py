@@ -72,7 +72,7 @@ class NodeCollector:
             yield gauge("gesmas_checkpoint_index", "kernel index of the last checkpoint",
                         float(k.checkpoint_index or 0))
             yield gauge("gesmas_checkpoint_bytes", "size of the last checkpoint",
-                        float(len(k.checkpoint_blob or b"")))
+                        float(k.checkpoint_size or 0))
         yield gauge("gesmas_pending_calls", "calls this replica accepted and waits on",
                     float(len(node.calls)))
         yield gauge("gesmas_rejoining", "1 while this replica, started empty without "

@@ -65,6 +65,14 @@ class StateMachine:
     def checkpoint_blob(self) -> bytes | None:
         return self.kernel.checkpoint_blob
 
+    @property
+    def checkpoint_result(self) -> Any:
+        """The last checkpoint's bytes, or a handle while it is captured (kernel/capture.py)."""
+        return self.kernel.checkpoint_result
+
+    def capture_some(self, limit: int) -> bool:
+        return self.kernel.capture_some(limit)
+
     def apply(self, index: int, data: bytes) -> list[Completion]:
         try:
             cmd = codec.decode(data)

@@ -33,6 +33,7 @@ runner unwinds waiters and re-runs them, and `lifecycle` drops and measures obje
 from __future__ import annotations
 
 import collections
+import logging
 import hashlib
 import io
 import pickle
@@ -43,6 +44,7 @@ import greenlet
 from . import codec, stack
 from .auth import AuthState
 from .budget import Budget
+from .capture import Capture, PendingBlob, Slot, save_one
 from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
 from .measure import state_size
@@ -51,7 +53,10 @@ from .registry import Registry, safe_str, type_name
 from .runner import Runner
 from .sched import SAVING, Interrupted
 
-FORMAT = 4            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames
+log = logging.getLogger(__name__)
+
+FORMAT = 5            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
+#                       5: the deferred objects listed (capture.py), their sizes one late
 
 
 def pickle_state(registry: Registry, obj: Any) -> bytes:
@@ -81,7 +86,108 @@ class Checkpoints:
         self.lifecycle = lifecycle
         self.restart = restart
         self.index: int | None = None     # the log index of the last checkpoint taken or loaded
-        self.blob: bytes | None = None    # ... and its bytes
+        self.result: bytes | PendingBlob | None = None   # ... and its bytes (`blob`)
+        self.capture: Capture | None = None   # its objects still to save (capture.py)
+        self.defer = True                 # defer (capture.py) when the Checkpoint asks to
+        # sizes measured by the last capture, applied by the next checkpoint: name -> (its
+        # record then, size); and the index they were measured at
+        self.sizes_next: dict[str, tuple[ObjectRecord, int]] = {}
+        self.sizes_at = 0
+        runner.seal = self.seal
+
+    @property
+    def blob(self) -> bytes | None:
+        """The last checkpoint's bytes, assembled first if its capture is still open."""
+        r = self.result
+        return r.result() if isinstance(r, PendingBlob) else r
+
+    @blob.setter
+    def blob(self, blob: bytes | None) -> None:
+        self.finish()
+        self.result = blob
+
+    # -- deferred capture (capture.py) -----------------------------------------------------------
+
+    def seal(self, name: str, running: bool = False) -> None:
+        """Save `name` for the open capture now, if it is still to be saved: code is about to
+        run on it, or it is about to be removed. `running`: a waiter on it runs again, which
+        only a kept object's can (any other was saved before its waiter blocked)."""
+        cap = self.capture
+        if cap is None or name not in cap.slots:
+            return
+        assert not running or name in cap.keep, f"{name!r} runs again before it was saved"
+        self._save_deferred(cap, name)
+        if not cap.slots:
+            self._close()
+
+    def capture_some(self, limit: int) -> bool:
+        """Save up to `limit` objects of the open capture (the apply thread's idle slices);
+        whether some are left."""
+        cap = self.capture
+        if cap is None:
+            return False
+        todo = cap.todo
+        while todo and limit > 0:
+            name = todo.pop()
+            if name in cap.slots:
+                self._save_deferred(cap, name)
+                limit -= 1
+        if not cap.slots:
+            self._close()
+            return False
+        return True
+
+    def finish(self) -> None:
+        """Save every object the open capture has left, and assemble its blob."""
+        cap = self.capture
+        if cap is not None:
+            for name in list(cap.slots):
+                self._save_deferred(cap, name)
+            self._close()
+
+    def _save_deferred(self, cap: Capture, name: str) -> None:
+        limit = self.config.max_object_bytes
+
+        def save(instance: Any) -> tuple[bytes, Any]:
+            self.budget.steps = 0
+            data = pickle_state(self.registry, instance)
+            self.budget.steps = 0
+            return data, unpickle_state(self.registry, data)
+
+        def measure(instance: Any) -> int:
+            self.budget.steps = 0
+            return state_size(instance, limit)
+        if not save_one(cap, name, self.state.objects, self.state.frames, save, measure):
+            log.error("checkpoint %d: object %r cannot be saved (%s); the checkpoint has no "
+                      "blob, the next one tries again", cap.index, name, cap.failed[name])
+            self.runner.changed.add(name)
+
+    def _close(self) -> None:
+        cap, self.capture = self.capture, None
+        assert cap is not None
+        blob = cap.assemble()
+        self.sizes_next = cap.sizes
+        self.sizes_at = cap.index
+        r = self.result
+        if isinstance(r, PendingBlob) and r.index == cap.index:
+            r.blob = blob
+            if blob is None:
+                r.error = (f"checkpoint {cap.index} has no blob: objects could not be saved "
+                           f"({'; '.join(f'{n!r}: {w}' for n, w in sorted(cap.failed.items()))})")
+
+    def _apply_sizes(self) -> None:
+        """Apply the sizes the last capture measured (capture.py), in name order: to the
+        objects that were not removed and not measured again since. An object whose size
+        changes is saved again by this checkpoint (its frame holds its size)."""
+        sizes, at = self.sizes_next, self.sizes_at
+        self.sizes_next = {}
+        objects = self.state.objects
+        for name in sorted(sizes):
+            rec, size = sizes[name]
+            if objects.get(name) is not rec or rec.measured_at > at or size == rec.size:
+                continue
+            self.lifecycle.set_size(rec, size)
+            self.runner.changed.add(name)
 
     # -- the saved form ------------------------------------------------------------------------
 
@@ -97,28 +203,36 @@ class Checkpoints:
             state["sizes"] = {n: r.size for n, r in st.objects.items() if r.size}
         return state
 
-    def _save_objects(self, keep: set[str]) -> None:
+    def _save_objects(self, keep: set[str], defer: bool) -> dict[str, Slot]:
         """Save each object changed since the last checkpoint (module docstring): its state
         pickled on its own and loaded back once, as a restore would, its frame kept in
         `State.frames`. An object whose state cannot be saved or loaded (a generator, a
         lambda, a failing __hash__...) is dropped, the same on every replica: the checkpoint
         always succeeds and the log stays bounded. Objects over max_object_bytes are marked
-        (see _start).
+        (see _start). Objects of the standard classes are left to the capture (capture.py):
+        returns their slots.
 
         The loaded copy replaces the live instance, except for objects whose waiters stay in
         place (`keep`: standard classes, whose frames hold the live one). A replica restored
         from this checkpoint holds exactly that copy, and a copy is not always the same as
         the original: a set rebuilt by unpickling has a fresh table, so after discards its
-        iteration order can differ from the live set's ([2, 9] live, [9, 2] restored). From
-        here on every replica iterates the copy."""
+        iteration order can differ from the live set's ([2, 9] live, [9, 2] restored), and
+        values equal but apart in one become one shared value in the other. From here on
+        every replica iterates the copy."""
         with stack.relative():
-            self._save_objects_here(keep)
+            return self._save_objects_here(keep, defer)
 
-    def _save_objects_here(self, keep: set[str]) -> None:
+    def _save_objects_here(self, keep: set[str], defer: bool) -> dict[str, Slot]:
         st, frames, changed = self.state, self.state.frames, self.runner.changed
+        deferred: dict[str, Slot] = {}
+        reserved = self.config.reserved_classes if defer else frozenset()
         for name in sorted(changed):
             rec = st.objects.get(name)
             if rec is None:
+                continue
+            if rec.cls.name in reserved:
+                rec.steps = 0
+                deferred[name] = frames[name] = Slot()
                 continue
             self.budget.steps = 0
             try:
@@ -136,17 +250,33 @@ class Checkpoints:
             frames[name] = pickle.dumps((name, rec.cls.name, rec.cls.version, data, rec.owner,
                                          rec.size), protocol=5)
         changed.clear()
+        return deferred
 
-    def _dump(self, pending: list[tuple[Any, ...]]) -> bytes:
-        """`pending`: PendingCall.saved() tuples, in the order a restore re-runs them."""
+    def _dump(self, pending: list[tuple[Any, ...]], deferred: dict[str, Slot],
+              keep: set[str], defer: bool) -> None:
+        """Write the checkpoint of this index: at once, or through a capture if objects are
+        deferred. `pending`: PendingCall.saved() tuples, in the order a restore re-runs
+        them."""
         buf = io.BytesIO()
         pickle.dump(self.registry.dump(), buf, protocol=5)
         frames = self.state.frames
-        pickle.dump((self.saved_state(per_object=False), pending, len(frames)), buf,
-                    protocol=5)
-        parts: list[Any] = [buf.getvalue()]
-        parts.extend(frames.values())        # None (a bug: an object left unsaved) fails here
-        return b"".join(parts)
+        state = self.saved_state(per_object=False)
+        if deferred or defer:                 # format 5: the deferred objects listed
+            pickle.dump((state, pending, len(frames), sorted(deferred)), buf, protocol=5)
+        else:                                 # as format 4 wrote it, byte for byte
+            state["format"] = 4
+            pickle.dump((state, pending, len(frames)), buf, protocol=5)
+        if not deferred:
+            self.result = b"".join([buf.getvalue(), *frames.values()])  # None fails here
+            return
+        index = self.state.index
+        self.capture = Capture(index, buf.getvalue(), list(frames.values()), dict(deferred),
+                               keep)
+        pending_blob = PendingBlob(index, self._blob_of_capture)
+        self.result = pending_blob
+
+    def _blob_of_capture(self) -> None:
+        self.finish()
 
     # -- restoring -----------------------------------------------------------------------------
 
@@ -171,7 +301,7 @@ class Checkpoints:
         elif state["format"] == 3:          # objects in one list (<= 0141fe9)
             pending = [PendingCall.load(p) for p in loaded[1]]
             objects = loaded[2]
-        elif state["format"] == FORMAT:
+        elif state["format"] in (4, FORMAT):   # 5: the deferred objects listed too
             pending = [PendingCall.load(p) for p in loaded[1]]
             objects = []
             for _ in range(loaded[2]):
@@ -191,7 +321,16 @@ class Checkpoints:
             st.usage.add(s.user, "sessions", 1)
         with stack.relative():          # the same height above the pickles as _save_objects
             self._load_objects(objects, owners, sizes)
-        self.index, self.blob = st.index, blob
+        self.index, self.result = st.index, blob
+        # the sizes a live replica measured when it saved these objects (capture.py): the
+        # same measure of the same states, applied by the next checkpoint likewise
+        limit = self.config.max_object_bytes
+        for name in (loaded[3] if state["format"] == FORMAT else ()):
+            rec = st.objects.get(name)
+            if rec is not None:
+                self.budget.steps = 0
+                self.sizes_next[name] = (rec, state_size(rec.instance, limit))
+        self.sizes_at = st.index
         self.runner.out = []
         self._rerun(pending)
 
@@ -297,6 +436,8 @@ class Checkpoints:
 
     def take(self, cmd: codec.Checkpoint) -> None:
         st, runner = self.state, self.runner
+        self.finish()                        # the last checkpoint's capture, if still open
+        self._apply_sizes()                  # what it measured (capture.py)
         blocked = runner.blocked()
         keep = self._kept_objects(blocked)
         unwind = [r for r in blocked if r.obj not in keep]
@@ -317,8 +458,10 @@ class Checkpoints:
                    for r in blocked if r.obj in keep or r.index in interrupted]
         saving = SAVING.set(True)
         try:
-            self._save_objects(keep)             # drops what cannot be saved: never fails
-            self.blob, self.index = self._dump(pending), st.index
+            # drops what cannot be saved: never fails
+            deferred = self._save_objects(keep, self.defer and bool(cmd.defer))
+            self._dump(pending, deferred, keep, bool(cmd.defer))
+            self.index = st.index
         finally:
             SAVING.reset(saving)
         renumber = bool(interrupted)

@@ -24,9 +24,13 @@ from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
+#: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
+#: their defaults is written as version 2, so that a replica of the previous gesmas reads
+#: every command but the deferred checkpoints (and stops at those: UnknownFormat)
+_NEW_IN_3 = frozenset({"defer"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -334,8 +338,10 @@ class Tick(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(Command):
-    """Interrupt every waiter, serialize the quiescent state, re-run the waiters (DESIGN §5)."""
+    """Interrupt every waiter, serialize the quiescent state, re-run the waiters (DESIGN §5).
+    `defer`: the standard classes' objects are saved after the entry (kernel/capture.py)."""
     CODE: ClassVar[int] = 9
+    defer: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -375,24 +381,30 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
-_FIELDS_V1: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS.items()
+_FIELDS_V2: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_3) for c, names in _FIELDS.items()
 }
+_FIELDS_V1: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
+}
+_BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, FORMAT_VERSION: _FIELDS}
+_V3_DEFAULTS = {c: {f.name: f.default for f in fields(c) if f.name in _NEW_IN_3}
+                for c in COMMANDS.values()}
 
 
 def encode(cmd: Command) -> bytes:
     t = type(cmd)
+    new = _V3_DEFAULTS[t]
+    version = 2 if all(getattr(cmd, n) == d for n, d in new.items()) else FORMAT_VERSION
     items = [t.CODE, float(cmd.ts), cmd.tag]
-    items.extend(getattr(cmd, name) for name in _FIELDS[t])
-    out = bytearray((FORMAT_VERSION,))
+    items.extend(getattr(cmd, name) for name in _BY_VERSION[version][t])
+    out = bytearray((version,))
     _encode(items, out)
     return bytes(out)
 
 
-_CHECKPOINT_HEADS = (bytes((FORMAT_VERSION, 0x4C, 3 + len(_FIELDS[Checkpoint]), 0x49,
-                            Checkpoint.CODE << 1)),
-                     bytes((1, 0x4C, 3 + len(_FIELDS_V1[Checkpoint]), 0x49,
-                            Checkpoint.CODE << 1)))
+_CHECKPOINT_HEADS = tuple(bytes((v, 0x4C, 3 + len(names[Checkpoint]), 0x49,
+                                 Checkpoint.CODE << 1)) for v, names in _BY_VERSION.items())
 
 
 def is_checkpoint(data: bytes) -> bool:
@@ -404,16 +416,16 @@ def is_checkpoint(data: bytes) -> bool:
 def decode(data: bytes) -> Command:
     if not data:
         raise DecodeError("empty command")
-    if data[0] not in (1, FORMAT_VERSION):
+    if data[0] not in _BY_VERSION:
         raise UnknownFormat(f"command format version {data[0]} is not supported (this gesmas "
-                            f"reads versions 1 and {FORMAT_VERSION}): upgrade this replica")
+                            f"reads versions 1 to {FORMAT_VERSION}): upgrade this replica")
     items, pos = _decode_checked(data, 1, "command")
     if pos != len(data) or type(items) is not list or len(items) < 3:
         raise DecodeError("malformed command envelope")
     cls = COMMANDS.get(items[0]) if type(items[0]) is int else None
     if cls is None:
         raise DecodeError(f"unknown command type {items[0]!r}")
-    names = _FIELDS[cls] if data[0] == FORMAT_VERSION else _FIELDS_V1[cls]
+    names = _BY_VERSION[data[0]][cls]
     if len(items) != 3 + len(names):
         raise DecodeError(f"{cls.__name__}: expected {len(names)} fields, got {len(items) - 3}")
     try:

@@ -45,6 +45,7 @@ from typing import Any, Callable
 from . import codec, stack
 from .auth import AuthState, Usage
 from .budget import Budget
+from .capture import PendingBlob
 from .checkpoint import Checkpoints
 from .codec import Command
 from .errors import Code, Error, KernelError
@@ -358,6 +359,7 @@ class Kernel:
             req.deadline = call_deadline
         s.touched[cmd.name] = None
         s.inflight[cmd.seq] = req
+        self.runner.seal(cmd.name)           # an open checkpoint capture saves it first
         self.runner.spawn(req, fn, (rec.instance, *args), kwargs)
 
     # -- the state, as the host and the tests read it ------------------------------------------
@@ -408,7 +410,33 @@ class Kernel:
 
     @property
     def checkpoint_blob(self) -> bytes | None:
+        """The last checkpoint's bytes (its capture finished first if still open)."""
         return self.checkpoints.blob
+
+    @property
+    def checkpoint_result(self) -> bytes | PendingBlob | None:
+        """The last checkpoint's bytes, or a PendingBlob while its capture is open
+        (capture.py): `.done`, and `.result()` on this kernel's thread."""
+        return self.checkpoints.result
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the last checkpoint still has objects to save (capture.py)."""
+        return self.checkpoints.capture is not None
+
+    def capture_some(self, limit: int = 200) -> bool:
+        """Save up to `limit` objects for the open checkpoint capture, between two entries
+        (the host's idle time); whether some are left."""
+        return self.checkpoints.capture_some(limit)
+
+    @property
+    def checkpoint_size(self) -> int | None:
+        """The size of the last checkpoint's blob, None while it is being captured (any
+        thread: it assembles nothing)."""
+        r = self.checkpoints.result
+        if isinstance(r, PendingBlob):
+            r = r.blob
+        return None if r is None else len(r)
 
     @checkpoint_blob.setter
     def checkpoint_blob(self, blob: bytes | None) -> None:

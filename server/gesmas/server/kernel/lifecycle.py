@@ -184,9 +184,14 @@ class Lifecycle:
         except BaseException:            # cannot happen by design (no uploaded code runs)
             log.exception("measuring object %r failed", rec.name)
             size = limit + 1
+        self.set_size(rec, size)
+
+    def set_size(self, rec: ObjectRecord, size: int) -> None:
+        """`rec`'s state measures `size` (now, or when a checkpoint saved it: capture.py)."""
         self.state.usage.add(rec.owner, "state_bytes", size - rec.size)
         rec.size = size
-        if size > limit:
+        rec.measured_at = self.state.index
+        if size > self.config.max_object_bytes:
             self.state.over_limit[rec.name] = size
         else:
             self.state.over_limit.pop(rec.name, None)
@@ -202,6 +207,7 @@ class Lifecycle:
 
     def forget(self, name: str) -> None:
         st = self.state
+        self.runner.seal(name)              # an open checkpoint capture saves it first
         rec = st.objects.pop(name, None)    # a restore drops objects it never added
         st.frames.pop(name, None)
         self.runner.touched.add(name)

@@ -222,7 +222,7 @@ class Session:
 
 
 class ObjectRecord:
-    __slots__ = ("name", "cls", "instance", "steps", "owner", "size", "runs")
+    __slots__ = ("name", "cls", "instance", "steps", "owner", "size", "runs", "measured_at")
 
     def __init__(self, name: str, cls: ClassVersion, instance: Any, owner: str = "") -> None:
         self.name = name
@@ -232,6 +232,7 @@ class ObjectRecord:
         self.owner = owner   # the user that created it (its quotas count it)
         self.size = 0        # its state's size when last measured
         self.runs = 0        # runs of its calls so far in this process (readers' copies)
+        self.measured_at = 0  # the log index of its last measure, if since made or loaded
 
 
 @dataclass(frozen=True)

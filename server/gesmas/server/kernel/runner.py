@@ -66,6 +66,9 @@ class Runner:
         self.changed: set[str] = set()   # objects run on, made or removed since the last
         #                                  checkpoint taken or loaded (checkpoint.py)
         self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None
+        # saves an object for an open checkpoint capture before code runs on it (capture.py;
+        # set by Checkpoints): seal(name, running)
+        self.seal: Callable[..., None] = lambda name, running=False: None
 
     # -- the log's position and time (sched.Host) -----------------------------------------------
 
@@ -173,6 +176,8 @@ class Runner:
         True) or raise `throw` at its blocking point."""
         task = req.task
         assert task is not None
+        if not start:
+            self.seal(req.obj, True)           # a kept waiter's object (capture.py)
         self.budget.steps = 0
         launcher = self.use_limit()
         if start:

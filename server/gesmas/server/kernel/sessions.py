@@ -84,5 +84,6 @@ class SessionKeeper:
     def _run_hook(self, rec: ObjectRecord, sid: int) -> None:
         req = Request(self.runner, Kind.HOOK, self.state.index, sid,
                       f"{rec.cls.name} {rec.name!r} session hook", rec.name)
+        self.runner.seal(rec.name)             # an open checkpoint capture saves it first
         instance = rec.instance
         self.runner.spawn(req, lambda s: instance._on_session_end(s), (sid,), {})

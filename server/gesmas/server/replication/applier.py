@@ -89,10 +89,23 @@ class ApplyFailed(Exception):
 
 @dataclass
 class Gen:
-    """A checkpoint (index 0 and no blob: the empty state) and the entries applied after it."""
+    """A checkpoint (index 0 and no blob: the empty state) and the entries applied after it.
+    `blob` is bytes, or, while the state machine still captures it, a handle with `done` and
+    `result()` (kernel/capture.py's PendingBlob; `result()` only on the apply thread)."""
     index: int
-    blob: Optional[bytes]
+    blob: Any
     entries: List[Entry] = field(default_factory=list)
+
+    def blob_bytes(self) -> Optional[bytes]:
+        b = self.blob
+        return b if b is None or isinstance(b, bytes) else b.result()
+
+    def capturing(self) -> bool:
+        b = self.blob
+        return b is not None and not isinstance(b, bytes) and not b.done
+
+
+CAPTURE_SLICE = 64          # objects a background slice saves (~2 ms: kernel/capture.py)
 
 
 class Applier:
@@ -161,7 +174,9 @@ class Applier:
         later = [e for e in cur.entries if e[0] > ckpt]
         if later:
             cur.entries = [e for e in cur.entries if e[0] <= ckpt]
-        self.gens = [cur, Gen(ckpt, self.sm.checkpoint_blob, later)]
+        sm = self.sm
+        blob = getattr(sm, "checkpoint_result", None) if hasattr(sm, "capture_some") else None
+        self.gens = [cur, Gen(ckpt, blob if blob is not None else sm.checkpoint_blob, later)]
         self.marks = (self.marks + [ckpt])[-2:]
 
     def _abort_one(self, index: int, data: bytes, limit: float) -> None:
@@ -301,7 +316,8 @@ class Applier:
         log.warning("rolling back to the checkpoint at %d to take out log entry %d "
                     "(%d entries re-applied)", base.index, index, len(replay) - 1)
         try:
-            self.sm = self._restore(base.blob) if base.blob is not None else self._fresh()
+            blob = base.blob_bytes()
+            self.sm = self._restore(blob) if blob is not None else self._fresh()
         except BaseException as exc:
             raise ApplyFailed(f"cannot restore the checkpoint at {base.index}", exc) from exc
         self.gens = self.gens[:at] + [Gen(base.index, base.blob)]
@@ -313,6 +329,18 @@ class Applier:
             else:
                 self._apply_one(i, d)
 
+    # ------------------------------------------------------------ deferred capture
+    def background(self) -> bool:
+        """One slice of the state machine's open checkpoint capture (apply thread, nothing
+        queued); whether more is left."""
+        fn = getattr(self.sm, "capture_some", None)
+        return bool(fn is not None and not self.held and fn(CAPTURE_SLICE))
+
+    def capturing(self) -> bool:
+        """Whether the newest checkpoint is still being captured, or could not be (any
+        thread: reads a flag)."""
+        return self.gens[-1].capturing()
+
     # -------------------------------------------------------------------- snapshots
     def snapshot(self, last_index: int) -> Tuple[Dict[str, Any], bool]:
         """What a snapshot at `last_index` holds, and whether its commands hold an aborted
@@ -321,8 +349,11 @@ class Applier:
             raise RuntimeError("no snapshot while entries are held back")
         cur = self.gens[-1]
         commands = [(i, d) for i, d in cur.entries if i <= last_index]
-        return ({"checkpoint_index": cur.index if cur.blob is not None else None,
-                 "checkpoint_blob": cur.blob, "commands": commands,
+        if cur.capturing():
+            raise RuntimeError("no snapshot while the checkpoint is being captured")
+        blob = cur.blob_bytes()
+        return ({"checkpoint_index": cur.index if blob is not None else None,
+                 "checkpoint_blob": blob, "commands": commands,
                  "aborted": dict(self.aborted), "checkpoint_marks": list(self.marks)},
                 any(i in self.aborted for i, _ in commands))
 

@@ -17,6 +17,10 @@ is dropped too (its generation is older). Jobs are not entries: they stay queued
 version cleared them with the entries, which left their callers waiting until the replica
 stopped, and miscounted `inflight`).
 
+Background work. When the queue is empty, `background()` runs (a checkpoint's capture saving
+objects in slices, kernel/capture.py), again and again while it says there is more and no
+entry or job is queued: an entry never waits for more than one slice.
+
 Counters, under the condition's lock: `inflight` counts the entries queued or being applied
 (never the jobs), `last_done` is the last entry this thread finished. `busy()` and
 `last_done_if_behind()` read them for the replica's applied index; `wait_idle()` waits until
@@ -41,10 +45,13 @@ _JOB = -1                    # the index of a queued job
 
 class ApplyThread:
     def __init__(self, name: str, apply: Callable[[int, bytes], None],
-                 idle: Callable[[], None]) -> None:
+                 idle: Callable[[], None],
+                 background: Callable[[], bool] = lambda: False) -> None:
         """`apply(index, data)`: apply one entry (it handles its own errors). `idle()`: called
-        after an entry when nothing more is queued."""
-        self._apply, self._idle = apply, idle
+        after an entry when nothing more is queued. `background()`: one slice of background
+        work, run while nothing is queued; returns whether there is more."""
+        self._apply, self._idle, self._background = apply, idle, background
+        self._more = False               # background work may be left (this thread only)
         self._cv = threading.Condition()
         self._q: Deque[Tuple[int, int, Any]] = deque()   # (generation, index or _JOB, data or job)
         self._gen = 0
@@ -132,11 +139,18 @@ class ApplyThread:
         cv, q = self._cv, self._q
         while True:
             with cv:
-                while not q and not self._stopping:
+                while not q and not self._stopping and not self._more:
                     cv.wait()
-                if not q:
+                if self._stopping and not q:
                     return
-                gen, index, data = q.popleft()
+                if not q:
+                    item = None
+                else:
+                    item = q.popleft()
+            if item is None:
+                self._more = bool(self._background())
+                continue
+            gen, index, data = item
             if index == _JOB:
                 data()
                 continue
@@ -152,3 +166,4 @@ class ApplyThread:
                         cv.notify_all()
             if empty:
                 self._idle()
+                self._more = True                # a checkpoint may have left work

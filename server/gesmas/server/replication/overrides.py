@@ -485,6 +485,8 @@ class _RaftNode(SyncObj):
             return  # override 11: no snapshot while entries are held back (applier.py)
         if replica is not None and replica.applying():
             return  # override 15: nor while the apply thread is behind (replica.py)
+        if replica is not None and replica.capturing():
+            return  # nor while the newest checkpoint is being captured (kernel/capture.py)
         super()._SyncObj__tryLogCompaction()
 
     def _onTick(self, timeToWait=0.0):

@@ -94,7 +94,7 @@ class Replica:
         # The apply thread (override 15, apply_thread.py): committed entries are queued by the
         # tick thread and applied there, so Raft's heartbeats and votes never wait for the kernel.
         self._applying = ApplyThread(f"gesmas-apply-{self_addr}", self._apply_entry,
-                                     lambda: self.applied_reads.run_due())
+                                     lambda: self.applied_reads.run_due(), self._background)
         # Reads without a log entry (reads.py): the ReadIndex protocol, and the reads that
         # run against the applied state under the lock the apply thread holds per entry
         self.read_index = ReadIndex(self._journal.term_at)
@@ -338,6 +338,21 @@ class Replica:
             self._fail(e.cause, e.what)
         except BaseException as e:          # a bug of this layer: fail-stop all the same
             self._fail(e, f"the apply thread failed at log index {index}")
+
+    def _background(self) -> bool:
+        """The apply thread, nothing queued: a slice of the open checkpoint capture."""
+        try:
+            if self.fatal is not None:
+                return False
+            with self.applied_reads.lock:
+                return self._applier.background()
+        except BaseException as e:          # a bug of this layer or the kernel: fail-stop
+            self._fail(e, "the apply thread's background work failed")
+            return False
+
+    def capturing(self) -> bool:
+        """Whether the newest checkpoint is still being captured (no snapshot of it yet)."""
+        return self._applier.capturing()
 
     def _on_apply_thread(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the apply thread and wait for it (apply_thread.py, jobs)."""

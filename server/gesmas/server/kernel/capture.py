@@ -1,0 +1,135 @@
+"""Deferred capture: a checkpoint's standard-class objects saved after its index, not at it.
+
+Theory of operation. A checkpoint at index K must write every object as it was at K. Saving
+an object (pickling it, loading the copy back, measuring it) costs ~26 us; a checkpoint with
+20,000 objects changed since the last one held the apply thread for half a second, and every
+call with it. Objects of the standard classes are therefore not saved at K: the checkpoint
+gives each a `Slot` in its list of frames, and the object is saved later, in name order,
+  * by `capture_some` while the apply thread has nothing else to do (idle slices), or
+  * at once, by `seal(name)`, before anything can change it: before a call or a session hook
+    runs on it, before a waiter on it runs again, before it is removed; and for all of them
+    before the next checkpoint, and when the blob is asked for (`finish`).
+Since nothing changes an object between K and the moment it is saved, what is saved is its
+state at K, whenever that moment comes: the blob of K is the same bytes on every replica, and
+the same as if every object had been saved at K.
+
+What saving an object does besides writing its frame is the same whenever it is done:
+  * its instance is replaced by the copy loaded from its frame (as at K before, and as a
+    replica restored from K holds it), unless waiters hold the live instance (`keep`); the
+    replacement happens before any code runs on the object again, so no code can tell when;
+  * its size is measured, but the measure is not applied at once: `take` applies the sizes
+    measured by the previous capture at the next checkpoint (`sizes_next`). Applying them
+    whenever a replica happens to save the object would let quotas differ between replicas.
+    A replica restored from K measures the same objects (the checkpoint lists them) on load.
+    So the size of a standard-class object lags by one checkpoint; uploaded classes are
+    still saved and measured at K (their state may not be savable at all, and dropping an
+    object must happen at the same index everywhere).
+Only classes with reserved names (the standard ones, which only the replicas register) are
+deferred: their state holds plain values only, so saving it does not fail. Should it fail all
+the same (memory), nothing may be dropped, since each replica would drop at another moment:
+the object stays as it is, marked changed for the next checkpoint to try again, and this
+checkpoint has no blob (`PendingBlob.error`): no snapshot is taken from it. The replicas'
+states stay the same; only the log is not compacted until a checkpoint succeeds.
+
+Interface: `Capture(index, head, parts, slots, keep)`, owned by `Checkpoints`, which makes one
+at each checkpoint with deferred objects and drives it; this module never touches the kernel
+beyond the objects named in `slots`.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable
+
+from . import stack
+from .sched import SAVING
+
+
+class Slot:
+    """A deferred object's frame in a checkpoint's list of frames: filled when it is saved."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self) -> None:
+        self.frame: bytes | None = None
+
+
+class PendingBlob:
+    """A checkpoint's blob that may not be assembled yet (`Kernel.checkpoint_result`):
+    `done` once it is; `result()` assembles it first if need be (on the kernel's thread)."""
+
+    __slots__ = ("index", "_finish", "blob", "error")
+
+    def __init__(self, index: int, finish: Callable[[], None]) -> None:
+        self.index = index
+        self._finish = finish
+        self.blob: bytes | None = None
+        self.error = ""               # why it has no blob (an object could not be saved)
+
+    @property
+    def done(self) -> bool:
+        return self.blob is not None
+
+    def result(self) -> bytes:
+        if self.blob is None and not self.error:
+            self._finish()
+        if self.blob is None:
+            raise CheckpointUnavailable(self.error or f"checkpoint {self.index} not assembled")
+        return self.blob
+
+
+class CheckpointUnavailable(RuntimeError):
+    """A checkpoint whose objects could not all be saved has no blob (module docstring)."""
+
+
+class Capture:
+    """The objects of the checkpoint at `index` still to save."""
+
+    def __init__(self, index: int, head: bytes, parts: list[Any], slots: dict[str, Slot],
+                 keep: set[str]) -> None:
+        self.index = index
+        self.head = head              # registry, state and pending calls, pickled at K
+        self.parts = parts            # the frames at K: bytes, or a Slot of a deferred object
+        self.slots = slots            # name -> Slot, of the objects not saved yet
+        self.todo = sorted(slots)     # the idle slices' order (name order), with done ones
+        self.keep = keep              # objects whose live instance waiters hold
+        self.sizes: dict[str, tuple[Any, int]] = {}   # name -> (its record, its size at K)
+        self.failed: dict[str, str] = {}  # name -> why it could not be saved
+
+    def assemble(self) -> bytes | None:
+        """The blob, once every slot is filled; None if an object could not be saved."""
+        assert not self.slots, "a checkpoint's blob assembled with objects unsaved"
+        if self.failed:
+            return None
+        frames = [p.frame if type(p) is Slot else p for p in self.parts]
+        return b"".join([self.head, *frames])   # None (an object left unsaved) fails here
+
+
+def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str, Any],
+             save: Callable[[Any], tuple[bytes, Any]], measure: Callable[[Any], int]) -> bool:
+    """Save object `name` for `cap` (see the module docstring), if it is still to be saved.
+    `save(instance)` pickles it (as a checkpoint does) and loads the copy back; `measure`
+    measures a state without applying anything. Returns False if it could not be saved
+    (`cap.failed` says why; the caller marks it for the next checkpoint)."""
+    slot = cap.slots.pop(name, None)
+    if slot is None:
+        return True
+    rec = objects[name]
+    saving = SAVING.set(True)            # semaphores and sessions as a checkpoint writes them
+    try:
+        with stack.relative():
+            data, copy = save(rec.instance)
+    except BaseException as e:           # memory, a bug: nothing is dropped (module docstring)
+        cap.failed[name] = f"{type(e).__name__}: {e}"[:300]
+        if frames.get(name) is slot:
+            frames[name] = None          # not saved: the next checkpoint saves it
+        return False
+    finally:
+        SAVING.reset(saving)
+    if name not in cap.keep:
+        rec.instance = copy
+    cap.sizes[name] = (rec, measure(rec.instance))
+    slot.frame = pickle.dumps((name, rec.cls.name, rec.cls.version, data, rec.owner, rec.size),
+                              protocol=5)
+    if frames.get(name) is slot:
+        frames[name] = slot.frame
+    return True
