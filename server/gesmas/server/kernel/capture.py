@@ -40,7 +40,6 @@ from __future__ import annotations
 import pickle
 from typing import Any, Callable
 
-from . import stack
 from .sched import SAVING
 
 
@@ -89,10 +88,12 @@ class Capture:
         self.index = index
         self.head = head              # registry, state and pending calls, pickled at K
         self.parts = parts            # the frames at K: bytes, or a Slot of a deferred object
-        self.slots = slots            # name -> Slot, of the objects not saved yet
-        self.todo = sorted(slots)     # the idle slices' order (name order), with done ones
+        self.slots = slots            # name -> Slot, of the objects not saved yet (name order)
+        self.todo = list(slots)       # the idle slices' order (reversed: pop()), done ones too
+        self.todo.reverse()
         self.keep = keep              # objects whose live instance waiters hold
-        self.sizes: dict[str, tuple[Any, int]] = {}   # name -> (its record, its size at K)
+        # name -> (its record, its size at K), in name order (None until it is saved)
+        self.sizes: dict[str, tuple[Any, int] | None] = dict.fromkeys(slots)
         self.failed: dict[str, str] = {}  # name -> why it could not be saved
 
     def assemble(self) -> bytes | None:
@@ -116,8 +117,7 @@ def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str,
     rec = objects[name]
     saving = SAVING.set(True)            # semaphores and sessions as a checkpoint writes them
     try:
-        with stack.relative():
-            data, copy = save(rec.instance)
+        data, copy = save(rec.instance)  # (under stack.relative(), which the caller enters)
     except BaseException as e:           # memory, a bug: nothing is dropped (module docstring)
         cap.failed[name] = f"{type(e).__name__}: {e}"[:300]
         if frames.get(name) is slot:

@@ -91,7 +91,7 @@ class Checkpoints:
         self.defer = True                 # defer (capture.py) when the Checkpoint asks to
         # sizes measured by the last capture, applied by the next checkpoint: name -> (its
         # record then, size); and the index they were measured at
-        self.sizes_next: dict[str, tuple[ObjectRecord, int]] = {}
+        self.sizes_next: dict[str, tuple[ObjectRecord, int] | None] = {}   # in name order
         self.sizes_at = 0
         runner.seal = self.seal
 
@@ -116,7 +116,8 @@ class Checkpoints:
         if cap is None or name not in cap.slots:
             return
         assert not running or name in cap.keep, f"{name!r} runs again before it was saved"
-        self._save_deferred(cap, name)
+        with stack.relative():
+            self._save_deferred(cap, name)
         if not cap.slots:
             self._close()
 
@@ -127,11 +128,12 @@ class Checkpoints:
         if cap is None:
             return False
         todo = cap.todo
-        while todo and limit > 0:
-            name = todo.pop()
-            if name in cap.slots:
-                self._save_deferred(cap, name)
-                limit -= 1
+        with stack.relative():
+            while todo and limit > 0:
+                name = todo.pop()
+                if name in cap.slots:
+                    self._save_deferred(cap, name)
+                    limit -= 1
         if not cap.slots:
             self._close()
             return False
@@ -141,8 +143,9 @@ class Checkpoints:
         """Save every object the open capture has left, and assemble its blob."""
         cap = self.capture
         if cap is not None:
-            for name in list(cap.slots):
-                self._save_deferred(cap, name)
+            with stack.relative():
+                for name in list(cap.slots):
+                    self._save_deferred(cap, name)
             self._close()
 
     def _save_deferred(self, cap: Capture, name: str) -> None:
@@ -182,8 +185,10 @@ class Checkpoints:
         sizes, at = self.sizes_next, self.sizes_at
         self.sizes_next = {}
         objects = self.state.objects
-        for name in sorted(sizes):
-            rec, size = sizes[name]
+        for name, got in sizes.items():          # in name order (no sort: a dict made so)
+            if got is None:
+                continue                         # could not be saved (capture.py)
+            rec, size = got
             if objects.get(name) is not rec or rec.measured_at > at or size == rec.size:
                 continue
             self.lifecycle.set_size(rec, size)
@@ -325,7 +330,7 @@ class Checkpoints:
         # the sizes a live replica measured when it saved these objects (capture.py): the
         # same measure of the same states, applied by the next checkpoint likewise
         limit = self.config.max_object_bytes
-        for name in (loaded[3] if state["format"] == FORMAT else ()):
+        for name in (loaded[3] if state["format"] == FORMAT else ()):     # in name order
             rec = st.objects.get(name)
             if rec is not None:
                 self.budget.steps = 0
