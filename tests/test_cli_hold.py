@@ -167,6 +167,20 @@ def test_ctrl_c_goes_to_the_command_and_the_lock_is_released(gesmas, client):
     assert not client.lock("cli-l3").locked()
 
 
+def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(gesmas, client):
+    stubborn = ("import signal, sys\n"
+                "signal.signal(signal.SIGINT, lambda *a: print('int', flush=True))\n"
+                "print('env', flush=True)\n"
+                "sys.stdin.readline()\n")
+    g = gesmas("lock", "cli-l7", "--", sys.executable, "-c", stubborn)
+    assert g.line() == "env"
+    os.kill(g.proc.pid, signal.SIGINT)
+    assert g.line() == "int"                          # passed on, and ignored
+    os.kill(g.proc.pid, signal.SIGINT)
+    assert g.wait() == 128 + signal.SIGKILL, g.err
+    assert not client.lock("cli-l7").locked()
+
+
 def test_without_a_command_the_token_is_printed_and_held_until_sigterm(gesmas, client):
     g = gesmas("lock", "cli-l4")
     token = int(g.line())

@@ -13,8 +13,9 @@ queue for three kinds of event:
   status (128 + N when a signal N ended it, as a shell reports it);
 - a stop signal reached gesmas (SIGINT, SIGTERM, SIGHUP): the handler only puts the signal on
   the queue (``SimpleQueue.put`` may be called from a handler); the main thread forwards it to
-  CMD's group and waits for CMD as before. A Ctrl-C in a terminal reaches gesmas alone (CMD's
-  group is not the terminal's foreground group), so CMD gets it once, from gesmas;
+  CMD's group and waits for CMD as before; a second one SIGKILLs the group. A Ctrl-C in a
+  terminal reaches gesmas alone (CMD's group is not the terminal's foreground group), so CMD
+  gets it once, from gesmas;
 - the session was lost (the client's session listener, on its keep-alive thread): from that
   moment the hold is no longer sure, and the server gives it to the next waiter once it
   expires the session. CMD's group gets SIGTERM at once, SIGKILL after ``--kill-after``
@@ -153,6 +154,7 @@ def hold(client: Any, what: str, printed: str, cmd: list[str] | None,
                          name="gesmas-cmd-wait", daemon=True).start()
     else:
         print(printed, flush=True)
+    forwarded = 0
     while True:
         kind, value = events.next()
         if kind == "exit":
@@ -160,7 +162,9 @@ def hold(client: Any, what: str, printed: str, cmd: list[str] | None,
         if kind == "signal":
             if proc is None:
                 return 0
-            _signal_group(proc, value)
+            # the first is passed on; a second one kills at once (as `gesmas up` does)
+            _signal_group(proc, value if not forwarded else signal.SIGKILL)
+            forwarded += 1
         elif kind == "lost":
             lease = client.lease
             reason = (lease.reason if lease is not None else None) or value
@@ -206,9 +210,10 @@ class Commands:
                     raise GesmasError(f"lock {args.name!r} not acquired within "
                                       f"{args.timeout:g} s") from None
                 env = {"GESMAS_LOCK_NAME": args.name, "GESMAS_LOCK_TOKEN": str(int(fence))}
-                status = hold(c, f"the lock {args.name!r}", str(int(fence)), args.cmd, env,
-                              events, args.kill_after)
-                _give_back(c, lock.release)
+                what = f"the lock {args.name!r}"
+                status = hold(c, what, str(int(fence)), args.cmd, env, events,
+                              args.kill_after)
+                _give_back(c, what, lock.release)
                 return status
         finally:
             events.uninstall()
@@ -234,9 +239,10 @@ class Commands:
                 env = {"GESMAS_ELECTION_NAME": args.name,
                        "GESMAS_ELECTION_TERM": str(int(term)),
                        "GESMAS_ELECTION_VALUE": args.proposal}
-                status = hold(c, f"the leadership of {args.name!r}", str(int(term)),
-                              args.cmd, env, events, args.kill_after)
-                _give_back(c, election.resign)
+                what = f"the leadership of {args.name!r}"
+                status = hold(c, what, str(int(term)), args.cmd, env, events,
+                              args.kill_after)
+                _give_back(c, what, election.resign)
                 return status
         finally:
             events.uninstall()
@@ -271,14 +277,19 @@ class Commands:
         return 0
 
 
-def _give_back(client: Any, give_back: Callable[[], Any]) -> None:
-    """Release or resign, unless the session is gone (then the server did it already)."""
+def _give_back(client: Any, what: str, give_back: Callable[[], Any]) -> None:
+    """Release or resign, unless the session is gone (then the server did it already). A
+    failure is said, not raised: the command's status is still gesmas's, and closing the
+    session (or its expiry, within the TTL) gives the hold back too."""
     if client.state is SessionState.LOST:
         return
     try:
         give_back()
     except SessionExpired:
         pass                          # lost meanwhile: its end gave the hold back
+    except GesmasError as e:
+        print(f"gesmas: could not give back {what} ({e}); closing the session gives it "
+              "back, else its expiry", file=sys.stderr)
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser, make_client: Callable[..., Any],
@@ -306,7 +317,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, make_client: Callabl
                     "GESMAS_LOCK_NAME and GESMAS_LOCK_TOKEN (the fencing token) in its "
                     "environment, in a process group of its own; release the lock when it "
                     "exits and exit with its status. Ctrl-C, SIGTERM and SIGHUP are passed "
-                    "on to CMD. If the session is lost, CMD gets SIGTERM (then SIGKILL) and "
+                    "on to CMD (a second one kills it). If the session is lost, CMD gets SIGTERM (then SIGKILL) and "
                     "gesmas exits with 1. Without CMD: print the token and hold the lock "
                     "until interrupted.",
         usage="gesmas lock [options] NAME [-- CMD [ARG ...]]")
