@@ -522,8 +522,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start NODES server processes on 127.0.0.1 and wait.")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default %(default)s)")
     p.add_argument("--base-port", type=int, default=7100,
-                   help="node i (1..NODES) serves clients on BASE+i and Raft on BASE+100+i "
+                   help="node i (1..NODES) serves clients on BASE+i (Raft: BASE+100+i, or see "
+                        "--raft-port) "
                         "(default %(default)s; 0: free ports the OS picks, printed at start)")
+    p.add_argument("--raft-port", type=int, metavar="BASE",
+                   help="node i talks Raft on BASE+i (default: --base-port + 100; 0: free)")
+    p.add_argument("--metrics-port", type=int, metavar="BASE",
+                   help="node i serves Prometheus metrics and its status page over HTTP on "
+                        "BASE+i (0: free ports; printed at start; default: none)")
     p.add_argument("--data-dir", metavar="DIR", help="where the nodes keep their data")
     p.add_argument("--unsafe-no-fsync", action="store_true",
                    help="do not fsync the journal (fast, loses data on power failure)")
