@@ -123,7 +123,8 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def _stop_group(proc: subprocess.Popen[bytes], events: Events, grace: float) -> None:
-    """SIGTERM CMD's group, SIGKILL it after `grace` seconds if CMD has not exited."""
+    """SIGTERM CMD's group, SIGKILL it after `grace` seconds if CMD has not exited (at once
+    on a stop signal meanwhile)."""
     _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while proc.returncode is None and time.monotonic() < deadline:
@@ -131,7 +132,7 @@ def _stop_group(proc: subprocess.Popen[bytes], events: Events, grace: float) -> 
             kind, _ = events.queue.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
         except queue.Empty:
             continue
-        if kind == "exit":
+        if kind in ("exit", "signal"):
             break
     if proc.returncode is None:
         _signal_group(proc, signal.SIGKILL)

@@ -213,7 +213,7 @@ def port_plan_problem(nodes: int, base: int | None, raft: int | None,
         raft_flag, raft = f"--base-port {base} (Raft: BASE+100+i)", base + 100
     else:
         raft_flag = f"--raft-port {raft}"
-    ranges = []
+    ranges: list[tuple[str, int]] = []
     for flag, b in ((f"--base-port {base}", base), (raft_flag, raft),
                     (f"--metrics-port {metrics}", metrics)):
         if b is None or b == 0:
