@@ -190,6 +190,16 @@ def test_without_a_command_the_token_is_printed_and_held_until_sigterm(gesmas, c
     assert not client.lock("cli-l4").locked()
 
 
+def test_a_lock_deleted_while_held_is_said_and_not_made_again(gesmas, client):
+    g = gesmas("lock", "cli-l8", *holder())
+    g.env()
+    client.delete_object("cli-l8")
+    g.send("0")
+    assert g.wait() == 0                              # the command's status still
+    assert "the lock 'cli-l8' was gone before the command ended" in g.err, g.err
+    assert "cli-l8" not in [o["name"] for o in client.list_objects(prefix="cli-l8")]
+
+
 def test_a_command_that_cannot_run_is_an_error_and_releases(gesmas, client):
     g = gesmas("lock", "cli-l5", "--", "/nonexistent/gesmas-cmd")
     assert g.wait() == 1

@@ -214,7 +214,8 @@ class Commands:
                 what = f"the lock {args.name!r}"
                 status = hold(c, what, str(int(fence)), args.cmd, env, events,
                               args.kill_after)
-                _give_back(c, what, lock.release)
+                # not through the proxy, which would make the lock again had it been deleted
+                _give_back(c, what, lambda: c.invoke("Lock", args.name, "release"))
                 return status
         finally:
             events.uninstall()
@@ -243,7 +244,7 @@ class Commands:
                 what = f"the leadership of {args.name!r}"
                 status = hold(c, what, str(int(term)), args.cmd, env, events,
                               args.kill_after)
-                _give_back(c, what, election.resign)
+                _give_back(c, what, lambda: c.invoke("LeaderElection", args.name, "resign"))
                 return status
         finally:
             events.uninstall()
@@ -288,6 +289,9 @@ def _give_back(client: Any, what: str, give_back: Callable[[], Any]) -> None:
         give_back()
     except SessionExpired:
         pass                          # lost meanwhile: its end gave the hold back
+    except NotFound as e:
+        print(f"gesmas: {what} was gone before the command ended ({e}): the object was "
+              "deleted meanwhile", file=sys.stderr)
     except GesmasError as e:
         print(f"gesmas: could not give back {what} ({e}); closing the session gives it "
               "back, else its expiry", file=sys.stderr)
