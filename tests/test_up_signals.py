@@ -296,6 +296,22 @@ def test_port_bases_that_cannot_work_are_refused(nodes, base, raft, metrics, say
     assert (problem is None) if says is None else (says in (problem or "")), problem
 
 
+def test_make_run_takes_its_ports_from_make_variables(capsys):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shown = subprocess.run(["make", "-n", "-s", "run", "PORT=7000", "RAFT_PORT=8000",
+                            "METRICS_PORT=9000"], cwd=root, capture_output=True, text=True,
+                           check=True).stdout
+    line = " ".join(shown.replace("\\\n", " ").split())
+    assert "-m gesmas.server.demo --base-port 7000 --raft-port 8000 --metrics-port 9000" \
+        in line, shown
+    from gesmas.server import demo                  # the demo refuses what cannot work
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--base-port", "7000", "--raft-port", "7002"])
+    assert e.value.code == 2
+    assert "--raft-port (RAFT_PORT) 7002 and --base-port (PORT) 7000" in \
+        capsys.readouterr().err
+
+
 # --- the supervisor's decisions, in process --------------------------------------------------
 
 class FakeProc:
