@@ -200,6 +200,70 @@ def test_a_lock_deleted_while_held_is_said_and_not_made_again(gesmas, client):
     assert "cli-l8" not in [o["name"] for o in client.list_objects(prefix="cli-l8")]
 
 
+# gesmas in the foreground of a terminal of its own (a pty): the session leader, as a shell
+# would run it
+IN_A_TERMINAL = ("import fcntl, os, sys, termios\n"
+                 "os.setsid()\n"
+                 "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+                 "os.execv(sys.executable, [sys.executable, '-m', 'gesmas.client.cli', "
+                 "*sys.argv[1:]])\n")
+READS_THEN_WAITS = ("import os, signal, sys\n"
+                    "signal.signal(signal.SIGINT, lambda *a: (print('int', flush=True), "
+                    "os._exit(3)))\n"
+                    "print('stdin ' + repr(sys.stdin.readline()), flush=True)\n"
+                    "signal.pause()\n")
+
+
+def test_in_a_terminal_the_command_does_not_read_it_and_ctrl_c_reaches_it_once(
+        cluster, client):
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IN_A_TERMINAL, "lock", "cli-tty", "--", sys.executable, "-c",
+         READS_THEN_WAITS], env=dict(os.environ, **cluster.client_env()),
+        stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        buf = b""
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:                            # EIO: the terminal's last user left
+                data = b""
+            if not data:
+                lines.put(None)
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                lines.put(line.decode(errors="replace").strip())
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def line_with(text: str) -> str:
+        while True:
+            got = lines.get(timeout=LINE_WITHIN)
+            assert got is not None, f"the terminal closed before {text!r}"
+            if text in got:
+                return got
+
+    try:
+        # a command in the background of the terminal would be stopped reading it: it
+        # reads nothing instead, and holds the lock meanwhile
+        assert line_with("stdin ") == "stdin ''"
+        assert client.lock("cli-tty").locked()
+        os.write(master, b"\x03")                      # Ctrl-C typed at the terminal
+        line_with("int")
+        assert proc.wait(timeout=LINE_WITHIN) == 3
+        assert not client.lock("cli-tty").locked()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        os.close(master)
+
+
 def test_a_command_that_cannot_run_is_an_error_and_releases(gesmas, client):
     g = gesmas("lock", "cli-l5", "--", "/nonexistent/gesmas-cmd")
     assert g.wait() == 1

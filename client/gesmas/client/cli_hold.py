@@ -106,12 +106,24 @@ class Events:
 
 
 def _spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """CMD in a process group of its own. That group is in the background of gesmas's
+    terminal, if any: reading from the terminal would stop CMD (SIGTTIN) while it holds the
+    lock, so a terminal on stdin is replaced by /dev/null (EOF at once); a pipe or a file
+    is passed on."""
     group: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
                              else {"start_new_session": True})
+    stdin = subprocess.DEVNULL if _is_terminal(0) else None
     try:
-        return subprocess.Popen(cmd, env=dict(os.environ, **env), **group)
+        return subprocess.Popen(cmd, env=dict(os.environ, **env), stdin=stdin, **group)
     except OSError as e:
         raise GesmasError(f"cannot run {cmd[0]!r}: {e.strerror or e}") from None
+
+
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
