@@ -579,6 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "it, a replica that starts empty is taken to have lost its disk and "
                         "does not vote until it has caught up (README 'A replica that lost its "
                         "disk'; env GESMAS_NEW_CLUSTER)")
+    p.add_argument("--snapshot-every", type=int, metavar="ENTRIES",
+                   help="log entries between two snapshots, after which the log before the "
+                        "snapshot is dropped (default 10000, at least 100; etcd's "
+                        "--snapshot-count; env GESMAS_SNAPSHOT_EVERY)")
     p.add_argument("--runaway-limit", type=float, metavar="SECONDS",
                    help="CPU seconds one log entry may burn on the apply thread before the "
                         "watchdog kills this replica and the cluster aborts the entry "
