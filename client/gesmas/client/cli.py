@@ -311,6 +311,21 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Take a backup, write it to FILE atomically, read it back and check it."""
+    from gesmas.protocol import backups
+    with _client(args) as c:
+        head, blob = c.backup(timeout=args.timeout)
+    try:
+        backups.write(args.file, head, blob)
+        backups.read(args.file)
+    except backups.BadBackup as e:
+        raise GesmasError(f"{args.file}: written, but reading it back failed: {e}") from None
+    print(f"backup of log index {head.index} written to {args.file} ({head.size} bytes of "
+          f"checkpoint; state digest {head.state_digest[:16]}..., sha256 {head.sha256[:16]}...)")
+    return 0
+
+
 # --- users, roles, auth (cli_auth.py) -----------------------------------------------------
 
 
@@ -497,6 +512,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("raft_addr", metavar="RAFT_ADDR", help="its --raft-addr, host:port")
     a.set_defaults(func=cmd_remove_node)
 
+    p = sub.add_parser("backup", parents=[common], help="back up the replicated state",
+                       description="Write a backup of the replicated state to FILE (atomically): "
+                                   "a checkpoint taken at a fresh log index, with that index and "
+                                   "the state digest there. Needs the admin permission with auth "
+                                   "on. Restore: README 'Backup and restore'.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
+                   help="give up after S seconds (default %(default)s)")
+    p.set_defaults(func=cmd_backup)
+
     cli_auth.add_commands(sub, common, _Parser, cmd_auth_op)
 
     p = sub.add_parser("certs", help="make a throw-away CA and certificates",
@@ -576,6 +601,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "watchdog kills this replica and the cluster aborts the entry "
                         "(default 10; 0: no watchdog; README 'A call that runs away'; env "
                         "GESMAS_RUNAWAY_LIMIT)")
+    p.add_argument("--restore", metavar="BACKUP",
+                   help="first start of a NEW cluster from a backup (`gesmas backup`): check it, "
+                        "seed the empty data dir with its state, then run. Give every replica "
+                        "of the new cluster the same file; remove the flag for later starts "
+                        "(README 'Backup and restore')")
     p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
                    dest="skip_entries",
                    help="recovery only: complete log entry INDEX with an INTERNAL error "

@@ -100,6 +100,7 @@ class LocalCluster:
     root_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     users: tuple[str, ...] = ("root",)                  # client certificates to make
     metrics: bool = False                               # each node serves /metrics
+    restore: str | None = None            # a backup file: the first start seeds every replica
     pki: Any = None
     _token: tuple[str, float] | None = field(default=None, repr=False)   # metadata()'s
 
@@ -151,6 +152,8 @@ class LocalCluster:
             cmd.append("--unsafe-no-fsync")
         if m.new_cluster:
             cmd.append("--new-cluster")
+            if self.restore:
+                cmd += ["--restore", self.restore]
         if m.metrics_addr:
             cmd += ["--metrics-addr", m.metrics_addr]
         if self.secure:

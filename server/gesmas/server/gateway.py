@@ -46,7 +46,7 @@ from gesmas.protocol import values
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-from . import streams, tokens, wire
+from . import backup, streams, tokens, wire
 from .calls import CallFailed
 from .config import MAX_MESSAGE
 from .kernel import auth, codec, queries
@@ -544,6 +544,23 @@ class Gateway(pb_grpc.GesmasServicer):
         """Membership is not kernel state, but who may change it is: ask the log."""
         await self._answer(context, self._cmd(codec.Auth, op="check_admin",
                                               user=await self._user(context)))
+
+    # -- backups (admin) -----------------------------------------------------------------------
+
+    async def Backup(self, request: Any, context: Any) -> None:
+        await self._guard(context, self._backup, request)
+
+    async def _backup(self, request: Any, context: Any) -> Any:
+        """A checkpoint at a fresh log index K and the digest of the state there, streamed
+        (backup.py); the admin permission first. Returns an empty message for _guard."""
+        await self._check_admin(context)
+        index, blob, digest = await self.node.backups.take(self.node)
+        _saw(index)
+        st = self.node.status()
+        for chunk in backup.messages(index, blob, digest, [n["node_id"] for n in st["nodes"]],
+                                     st["node_id"]):
+            await context.write(chunk)
+        return pb.BackupChunk()
 
     # -- errors --------------------------------------------------------------------------------
 

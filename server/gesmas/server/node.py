@@ -22,6 +22,7 @@ from gesmas.objects import RESERVED_CLASSES, standard_sources
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from . import grpclimits, tokens
+from .backup import Backups
 from .config import MAX_MESSAGE, NodeConfig, is_loopback
 from .calls import CallFailed, PendingCalls
 from .duties import LeaderDuties
@@ -119,6 +120,7 @@ class Node(Membership):
         self._membership_busy = False
         self._catching_up: asyncio.Future[None] | None = None   # catch_up's shared poll
         self.reads = NodeReads(self)       # reads without a log entry
+        self.backups = Backups()           # the Backup RPCs in flight here (backup.py)
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
@@ -151,6 +153,7 @@ class Node(Membership):
         self.leader_duties.applied(index, kernel, time.monotonic())
         self.reads.changes.applied(index, kernel.touched)
         if deliver:
+            self.backups.applied(index, cmd, kernel)
             self.calls.applied(out, cmd.tag, index)
 
     # -- the gateway side (event loop) ------------------------------------------------------
