@@ -134,9 +134,9 @@ def _header(raw: bytes) -> Header:
     if d.get("format") != FORMAT:
         raise BadBackup(f"backup file format {d.get('format')!r} is not {FORMAT}, the one this "
                         "gesmas reads")
-    kinds = {"index": int, "state_digest": str, "sha256": str, "size": int,
-             "checkpoint_format": int, "members": list, "node_id": str,
-             "created": (int, float)}
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "index": int, "state_digest": str, "sha256": str, "size": int, "checkpoint_format": int,
+        "members": list, "node_id": str, "created": (int, float)}
     for name, kind in kinds.items():
         if not isinstance(d.get(name), kind) or isinstance(d.get(name), bool):
             raise BadBackup(f"header field {name!r} is missing or of the wrong type")
