@@ -197,9 +197,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
         # sequential unless asked: it answers without a leader too
         st = c.status(consistency=args.consistency or "sequential")
+        digest = c.state_digest() if args.digest else None
     if args.json:
-        print(json.dumps(st, indent=2))
+        print(json.dumps(st if digest is None else dict(st, state_digest=digest), indent=2))
         return 0
+    if digest is not None:
+        print(f"digest     {digest}")
     print(f"leader     {st['leader_address'] or '(none known)'}   term {st['term']}")
     print(f"commit     {st['commit_index']}   "
           f"(applied {st['last_applied']} on {st['address']})")
@@ -460,6 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, parents=[common, as_json], help=text, description=text)
         p.set_defaults(func=func)
+    sub.choices["status"].add_argument(
+        "--digest", action="store_true",
+        help="also the hash of the replicated state (O(state) on the replica; with auth on, "
+             "an admin only): equal on replicas that applied the same log, and on a cluster "
+             "restored from a backup to the one `gesmas backup` printed")
     p = sub.add_parser("objects", aliases=["ls"], parents=[common, as_json],
                        help="list the live objects",
                        description="List the live objects you may see, in name order "
