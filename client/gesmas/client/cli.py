@@ -317,6 +317,9 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
 def cmd_backup(args: argparse.Namespace) -> int:
     """Take a backup, write it to FILE atomically, read it back and check it."""
     from gesmas.protocol import backups
+    folder = os.path.dirname(os.path.abspath(args.file))
+    if not os.path.isdir(folder) or os.path.isdir(args.file):
+        raise UsageError(f"{args.file}: not a file in an existing directory")
     with _client(args) as c:
         head, blob = c.backup(timeout=args.timeout)
     try:
