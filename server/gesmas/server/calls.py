@@ -111,5 +111,12 @@ class PendingCalls:
                     Code.UNAVAILABLE, "the command was not committed in time; retry",
                     "NotCommitted")), 0))
 
+    def fail_all(self, error: Error) -> None:
+        """Answer every call waiting here with `error` (the replica is stopping: its callers
+        retry elsewhere with the same (session, seq) and join the same wait there)."""
+        for tag, p in list(self._table.items()):
+            if not p.future.done():
+                p.future.set_result((Completion(tag, None, error), 0))
+
     def __len__(self) -> int:
         return len(self._table)

@@ -116,6 +116,7 @@ class Gateway(pb_grpc.GesmasServicer):
         # checked for an unknown user too, so that the answer's timing does not tell
         self._no_user_hash = tokens.hash_password(os.urandom(16).hex())
         self.stream_calls = 0       # calls in flight on all Calls streams (streams.py)
+        self.stopping = asyncio.Event()     # the replica stops: Calls streams end (streams.py)
 
     # -- authentication ----------------------------------------------------------------------
 

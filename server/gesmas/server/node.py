@@ -48,6 +48,7 @@ HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
 #: down yet): the client's lease margin counts on it (gesmas.client.session.LEADER_LEASE).
 KEEPALIVE_LEASE = 1.0
 CATCH_UP = 1.0               # seconds a refusal decided on local users waits for the log
+STOPPING = Error(Code.UNAVAILABLE, "this replica is stopping; retry on another", "Stopping")
 
 
 class StateMachine:
@@ -121,6 +122,7 @@ class Node(Membership):
         self._catching_up: asyncio.Future[None] | None = None   # catch_up's shared poll
         self.reads = NodeReads(self)       # reads without a log entry
         self.backups = Backups()           # the Backup RPCs in flight here (backup.py)
+        self.stopping = False              # serve() is ending: no new calls
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
@@ -164,6 +166,8 @@ class Node(Membership):
     async def call(self, cmd: codec.Command) -> tuple[Completion, int]:
         """Propose `cmd` and wait for its completion on this replica: (the completion, the
         log index whose applying produced it, 0 when it failed without an answer)."""
+        if self.stopping:
+            raise CallFailed(STOPPING)
         proposed = time.monotonic()
         fut = self.calls.open(cmd.tag, proposed)
         try:
@@ -428,7 +432,8 @@ class Node(Membership):
         server = grpc.aio.server(options=grpclimits.server_options(MAX_MESSAGE),
                                  maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
                                  interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])
-        pb_grpc.add_GesmasServicer_to_server(Gateway(self), server)
+        gateway = Gateway(self)
+        pb_grpc.add_GesmasServicer_to_server(gateway, server)
         from grpc_health.v1 import health, health_pb2_grpc
         from grpc_reflection.v1alpha import reflection
         from gesmas.v1 import gesmas_pb2
@@ -461,6 +466,12 @@ class Node(Membership):
             if self.metrics is not None:
                 metrics_server.shutdown()
                 self.metrics.close()
+            # answer the calls waiting here and end the Calls streams before the server
+            # stops: grpc would cancel them after its grace and log each cancellation as an
+            # unhandled error. Their callers retry on another replica.
+            self.stopping = True
+            self.calls.fail_all(STOPPING)
+            gateway.stopping.set()
             await server.stop(grace=1.0)
             self.replica.destroy()
 
