@@ -329,8 +329,11 @@ class Node(Membership):
 
     def status(self) -> dict[str, Any]:
         st = self.replica.status()
+        # its own match index is the end of its own log, as the leader counts the others'
+        # (its applied index lags that while entries are being committed and applied)
+        own = max(int(st.get("log_last_index") or 0), int(st.get("last_applied") or 0))
         nodes = [{"node_id": self.config.raft_addr, "address": self.config.client_addr,
-                  "connected": True, "match_index": st.get("last_applied", 0)}]
+                  "connected": True, "match_index": own}]
         peer_state = st.get("peers", {})
         for raft, client in self.config.peers:
             p = peer_state.get(raft, {})
