@@ -1,12 +1,13 @@
 """Backup and restore (README "Backup and restore"; issue 26, point 18).
 
 A backup is taken with `gesmas backup FILE` while a producer keeps adding items to a queue and
-a short-lived session holds a lock; a NEW 3-replica cluster is started from the file
+a short-lived session holds a lock and waits on an empty queue; a NEW 3-replica cluster is started from the file
 (`gesmas server --restore FILE` on every replica). The new cluster reports the digest the
 backup was taken with, holds every item acknowledged before the backup was asked for (and
 only a prefix of what was produced, in order), continues the log past K (a lock's fencing
-token is above it), and lets the old sessions expire (the lock the old session held is
-granted to a new client once that session's TTL has passed). Damaged files, a non-empty data
+token is above it), re-runs the call that was waiting, and lets the old sessions expire (the
+lock the old session held is granted to a new client once that session's TTL has passed, and
+its waiting call ends). Damaged files, a non-empty data
 dir and callers without the admin permission are refused with the reason.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -63,12 +65,23 @@ def taken(cluster, tmp_path_factory):
             assert progress.wait_for(lambda: len(acked) >= n or failed, 60) and not failed, \
                 failed
 
+    def wait_idle() -> None:           # blocks until the holder's session ends
+        try:
+            holder.queue("backup/idle").consume(timeout=600)
+        except Exception:
+            pass
+
     holder = Client(cluster.addresses, session_ttl=HOLDER_TTL, **cluster.client_options())
     producer = threading.Thread(target=produce, daemon=True)
+    waiter = threading.Thread(target=wait_idle, daemon=True)
     try:
         holder.lock("backup/lock").acquire()
+        waiter.start()
         producer.start()
         wait_for(BEFORE)
+        with Client(cluster.addresses, connect=False, **cluster.client_options()) as probe:
+            while probe.status()["waiter_count"] < 1:      # the consume waits in the server
+                time.sleep(0.05)
         before = len(acked)
         assert cli(["backup", path, "--cluster", cluster.addresses]) == 0
         wait_for(len(acked) + AFTER)
@@ -76,6 +89,7 @@ def taken(cluster, tmp_path_factory):
         stop.set()
         producer.join(30)
         holder.close()
+        waiter.join(30)
     return path, before, list(acked)
 
 
@@ -102,6 +116,7 @@ def test_restored_cluster_has_the_digest_taken_at_k(taken, restored, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["state_digest"] == head.state_digest
     assert shown["session_count"] == 2          # the producer's and the holder's, kept
+    assert shown["waiter_count"] == 1           # the holder's consume, waiting again
 
 
 def test_every_item_acknowledged_before_the_backup_is_restored(taken, restored):
@@ -121,6 +136,7 @@ def test_log_goes_on_past_k_and_old_sessions_expire(taken, restored):
         fence = c.lock("backup/lock").acquire(timeout=60)
         assert fence > head.index
         assert c.session > head.index
+        assert c.status()["waiter_count"] == 0  # its waiting consume ended with it
 
 
 def test_restore_refuses_a_damaged_file(taken, tmp_path):
