@@ -89,6 +89,9 @@ class Backups:
             got = self._taken[tag]
         finally:
             self._taken.pop(tag, None)
+        if got is None:       # this replica loaded a snapshot past K instead of applying K
+            raise CallFailed(Error(Code.UNAVAILABLE, f"the checkpoint at {index} was not "
+                                   "applied here (a snapshot replaced it); retry", "NotCaptured"))
         if not isinstance(got, tuple):
             raise CallFailed(Error(Code.INTERNAL, f"the backup checkpoint at {index} could "
                                    f"not be captured: {got!r}"))
