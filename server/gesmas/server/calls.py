@@ -20,6 +20,10 @@ from .kernel.errors import Code, Error
 from .kernel.kernel import Completion
 
 
+#: What a call waiting on a replica that stops gets (its client retries on another replica)
+STOPPING = Error(Code.UNAVAILABLE, "this replica is stopping; retry on another", "Stopping")
+
+
 class CallFailed(Exception):
     """The call gets `error` without an answer from the kernel; `leader_hint` is the leader's
     client address when the caller should go there."""

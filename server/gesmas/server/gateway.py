@@ -47,7 +47,7 @@ from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from . import backup, streams, tokens, wire
-from .calls import CallFailed
+from .calls import STOPPING, CallFailed
 from .config import MAX_MESSAGE
 from .kernel import auth, codec, queries
 from .kernel.errors import Code, Error, KernelError
@@ -307,8 +307,25 @@ class Gateway(pb_grpc.GesmasServicer):
                 if left is not None and left <= 0:
                     raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out "
                                            "waiting", "Timeout"))
-                changed = await changes.wait(name, index, self.node.applied_index, left)
+                changed = await self._unless_stopping(
+                    changes.wait(name, index, self.node.applied_index, left))
             consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
+
+    async def _unless_stopping(self, waiting: Any) -> Any:
+        """Await `waiting` (a reader's wait, local to this replica: no call of the node's
+        table), or fail it UNAVAILABLE "Stopping" when the replica stops, as Node.serve fails
+        the calls (the client retries elsewhere)."""
+        task = asyncio.ensure_future(waiting)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            raise CallFailed(STOPPING)
+        return task.result()
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
                      leader_hint: str = "", request: Any = None) -> None:

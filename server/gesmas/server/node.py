@@ -24,7 +24,7 @@ from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 from . import grpclimits, tokens
 from .backup import Backups
 from .config import MAX_MESSAGE, NodeConfig, is_loopback
-from .calls import CallFailed, PendingCalls
+from .calls import STOPPING, CallFailed, PendingCalls
 from .duties import LeaderDuties
 from .gateway import Gateway
 from .membership import Membership
@@ -48,7 +48,6 @@ HEALTH_PERIOD = 0.5          # seconds between two health checks of this replica
 #: down yet): the client's lease margin counts on it (gesmas.client.session.LEADER_LEASE).
 KEEPALIVE_LEASE = 1.0
 CATCH_UP = 1.0               # seconds a refusal decided on local users waits for the log
-STOPPING = Error(Code.UNAVAILABLE, "this replica is stopping; retry on another", "Stopping")
 
 
 class StateMachine:
