@@ -6,11 +6,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # INSTALL_CHROMIUM=no: never install chromium (tests/test_status_page.py then fails)
 INSTALL_CHROMIUM ?= yes
+# `make run` ports: node i serves clients on PORT+i, Raft on RAFT_PORT+i (default PORT+100+i)
+# and, when METRICS_PORT is given, metrics on METRICS_PORT+i (e.g. make run PORT=7000).
+PORT ?= 7100
+RAFT_PORT ?=
+METRICS_PORT ?=
 
 .PHONY: run test chromium bench protos clean
 
 run: $(VENV)/.runtime
-	$(PY) -m gesmas.server.demo
+	$(PY) -m gesmas.server.demo --base-port $(PORT) $(if $(RAFT_PORT),--raft-port $(RAFT_PORT)) \
+		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 test: $(VENV)/.installed chromium
 	$(PY) protos/generate.py --check

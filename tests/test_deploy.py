@@ -249,7 +249,7 @@ def test_make_run_installs_the_runtime_only_and_make_test_the_test_tools(tmp_pat
                               capture_output=True, text=True, check=True).stdout
     run = dry("run")
     assert "pip install -q -e .\n" in run and "[dev" not in run and "chromium" not in run
-    assert run.rstrip().endswith("-m gesmas.server.demo")
+    assert "-m gesmas.server.demo --base-port 7100" in run
     test = dry("test")
     assert "pip install -q -e .\n" in test and "'.[dev,bench,tooz-test]'" in test
     assert "needs a headless browser" in test and "INSTALL_CHROMIUM=no" in test

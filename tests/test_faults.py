@@ -94,6 +94,18 @@ def report(fault: str, history: list, verdicts: dict[str, Any], recovery: list[f
 
 # --- load helpers ------------------------------------------------------------------------------
 
+def session_violations(seen: list) -> list[str]:
+    """What `Load.session_reader` saw that sequential consistency forbids."""
+    bad, last = [], 0
+    for wrote, read in seen:
+        if read < wrote:
+            bad.append(f"read {read} after its own write gave {wrote}")
+        if read < last:
+            bad.append(f"read {read} after an earlier read of {last}")
+        last = max(last, read)
+    return bad
+
+
 def rotated(cluster: LocalCluster, i: int) -> list[str]:
     """The cluster's client addresses, member i first (the client's preferred replica)."""
     addrs = [m.client_addr for m in cluster.members]
@@ -193,6 +205,26 @@ class Load:
         ctr = c.counter(key)
         self.loop(f"reader-{tag}", max_ops, max_seconds,
                   lambda n: self.call(c, key, "get", (), lambda: ctr.get()) and None)
+
+    def session_reader(self, c: Client, key: str, tag: str, max_ops: int,
+                       max_seconds: float, seen: list) -> None:
+        """Counter.add then Counter.get, alternately, by a client whose reads are sequential
+        (README "Reads"): not linearizable, so not in the history (give it a counter of its
+        own, whose every add is its own); `seen` gets, per step, the
+        value the session's last acknowledged add returned and what the read gave, checked
+        by `session_violations` (never below the session's own write, never going back)."""
+        ctr = c.counter(key)
+        wrote = [0]
+
+        def step(n: int) -> None:
+            try:
+                if n % 2 == 0:
+                    wrote[0] = ctr.add(1, timeout=2.0)
+                else:
+                    seen.append((wrote[0], ctr.get(timeout=2.0)))
+            except (Timeout, Unavailable, SessionExpired, Aborted):
+                return        # refused or not answered in time: allowed, never a stale value
+        self.loop(f"session-reader-{tag}", max_ops, max_seconds, step)
 
     def locker(self, c: Client, key: str, tag: str, max_ops: int, max_seconds: float,
                fences: list | None = None) -> None:
@@ -523,6 +555,13 @@ def test_partition_isolating_the_leader():
             load.locker(load.client(li + i), "l4", f"l{i}", max_ops=300, max_seconds=20)
             load.adder(load.client(li + i), "c4", f"a{i}", max_ops=600, max_seconds=20)
             load.reader(load.client(li + i), "c4", f"r{i}", max_ops=600, max_seconds=20)
+        # sequential reads through the replica about to be isolated (and through another)
+        seq_seen: list[list] = [[], []]
+        for j, seen in enumerate(seq_seen):
+            c = Client(rotated(cluster, li + j), retry_timeout=RETRY, session_ttl=10.0,
+                       route="replica", consistency="sequential")
+            load.clients.append(c)
+            load.session_reader(c, f"s{j}", f"s{j}", max_ops=600, max_seconds=20, seen=seen)
         time.sleep(1.5)
         with rawgrpc.channel(leader.client_addr) as ch:
             login = rawgrpc.metadata(ch)             # taken before: a login needs the log
@@ -564,6 +603,8 @@ def test_partition_isolating_the_leader():
                proxy_bytes_dropped={f"{a}-{b}": p.dropped for (a, b), p in
                                     cluster.proxies.items()})
         assert not load.errors, load.errors
+        for seen in seq_seen:
+            assert seen and not session_violations(seen), session_violations(seen)[:5]
         assert stepped_down is not None, "the isolated leader never stepped down"
         for key, v in verdicts.items():
             assert v.verdict == "ok", f"{key}: {v.explanation}\n{show(cluster)}"
