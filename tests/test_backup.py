@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -137,6 +138,27 @@ def test_log_goes_on_past_k_and_old_sessions_expire(taken, restored):
         assert fence > head.index
         assert c.session > head.index
         assert c.status()["waiter_count"] == 0  # its waiting consume ended with it
+
+
+def test_a_restored_replica_restarts_from_its_data_and_refuses_restore_again(taken, restored):
+    """Later starts go on from the data dir (the seeded snapshot and the log since); one
+    started with --restore again exits 2 without touching its data."""
+    m = restored.members[0]
+    restored.kill(m, signal.SIGTERM)
+    env = dict(os.environ, PYTHONHASHSEED=HASH_SEED, GESMAS_CLUSTER_SECRET=restored.secret)
+    before = sorted(os.listdir(m.data_dir))
+    again = subprocess.run(restored.command(m) + ["--restore", taken[0]], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "is not empty" in again.stderr, again.stderr
+    assert sorted(os.listdir(m.data_dir)) == before
+    restored.start_member(m)
+    with Client(restored.addresses) as c:
+        c.counter("backup/after-restart").add(1)
+    for other in restored.members:
+        restored.wait_caught_up(other)
+    digests = {restored.member_status(o, timeout=10, digest=True)["state_digest"]
+               for o in restored.members}
+    assert len(digests) == 1            # the restarted replica holds what the others hold
 
 
 def test_restore_refuses_a_damaged_file(taken, tmp_path):
