@@ -329,7 +329,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     except backups.BadBackup as e:
         raise GesmasError(f"{args.file}: written, but reading it back failed: {e}") from None
     print(f"backup of log index {head.index} written to {args.file} ({head.size} bytes of "
-          f"checkpoint; state digest {head.state_digest[:16]}..., sha256 {head.sha256[:16]}...)")
+          f"checkpoint)\nstate digest {head.state_digest}")
     return 0
 
 
