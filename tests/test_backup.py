@@ -1,14 +1,15 @@
 """Backup and restore (README "Backup and restore"; issue 26, point 18).
 
 A backup is taken with `gesmas backup FILE` while a producer keeps adding items to a queue and
-a short-lived session holds a lock and waits on an empty queue; a NEW 3-replica cluster is started from the file
-(`gesmas server --restore FILE` on every replica). The new cluster reports the digest the
-backup was taken with, holds every item acknowledged before the backup was asked for (and
-only a prefix of what was produced, in order), continues the log past K (a lock's fencing
-token is above it), re-runs the call that was waiting, and lets the old sessions expire (the
-lock the old session held is granted to a new client once that session's TTL has passed, and
-its waiting call ends). Damaged files, a non-empty data
-dir and callers without the admin permission are refused with the reason.
+a short-lived session holds a lock and waits on an empty queue; a NEW 3-replica cluster is
+started from the file (`gesmas server --restore FILE` on every replica). The new cluster
+reports the digest the backup was taken with, holds every item acknowledged before the backup
+was asked for (and only a prefix of what was produced, in order), continues the log past K (a
+lock's fencing token is above it), re-runs the call that was waiting, and lets the old
+sessions expire (the lock the old session held is granted to a new client once that
+session's TTL has passed, and its waiting call ends); its replicas restart from their data.
+Damaged files, a non-empty data dir and callers without the admin permission are refused
+with the reason.
 """
 from __future__ import annotations
 

@@ -120,8 +120,8 @@ def test_status_gives_a_replica_its_own_log_end_as_its_match_index():
     are committed and applied, so that `gesmas status` never shows the leader behind the
     followers it replicates to."""
     from types import SimpleNamespace
-    node = Node(server_config.NodeConfig(1, "127.0.0.1:1", "127.0.0.1:2", (("127.0.0.1:4", "127.0.0.1:3"),),
-                           "/tmp/x", "s"))
+    peers = (("127.0.0.1:4", "127.0.0.1:3"),)
+    node = Node(server_config.NodeConfig(1, "127.0.0.1:1", "127.0.0.1:2", peers, "/tmp/x", "s"))
     raft = {"term": 2, "commit_index": 41, "last_applied": 40, "log_last_index": 42,
             "leader": "127.0.0.1:2",
             "peers": {"127.0.0.1:4": {"connected": True, "match_index": 42}}}
