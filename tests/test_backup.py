@@ -208,6 +208,23 @@ def test_server_refuses_a_backup_whose_state_has_another_digest(taken, tmp_path)
     assert not data.exists() or not os.listdir(data)
 
 
+def test_restore_only_seeds_the_data_dir_and_exits(taken, tmp_path):
+    """For a unit or an init container: seed, exit 0; the replica starts later, as usual."""
+    client, raft = free_ports(2)
+    data = tmp_path / "data"
+    env = dict(os.environ, PYTHONHASHSEED=HASH_SEED, GESMAS_CLUSTER_SECRET="s" * 32)
+    cmd = [sys.executable, "-m", "gesmas.client.cli", "server", "--id", "1",
+           "--client-addr", f"127.0.0.1:{client}", "--raft-addr", f"127.0.0.1:{raft}",
+           "--data-dir", str(data), "--restore", taken[0], "--restore-only"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    head, _ = backups.read(taken[0])
+    assert f"restored log index {head.index}" in run.stdout
+    assert os.listdir(data) == ["snapshot.bin"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "is not empty" in run.stderr
+
+
 def test_backup_needs_the_admin_permission(restored, tmp_path):
     """Last in this module: it turns auth on in the restored cluster."""
     password = "backup-root-pw"

@@ -625,6 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "seed the empty data dir with its state, then run. Give every replica "
                         "of the new cluster the same file; remove the flag for later starts "
                         "(README 'Backup and restore')")
+    p.add_argument("--restore-only", action="store_true",
+                   help="with --restore: seed the data dir and exit 0 without serving (then "
+                        "start the replica as usual, e.g. with its unit)")
     p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
                    dest="skip_entries",
                    help="recovery only: complete log entry INDEX with an INTERNAL error "

@@ -60,14 +60,22 @@ def run_server(args: Any) -> int:
     except (ConfigError, ValueError) as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2
+    restore_only = bool(getattr(args, "restore_only", False))
+    if restore_only and not config.restore:
+        print("gesmas: --restore-only needs --restore BACKUP", file=sys.stderr)
+        return 2
     if config.restore and not early:
         from .backup import BadBackup, restore
         try:
-            restore(config.restore, config.data_dir,
-                    [config.raft_addr] + [p[0] for p in config.peers], config.fsync)
+            head = restore(config.restore, config.data_dir,
+                           [config.raft_addr] + [p[0] for p in config.peers], config.fsync)
         except BadBackup as e:
             print(f"gesmas: --restore {config.restore}: {e}", file=sys.stderr)
             return 2
+        if restore_only:
+            print(f"restored log index {head.index} into {config.data_dir}; start the "
+                  "replica without --restore")
+            return 0
     os.makedirs(config.data_dir, exist_ok=True)
     from .node import Node, ReplicaFailed
     tune_gc()
