@@ -619,7 +619,8 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
     n = 100
     # data in the pytest tmp dir, kept for a post-mortem (journals, snapshot, logs)
     cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"),
-                           env={"GESMAS_CHECKPOINT_EVERY": "500", "GESMAS_LOG": "INFO"})
+                           env={"GESMAS_CHECKPOINT_EVERY": "500", "GESMAS_LOG": "INFO",
+                                "GESMAS_SNAPSHOT_EVERY": "2000"})
     clients: list[Client] = []
     stop = threading.Event()
     try:
@@ -671,7 +672,7 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
             threads.append(t)
             _wait_waiters(admin, "q5", i + 1)
 
-        # Drive the log past pysyncobj's compaction threshold (10000 entries) so the victim
+        # Drive the log past the snapshot threshold (--snapshot-every 2000) so the victim
         # writes a snapshot: checkpoints (every 500 commands) interrupt and re-run the 100
         # waiters each time.
         snap = os.path.join(victim.data_dir, "snapshot.bin")

@@ -193,6 +193,10 @@ class LeaderElectionProxy(ObjectProxy):
         """Wait until the leadership differs from ``known_term``; returns the new one."""
         return await self.invoke("observe", known_term, timeout=timeout)
 
+    async def watch(self, known_term: Any = None, timeout: float | None = None) -> Any:
+        """``observe`` that also names the term of a vacancy: {"term", "leader"}."""
+        return await self.invoke("watch", known_term, timeout=timeout)
+
 
 PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy,
                                          "Semaphore": SemaphoreProxy,

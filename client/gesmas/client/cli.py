@@ -1,6 +1,7 @@
 """The ``gesmas`` command: call methods, upload classes, inspect and run a cluster.
 
-Client commands (call, upload, status, objects, classes, admin) talk to ``--cluster``;
+Client commands (call, upload, status, objects, classes, admin; lock, elect, delete in
+cli_hold.py) talk to ``--cluster``;
 ``health`` asks one replica. Server
 commands (up, server) only parse their arguments here and hand the Namespace to
 ``gesmas.server.node``, imported when they run. Errors are one line on stderr:
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from gesmas.client import cli_auth
+from gesmas.client import cli_auth, cli_hold
 from gesmas.client.client import DEFAULT_CLUSTER, Client
 from gesmas.client.errors import GesmasError, NotFound
 from gesmas.client.security import TLS
@@ -124,7 +125,7 @@ def _dump(x: Any) -> str:
 # --- client commands ---------------------------------------------------------------------
 
 
-def _client(args: argparse.Namespace, session: bool = False) -> Client:
+def _client(args: argparse.Namespace, session: bool = False, **options: Any) -> Client:
     tls: Any = None
     if args.tls_ca or args.tls_cert or args.tls_key:
         tls = TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
@@ -143,7 +144,7 @@ def _client(args: argparse.Namespace, session: bool = False) -> Client:
     try:
         return Client(args.cluster, retry_timeout=args.retry_timeout, connect=session, tls=tls,
                       user=user, password=password,
-                      consistency=args.consistency or "linearizable")
+                      consistency=args.consistency or "linearizable", **options)
     except ValueError as e:  # a malformed --cluster
         raise UsageError(f"--cluster: {e}") from None
 
@@ -197,9 +198,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
         # sequential unless asked: it answers without a leader too
         st = c.status(consistency=args.consistency or "sequential")
+        digest = c.state_digest() if args.digest else None
     if args.json:
-        print(json.dumps(st, indent=2))
+        print(json.dumps(st if digest is None else dict(st, state_digest=digest), indent=2))
         return 0
+    if digest is not None:
+        print(f"digest     {digest}")
     print(f"leader     {st['leader_address'] or '(none known)'}   term {st['term']}")
     print(f"commit     {st['commit_index']}   "
           f"(applied {st['last_applied']} on {st['address']})")
@@ -308,6 +312,24 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
         print(f"removed {args.raft_addr}")
     else:
         print(f"{args.raft_addr} is not a member; nothing changed")
+    return 0
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Take a backup, write it to FILE atomically, read it back and check it."""
+    from gesmas.protocol import backups
+    folder = os.path.dirname(os.path.abspath(args.file))
+    if not os.path.isdir(folder) or os.path.isdir(args.file):
+        raise UsageError(f"{args.file}: not a file in an existing directory")
+    with _client(args) as c:
+        head, blob = c.backup(timeout=args.timeout)
+    try:
+        backups.write(args.file, head, blob)
+        backups.read(args.file)
+    except backups.BadBackup as e:
+        raise GesmasError(f"{args.file}: written, but reading it back failed: {e}") from None
+    print(f"backup of log index {head.index} written to {args.file} ({head.size} bytes of "
+          f"checkpoint)\nstate digest {head.state_digest}")
     return 0
 
 
@@ -445,6 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, parents=[common, as_json], help=text, description=text)
         p.set_defaults(func=func)
+    sub.choices["status"].add_argument(
+        "--digest", action="store_true",
+        help="also the hash of the replicated state (O(state) on the replica; with auth on, "
+             "an admin only): equal on replicas that applied the same log, and on a cluster "
+             "restored from a backup to the one `gesmas backup` printed")
     p = sub.add_parser("objects", aliases=["ls"], parents=[common, as_json],
                        help="list the live objects",
                        description="List the live objects you may see, in name order "
@@ -497,7 +524,18 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("raft_addr", metavar="RAFT_ADDR", help="its --raft-addr, host:port")
     a.set_defaults(func=cmd_remove_node)
 
+    p = sub.add_parser("backup", parents=[common], help="back up the replicated state",
+                       description="Write a backup of the replicated state to FILE (atomically): "
+                                   "a checkpoint taken at a fresh log index, with that index and "
+                                   "the state digest there. Needs the admin permission with auth "
+                                   "on. Restore: README 'Backup and restore'.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
+                   help="give up after S seconds (default %(default)s)")
+    p.set_defaults(func=cmd_backup)
+
     cli_auth.add_commands(sub, common, _Parser, cmd_auth_op)
+    cli_hold.add_commands(sub, common, _client, UsageError, seconds)
 
     p = sub.add_parser("certs", help="make a throw-away CA and certificates",
                        description="Write a CA, a server certificate for HOSTS and client "
@@ -520,8 +558,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start NODES server processes on 127.0.0.1 and wait.")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default %(default)s)")
     p.add_argument("--base-port", type=int, default=7100,
-                   help="node i (1..NODES) serves clients on BASE+i and Raft on BASE+100+i "
+                   help="node i (1..NODES) serves clients on BASE+i (Raft: BASE+100+i, or see "
+                        "--raft-port) "
                         "(default %(default)s; 0: free ports the OS picks, printed at start)")
+    p.add_argument("--raft-port", type=int, metavar="BASE",
+                   help="node i talks Raft on BASE+i (default: --base-port + 100; 0: free)")
+    p.add_argument("--metrics-port", type=int, metavar="BASE",
+                   help="node i serves Prometheus metrics and its status page over HTTP on "
+                        "BASE+i (0: free ports; printed at start; default: none)")
     p.add_argument("--data-dir", metavar="DIR", help="where the nodes keep their data")
     p.add_argument("--unsafe-no-fsync", action="store_true",
                    help="do not fsync the journal (fast, loses data on power failure)")
@@ -571,11 +615,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "it, a replica that starts empty is taken to have lost its disk and "
                         "does not vote until it has caught up (README 'A replica that lost its "
                         "disk'; env GESMAS_NEW_CLUSTER)")
+    p.add_argument("--snapshot-every", type=int, metavar="ENTRIES",
+                   help="log entries between two snapshots, after which the log before the "
+                        "snapshot is dropped (default 10000, at least 100; etcd's "
+                        "--snapshot-count; env GESMAS_SNAPSHOT_EVERY)")
     p.add_argument("--runaway-limit", type=float, metavar="SECONDS",
                    help="CPU seconds one log entry may burn on the apply thread before the "
                         "watchdog kills this replica and the cluster aborts the entry "
                         "(default 10; 0: no watchdog; README 'A call that runs away'; env "
                         "GESMAS_RUNAWAY_LIMIT)")
+    p.add_argument("--restore", metavar="BACKUP",
+                   help="first start of a NEW cluster from a backup (`gesmas backup`): check it, "
+                        "seed the empty data dir with its state, then run. Give every replica "
+                        "of the new cluster the same file; remove the flag for later starts "
+                        "(README 'Backup and restore')")
+    p.add_argument("--restore-only", action="store_true",
+                   help="with --restore: seed the data dir and exit 0 without serving (then "
+                        "start the replica as usual, e.g. with its unit)")
     p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
                    dest="skip_entries",
                    help="recovery only: complete log entry INDEX with an INTERNAL error "
@@ -588,11 +644,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupt)."""
     parser = build_parser()
+    own, cmd = cli_hold.split_command(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            args = parser.parse_args(argv)
+            args = parser.parse_args(own)
         except SystemExit as e:  # --help
             return e.code if isinstance(e.code, int) else 0
+        if cmd is not None:
+            args.cmd = cmd              # lock, elect: the command after --
         func: Callable[[argparse.Namespace], int] = args.func
         status = func(args)
         sys.stdout.flush()                # a closed pipe shows here, not at exit

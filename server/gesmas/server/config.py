@@ -22,7 +22,7 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
         "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format",
-        "new_cluster", "runaway_limit")
+        "new_cluster", "runaway_limit", "snapshot_every", "restore")
 
 
 class ConfigError(ValueError):
@@ -41,6 +41,7 @@ class NodeConfig:
     default_ttl: float = 10.0
     commit_timeout: float = 5.0            # a proposal not applied by then fails UNAVAILABLE
     checkpoint_every: int = 20_000         # commands between checkpoints
+    snapshot_every: int = 10_000           # log entries between snapshots (log compaction)
     duty_period: float = 0.05              # seconds between two rounds of leader duties
     skip_entries: frozenset[int] = frozenset()   # poison log entries (README), all replicas
     tls_cert: str | None = None            # PEM files of the client port's certificate...
@@ -52,6 +53,7 @@ class NodeConfig:
     log_format: str = "text"               # or "json" (logs.py)
     new_cluster: bool = False              # an empty data dir is a new cluster's (rejoin.py)
     runaway_limit: float = 10.0            # CPU seconds one log entry may take; 0: no watchdog
+    restore: str | None = None             # a backup file to seed the empty data dir with
     failpoint_native_stall: bool = False   # test only: GESMAS_FAILPOINT_NATIVE_STALL=1
 
 
@@ -127,6 +129,13 @@ def _int(name: str, value: Any) -> int:
         return int(value)
     except ValueError:
         raise ConfigError(f"{name} must be an integer, not {value!r}") from None
+
+
+def _at_least(name: str, value: Any, low: int) -> int:
+    n = _int(name, value)
+    if n < low:
+        raise ConfigError(f"{name} must be at least {low}, not {n}")
+    return n
 
 
 #: environment variable of each key: GESMAS_<KEY>, but for the secret's historic name
@@ -213,6 +222,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         data_dir=str(pick("data_dir") or f"gesmas-data-{node_id}"), secret=secret,
         fsync=not flag("unsafe_no_fsync"),
         checkpoint_every=_int("checkpoint_every", pick("checkpoint_every", 20_000)),
+        snapshot_every=_at_least("snapshot_every", pick("snapshot_every", 10_000), 100),
         skip_entries=frozenset(_int("skip_entries", i) for i in skip),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
         root_password=root_password, insecure=insecure,
@@ -220,6 +230,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         log_format=str(pick("log_format") or "text"),
         new_cluster=flag("new_cluster"),
         runaway_limit=_seconds("runaway_limit", pick("runaway_limit", 10.0)),
+        restore=str(pick("restore")) if pick("restore") else None,
         failpoint_native_stall=str(environ.get(FAILPOINT_NATIVE_STALL, "")).strip().lower()
         in _TRUE)
 
