@@ -101,7 +101,7 @@ class Capture:
         assert not self.slots, "a checkpoint's blob assembled with objects unsaved"
         if self.failed:
             return None
-        frames = [p.frame if type(p) is Slot else p for p in self.parts]
+        frames: list[Any] = [p.frame if type(p) is Slot else p for p in self.parts]
         return b"".join([self.head, *frames])   # None (an object left unsaved) fails here
 
 
@@ -111,7 +111,7 @@ def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str,
     `save(instance)` pickles it (as a checkpoint does) and loads the copy back; `measure`
     measures a state without applying anything. Returns False if it could not be saved
     (`cap.failed` says why; the caller marks it for the next checkpoint)."""
-    slot = cap.slots.pop(name, None)
+    slot: Slot | None = cap.slots.pop(name, None)
     if slot is None:
         return True
     rec = objects[name]
@@ -128,8 +128,9 @@ def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str,
     if name not in cap.keep:
         rec.instance = copy
     cap.sizes[name] = (rec, measure(rec.instance))
-    slot.frame = pickle.dumps((name, rec.cls.name, rec.cls.version, data, rec.owner, rec.size),
-                              protocol=5)
+    frame = pickle.dumps((name, rec.cls.name, rec.cls.version, data, rec.owner, rec.size),
+                         protocol=5)
+    slot.frame = frame
     if frames.get(name) is slot:
-        frames[name] = slot.frame
+        frames[name] = frame
     return True

@@ -272,7 +272,8 @@ class Checkpoints:
             state["format"] = 4
             pickle.dump((state, pending, len(frames)), buf, protocol=5)
         if not deferred:
-            self.result = b"".join([buf.getvalue(), *frames.values()])  # None fails here
+            parts: list[Any] = [buf.getvalue(), *frames.values()]
+            self.result = b"".join(parts)        # None (an object left unsaved) fails here
             return
         index = self.state.index
         self.capture = Capture(index, buf.getvalue(), list(frames.values()), dict(deferred),

@@ -413,6 +413,10 @@ class Kernel:
         """The last checkpoint's bytes (its capture finished first if still open)."""
         return self.checkpoints.blob
 
+    @checkpoint_blob.setter
+    def checkpoint_blob(self, blob: bytes | None) -> None:
+        self.checkpoints.blob = blob
+
     @property
     def checkpoint_result(self) -> bytes | PendingBlob | None:
         """The last checkpoint's bytes, or a PendingBlob while its capture is open
@@ -437,10 +441,6 @@ class Kernel:
         if isinstance(r, PendingBlob):
             r = r.blob
         return None if r is None else len(r)
-
-    @checkpoint_blob.setter
-    def checkpoint_blob(self, blob: bytes | None) -> None:
-        self.checkpoints.blob = blob
 
     @property
     def _waiting(self) -> int:

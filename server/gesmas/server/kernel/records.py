@@ -66,7 +66,9 @@ class State:
         # A cache, not part of the state: each object's entry in the last checkpoint taken or
         # loaded (checkpoint.py), None until the next one saves it. Kept in the order of
         # `objects` (lifecycle.py and checkpoint.py add and remove names in both alike).
-        self.frames: dict[str, bytes | None] = {}
+        # each object's checkpoint frame: bytes, None until saved, or a capture.Slot while
+        # the open capture saves it
+        self.frames: dict[str, Any] = {}
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
         self.auth = AuthState()
