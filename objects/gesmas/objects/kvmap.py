@@ -1,0 +1,442 @@
+"""Map: a key-value map with versions, a revision, compare-and-set, transactions, entries
+bound to a session, and watches: what ZooKeeper and etcd are mostly used for (configuration,
+service registries, feature flags).
+
+Guarantees
+- Keys are non-empty strings; values any plain value. Each key has a `version` (1 when made,
+  +1 per put, gone with the key), a `create_revision` and a `mod_revision`. The map has one
+  `revision`: +1 per change (a put, the delete of an existing key, a transaction that changed
+  something, the end of a session that held ephemeral keys); the changes of one transaction
+  or one session end share a revision (etcd's mod revision).
+- put(key, value, ephemeral=False) -> {"revision", "version"}; delete(key) -> bool;
+  get(key, default=None) -> the value; entry(key) -> {"value", "version", "create_revision",
+  "mod_revision", "ephemeral"} or None; revision(); size().
+- items(prefix="", limit=100, start_after="") / keys(...): in key order, at most `limit`,
+  those after `start_after` (the last key of the previous page): {"items"|"keys", "more",
+  "revision"}. Ordered by a kept sorted list: O(log n + limit) a page, no scan of the map.
+- cas(key, expect_version, value) -> bool: put if the key's version is `expect_version`
+  (0: the key must not exist).
+- txn(compares, success, failure=()) -> {"succeeded", "revision", "results"}: if every compare
+  holds the success operations run, else the failure ones; one log entry, atomic: a request
+  that is invalid anywhere (a bad operation, a size or key limit) changes nothing. A compare is
+  [key, target, op, operand]: target "value", "version", "create_revision", "mod_revision"
+  or "exists"; op one of == != < > <= >= ("exists": == or != with a bool). A missing key has
+  version and revisions 0, and every comparison of its value fails. An operation is
+  ["put", key, value] (["put", key, value, True]: ephemeral), ["delete", key] or ["get", key].
+- Ephemeral entries belong to the session that last put them: when it ends (expired or closed)
+  they are deleted, all at one revision. A later plain put makes such an entry permanent.
+- watch(prefix, after_revision, limit=1000) -> {"revision", "events"}: the changes after
+  `after_revision` to keys under `prefix`, oldest first, each {"revision", "type" ("put" or
+  "delete"), "key", "value", "version"}; waits while there is none. Watch again from the
+  returned "revision": no change is missed and none is seen twice. Served as a reader: the
+  wait is the replica's own, nothing of it goes through the log. A truncated answer stops at
+  a revision's end. The last `history` changes are kept: a revision older than that raises
+  Compacted, naming the oldest revision a watch may start after (read the state, then watch
+  from its revision).
+- Limits (constructor): max_keys, max_key_bytes (UTF-8), max_value_bytes (strings in UTF-8,
+  bytes as they are, 8 per other item), history. A map's state counts in its owner's
+  state_bytes quota like every object's.
+"""
+from typing import TYPE_CHECKING
+import bisect
+
+if TYPE_CHECKING:
+    from gesmas.server.kernel.dialect import Semaphore, context
+
+_TARGETS = ("value", "version", "create_revision", "mod_revision", "exists")
+_OPS = ("==", "!=", "<", ">", "<=", ">=")
+_MAX_TXN_OPS = 128                        # etcd's default for --max-txn-ops
+
+
+class Compacted(LookupError):
+    """watch() after a revision whose changes are no longer kept."""
+
+
+class Map:
+    _restartable = ("watch",)  # waits a checkpoint leaves in place
+    _readers = ("get", "entry", "items", "keys", "size", "revision", "watch")  # no log entry
+    _constructor_args = ("max_keys", "max_key_bytes", "max_value_bytes", "history")
+
+    def __init__(self, max_keys=100_000, max_key_bytes=1024, max_value_bytes=256 * 1024,
+                 history=1000):
+        for name, v, top in (("max_keys", max_keys, 10_000_000),
+                             ("max_key_bytes", max_key_bytes, 65_536),
+                             ("max_value_bytes", max_value_bytes, 1 << 20),
+                             ("history", history, 1_000_000)):
+            if type(v) is not int or not 1 <= v <= top:
+                raise ValueError(f"{name} must be an int from 1 to {top}, not {v!r}")
+        self.max_keys = max_keys
+        self.max_key_bytes = max_key_bytes
+        self.max_value_bytes = max_value_bytes
+        self.history = history
+        self._data = {}          # key -> [value, version, create_rev, mod_rev, session or None]
+        self._sorted = []        # the keys, sorted (pages of items/keys)
+        self._owned = {}         # session -> {key: None}: its ephemeral keys
+        self._rev = 0
+        self._events = []        # [rev, type, key, value, version], oldest first
+        self._event_revs = []    # their revisions (bisect)
+        self._floor = 0          # changes after this revision are kept
+        self._changed = Semaphore(0)      # watches through the log wait here
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def get(self, key, default=None):
+        e = self._data.get(self._key(key))
+        return default if e is None else e[0]
+
+    def entry(self, key):
+        e = self._data.get(self._key(key))
+        if e is None:
+            return None
+        return {"value": e[0], "version": e[1], "create_revision": e[2],
+                "mod_revision": e[3], "ephemeral": e[4] is not None}
+
+    def revision(self):
+        return self._rev
+
+    def size(self):
+        return len(self._data)
+
+    def items(self, prefix="", limit=100, start_after=""):
+        keys, more = self._page(prefix, limit, start_after)
+        out = []
+        for k in keys:
+            e = self._data[k]
+            out.append({"key": k, "value": e[0], "version": e[1], "mod_revision": e[3]})
+        return {"items": out, "more": more, "revision": self._rev}
+
+    def keys(self, prefix="", limit=100, start_after=""):
+        keys, more = self._page(prefix, limit, start_after)
+        return {"keys": keys, "more": more, "revision": self._rev}
+
+    def watch(self, prefix="", after_revision=0, limit=1000):
+        self._prefix(prefix)
+        if type(after_revision) is not int or after_revision < 0:
+            raise ValueError(f"after_revision must be an int >= 0, not {after_revision!r}")
+        self._limit(limit, 100_000)
+        while True:
+            if after_revision < self._floor:
+                raise Compacted(f"revision {after_revision} is compacted: this map keeps the "
+                                f"changes after revision {self._floor} (its last "
+                                f"{self.history}); read the state, then watch from its "
+                                "revision")
+            events, last = self._since(prefix, after_revision, limit)
+            if events:
+                return {"revision": last, "events": events}
+            self._changed.acquire()       # in a reader: NotYet, run again after a change
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def put(self, key, value, ephemeral=False):
+        key = self._key(key)
+        self._value(value)
+        if key not in self._data and len(self._data) >= self.max_keys:
+            self._full()
+        owner = self._session() if ephemeral else None
+        self._rev += 1
+        version = self._put(key, value, owner)
+        self._wake()
+        return {"revision": self._rev, "version": version}
+
+    def delete(self, key):
+        key = self._key(key)
+        if key not in self._data:
+            return False
+        self._rev += 1
+        self._delete(key)
+        self._wake()
+        return True
+
+    def cas(self, key, expect_version, value):
+        key = self._key(key)
+        if type(expect_version) is not int or expect_version < 0:
+            raise ValueError(f"expect_version must be an int >= 0 (0: the key must not "
+                             f"exist), not {expect_version!r}")
+        self._value(value)
+        e = self._data.get(key)
+        if (0 if e is None else e[1]) != expect_version:
+            return False
+        if e is None and len(self._data) >= self.max_keys:
+            self._full()
+        self._rev += 1
+        self._put(key, value, None)
+        self._wake()
+        return True
+
+    def txn(self, compares, success, failure=()):
+        compares = self._list(compares, "compares")
+        success = self._ops(success, "success")
+        failure = self._ops(failure, "failure")
+        checked = [self._compare_of(c) for c in compares]
+        held = True
+        for c in checked:
+            if not self._holds(c):
+                held = False
+                break
+        ops = success if held else failure
+        self._room(ops)
+        changes = False
+        for op in ops:
+            if op[0] != "get":
+                changes = True
+        if changes:
+            self._rev += 1
+        results = []
+        for op in ops:
+            kind, key = op[0], op[1]
+            if kind == "get":
+                results.append(self.entry(key))
+            elif kind == "put":
+                owner = self._session() if op[3] else None
+                results.append({"version": self._put(key, op[2], owner)})
+            elif key in self._data:
+                self._delete(key)
+                results.append({"deleted": True})
+            else:
+                results.append({"deleted": False})
+        if changes:
+            self._wake()
+        return {"succeeded": held, "revision": self._rev, "results": results}
+
+    # -- the entries ---------------------------------------------------------------------------
+
+    def _put(self, key, value, owner):
+        e = self._data.get(key)
+        if e is None:
+            e = [value, 1, self._rev, self._rev, None]
+            self._data[key] = e
+            bisect.insort(self._sorted, key)
+        else:
+            e[0] = value
+            e[1] += 1
+            e[3] = self._rev
+        if e[4] != owner:
+            if e[4] is not None:
+                self._disown(e[4], key)
+            if owner is not None:
+                self._owned.setdefault(owner, {})[key] = None
+            e[4] = owner
+        self._event("put", key, value, e[1])
+        return e[1]
+
+    def _delete(self, key):
+        e = self._data.pop(key)
+        i = bisect.bisect_left(self._sorted, key)
+        del self._sorted[i]
+        if e[4] is not None:
+            self._disown(e[4], key)
+        self._event("delete", key, None, 0)
+
+    def _disown(self, session, key):
+        keys = self._owned.get(session)
+        if keys is not None:
+            keys.pop(key, None)
+            if not keys:
+                del self._owned[session]
+
+    def _on_session_end(self, session):
+        keys = self._owned.pop(session, None)
+        if not keys:
+            return
+        self._rev += 1
+        for key in keys:                  # all at one revision, like etcd's lease revoke
+            self._delete(key)
+        self._wake()
+
+    # -- the history ---------------------------------------------------------------------------
+
+    def _event(self, kind, key, value, version):
+        self._events.append([self._rev, kind, key, value, version])
+        self._event_revs.append(self._rev)
+        over = len(self._events) - self.history
+        if over > 0:
+            revs = self._event_revs
+            while over < len(revs) and revs[over] == revs[over - 1]:
+                over += 1                 # a revision is kept whole or not at all
+            if over < len(revs):
+                self._floor = revs[over - 1]
+                del self._events[:over]
+                del self._event_revs[:over]
+
+    def _since(self, prefix, after, limit):
+        """The events after revision `after` under `prefix` (at most `limit`, whole
+        revisions), and the revision to watch from next."""
+        out = []
+        events = self._events
+        i = bisect.bisect_right(self._event_revs, after)
+        n = len(events)
+        last = self._rev
+        while i < n:
+            ev = events[i]
+            if len(out) >= limit and ev[0] != out[-1]["revision"]:
+                last = out[-1]["revision"]
+                break
+            if ev[2].startswith(prefix):
+                out.append({"revision": ev[0], "type": ev[1], "key": ev[2], "value": ev[3],
+                            "version": ev[4]})
+            i += 1
+        return out, last
+
+    def _wake(self):
+        if self._changed.waiters:
+            self._changed.release(self._changed.waiters)
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def _session(self):
+        me = context().session
+        if not me:
+            raise ValueError("an ephemeral entry needs a session: call with one")
+        return me
+
+    def _key(self, key):
+        if type(key) is not str or not key:
+            raise TypeError(f"a key must be a non-empty str, not {key!r:.60}")
+        if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8")) > self.max_key_bytes:
+            raise ValueError(f"key {key[:40]!r}... is longer than this map's max_key_bytes "
+                             f"({self.max_key_bytes} bytes in UTF-8)")
+        return key
+
+    def _prefix(self, prefix):
+        if type(prefix) is not str:
+            raise TypeError(f"a prefix must be a str, not {prefix!r:.60}")
+
+    def _limit(self, limit, top):
+        if type(limit) is not int or not 1 <= limit <= top:
+            raise ValueError(f"limit must be an int from 1 to {top}, not {limit!r:.60}")
+
+    def _value(self, value):
+        """Refuse a value over max_value_bytes; the walk stops once it is over."""
+        top = self.max_value_bytes
+        size = 0
+        todo = [value]
+        while todo:
+            x = todo.pop()
+            t = type(x)
+            if t is str:
+                size += len(x) if x.isascii() else len(x.encode("utf-8"))
+            elif t is bytes:
+                size += len(x)
+            else:
+                size += 8
+                if t is list:
+                    todo.extend(x)
+                elif t is dict:
+                    for k in x:
+                        todo.append(k)
+                        todo.append(x[k])
+            if size > top:
+                raise ValueError(f"the value is larger than this map's max_value_bytes "
+                                 f"({top})")
+
+    def _full(self):
+        raise ValueError(f"the map is full: it holds max_keys ({self.max_keys}) keys")
+
+    def _page(self, prefix, limit, start_after):
+        self._prefix(prefix)
+        self._limit(limit, 10_000)
+        if type(start_after) is not str:
+            raise TypeError(f"start_after must be a str, not {start_after!r:.60}")
+        keys = self._sorted
+        i = bisect.bisect_left(keys, prefix)
+        if start_after >= prefix:
+            i = bisect.bisect_right(keys, start_after)
+        out = []
+        while i < len(keys) and keys[i].startswith(prefix):
+            if len(out) == limit:
+                return out, True
+            out.append(keys[i])
+            i += 1
+        return out, False
+
+    def _list(self, x, what):
+        if type(x) is tuple:
+            x = list(x)
+        if type(x) is not list:
+            raise TypeError(f"{what} must be a list, not {x!r:.60}")
+        if len(x) > _MAX_TXN_OPS:
+            raise ValueError(f"{what}: at most {_MAX_TXN_OPS} entries in a transaction, not "
+                             f"{len(x)}")
+        return x
+
+    def _ops(self, ops, what):
+        out = []
+        for op in self._list(ops, what):
+            if type(op) is not list or not op or op[0] not in ("put", "delete", "get"):
+                raise ValueError(f"{what}: an operation is ['put', key, value(, ephemeral)], "
+                                 f"['delete', key] or ['get', key], not {op!r:.80}")
+            size = {"put": (3, 4), "delete": (2, 2), "get": (2, 2)}[op[0]]
+            if not size[0] <= len(op) <= size[1]:
+                raise ValueError(f"{what}: {op[0]} takes {size[0] - 1} argument(s), not "
+                                 f"{op!r:.80}")
+            key = self._key(op[1])
+            if op[0] == "put":
+                self._value(op[2])
+                ephemeral = op[3] if len(op) == 4 else False
+                if type(ephemeral) is not bool:
+                    raise TypeError(f"{what}: a put's fourth item (ephemeral) must be a bool")
+                if ephemeral:
+                    self._session()
+                out.append(["put", key, op[2], ephemeral])
+            else:
+                out.append([op[0], key])
+        return out
+
+    def _room(self, ops):
+        """Refuse a list of operations that would leave more than max_keys keys."""
+        there = {}
+        for op in ops:
+            if op[0] != "get":
+                there[op[1]] = op[0] == "put"
+        n = len(self._data)
+        for key in there:
+            if there[key] and key not in self._data:
+                n += 1
+            elif not there[key] and key in self._data:
+                n -= 1
+        if n > self.max_keys:
+            self._full()
+
+    def _compare_of(self, c):
+        if type(c) is not list or len(c) != 4:
+            raise ValueError(f"a compare is [key, target, op, operand], not {c!r:.80}")
+        key, target, op, operand = c
+        self._key(key)
+        if target not in _TARGETS:
+            raise ValueError(f"compare target {target!r:.40} is not one of {', '.join(_TARGETS)}")
+        if op not in _OPS:
+            raise ValueError(f"compare op {op!r:.20} is not one of {' '.join(_OPS)}")
+        if target == "exists" and (type(operand) is not bool or op not in ("==", "!=")):
+            raise ValueError("an 'exists' compare is [key, 'exists', '==' or '!=', bool]")
+        if target in ("version", "create_revision", "mod_revision") and \
+                type(operand) is not int:
+            raise ValueError(f"a {target} compare takes an int, not {operand!r:.40}")
+        return c
+
+    def _holds(self, c):
+        key, target, op, operand = c
+        e = self._data.get(key)
+        if target == "exists":
+            have = e is not None
+        elif target == "value":
+            if e is None:
+                return False
+            have = e[0]
+        else:
+            have = 0 if e is None else e[{"version": 1, "create_revision": 2,
+                                          "mod_revision": 3}[target]]
+        try:
+            if op == "==":
+                return have == operand
+            if op == "!=":
+                return have != operand
+            if op == "<":
+                return have < operand
+            if op == ">":
+                return have > operand
+            if op == "<=":
+                return have <= operand
+            return have >= operand
+        except TypeError:
+            raise ValueError(f"compare {c!r:.80}: the value and the operand cannot be "
+                             "ordered") from None

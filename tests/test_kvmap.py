@@ -1,0 +1,355 @@
+"""The standard Map (objects/kvmap.py) driven through the kernel alone: entries, versions and
+the revision, pages, cas, transactions, ephemeral entries across session ends, limits and
+hostile arguments, and watches (as readers without a log entry and through the log, across
+a checkpoint and a restore, with a bounded history)."""
+from __future__ import annotations
+
+import pytest
+
+from gesmas.server.kernel import Code, KernelError
+from gesmas.server.kernel.sched import NotYet
+
+try:
+    from tests.test_objects import APP, OH
+except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
+    from test_objects import APP, OH
+
+
+def made(*args, **kw):
+    h = OH()
+    h.make("Map", "m", *args, **kw)
+    return h, h.open_session()
+
+
+def read(h, method, *args):
+    return h.kernel.read("", "m", method, list(args))
+
+
+# ============================================================================ entries
+
+def test_put_get_delete_versions_and_the_revision():
+    h, s = made()
+    assert read(h, "revision") == 0 and read(h, "get", "a") is None
+    assert read(h, "get", "a", "dflt") == "dflt" and read(h, "entry", "a") is None
+    assert h.ok(s, "m", "put", "a", {"x": [1, b"y"]}) == {"revision": 1, "version": 1}
+    assert h.ok(s, "m", "put", "b", None) == {"revision": 2, "version": 1}
+    assert h.ok(s, "m", "put", "a", 2) == {"revision": 3, "version": 2}
+    assert read(h, "get", "a") == 2 and read(h, "get", "b", "dflt") is None   # a stored None
+    assert read(h, "entry", "a") == {"value": 2, "version": 2, "create_revision": 1,
+                                     "mod_revision": 3, "ephemeral": False}
+    assert h.ok(s, "m", "delete", "a") is True
+    assert h.ok(s, "m", "delete", "a") is False            # nothing to delete: no revision
+    assert read(h, "revision") == 4 and read(h, "size") == 1
+    assert h.ok(s, "m", "put", "a", 0) == {"revision": 5, "version": 1}       # made anew
+    assert read(h, "entry", "a")["create_revision"] == 5
+    assert h.ok(s, "m", "get", "a") == 0                   # a reader may go through the log too
+
+
+def test_items_and_keys_in_key_order_by_prefix_and_page():
+    h, s = made()
+    for k in ["svc/b", "svc/a", "cfg/x", "svc/c", "svd", "svc/", "a"]:
+        h.ok(s, "m", "put", k, k.upper())
+    assert read(h, "keys")["keys"] == ["a", "cfg/x", "svc/", "svc/a", "svc/b", "svc/c", "svd"]
+    page = read(h, "items", "svc/", 2)
+    assert page == {"items": [{"key": "svc/", "value": "SVC/", "version": 1, "mod_revision": 6},
+                              {"key": "svc/a", "value": "SVC/A", "version": 1,
+                               "mod_revision": 2}],
+                    "more": True, "revision": 7}
+    rest = read(h, "keys", "svc/", 2, "svc/a")
+    assert rest == {"keys": ["svc/b", "svc/c"], "more": False, "revision": 7}
+    assert read(h, "keys", "svc/", 5, "a")["keys"][0] == "svc/"   # before the prefix: ignored
+    assert read(h, "keys", "zz")["keys"] == [] and read(h, "keys", "", 1, "svd")["keys"] == []
+    h.ok(s, "m", "delete", "svc/a")
+    assert read(h, "keys", "svc/")["keys"] == ["svc/", "svc/b", "svc/c"]
+
+
+def test_cas_puts_only_at_the_expected_version():
+    h, s = made()
+    assert h.ok(s, "m", "cas", "flag", 1, True) is False    # missing: version 0
+    assert h.ok(s, "m", "cas", "flag", 0, True) is True     # 0: create only
+    assert h.ok(s, "m", "cas", "flag", 0, False) is False
+    assert h.ok(s, "m", "cas", "flag", 1, False) is True
+    assert read(h, "entry", "flag")["version"] == 2 and read(h, "get", "flag") is False
+    assert read(h, "revision") == 2                         # refused cas changed nothing
+    h.fails(s, "m", "cas", "flag", -1, 1, type="ValueError")
+    h.fails(s, "m", "cas", "flag", "2", 1, type="ValueError")
+
+
+# ============================================================================ transactions
+
+def test_txn_runs_one_branch_atomically_at_one_revision():
+    h, s = made()
+    h.ok(s, "m", "put", "a", 1)
+    r = h.ok(s, "m", "txn", [["a", "value", "==", 1], ["a", "version", ">=", 1],
+                             ["b", "exists", "==", False]],
+             [["put", "b", "B"], ["delete", "a"], ["get", "b"], ["delete", "zz"]],
+             [["put", "failed", 1]])
+    assert r["succeeded"] is True and r["revision"] == 2
+    assert r["results"] == [{"version": 1}, {"deleted": True},
+                            {"value": "B", "version": 1, "create_revision": 2,
+                             "mod_revision": 2, "ephemeral": False}, {"deleted": False}]
+    r = h.ok(s, "m", "txn", [["b", "mod_revision", "<", 2]], [["put", "x", 1]],
+             [["put", "failed", 1], ["put", "failed", 2]])
+    assert r["succeeded"] is False and r["revision"] == 3
+    assert r["results"] == [{"version": 1}, {"version": 2}]
+    assert read(h, "keys")["keys"] == ["b", "failed"]
+    r = h.ok(s, "m", "txn", [], [["get", "b"]])              # reads only: no revision
+    assert r["succeeded"] is True and r["revision"] == 3
+
+
+def test_txn_compares_on_a_missing_key():
+    h, s = made()
+    for compare, holds in [(["k", "version", "==", 0], True), (["k", "mod_revision", "<", 1], True),
+                           (["k", "create_revision", "!=", 0], False),
+                           (["k", "exists", "!=", True], True),
+                           (["k", "value", "==", None], False),
+                           (["k", "value", "!=", None], False)]:   # every value compare fails
+        assert h.ok(s, "m", "txn", [compare], [])["succeeded"] is holds, compare
+
+
+@pytest.mark.parametrize("args, words", [
+    ([[["a", "colour", "==", 1]], []], "compare target"),
+    ([[["a", "value", "~", 1]], []], "compare op"),
+    ([[["a", "exists", "<", True]], []], "'exists' compare"),
+    ([[["a", "version", "==", "1"]], []], "version compare takes an int"),
+    ([[["a", "value", "<", "x"]], []], "cannot be ordered"),
+    ([[["a", "value"]], []], "a compare is"),
+    ([["a"], []], "a compare is"),
+    ([[], [["put", "a"]]], "put takes 2"),
+    ([[], [["rename", "a", "b"]]], "an operation is"),
+    ([[], [["put", "a", 1, "yes"]]], "ephemeral"),
+    ([[], [["put", "", 1]]], "non-empty str"),
+    ([[], "put a 1"], "success must be a list"),
+    ([{}, []], "compares must be a list"),
+    ([[], [["put", "a", 1]] * 129], "at most 128"),
+    ([[], [["put", "b", 2]], [["delete", 3]]], "non-empty str"),   # the branch not taken too
+])
+def test_a_bad_txn_is_refused_whole_and_changes_nothing(args, words):
+    h, s = made()
+    h.ok(s, "m", "put", "a", 1)
+    e = h.fails(s, "m", "txn", *args)
+    assert words in e.message, e
+    assert read(h, "revision") == 1 and read(h, "keys")["keys"] == ["a"]
+    assert read(h, "get", "b") is None
+
+
+# ============================================================================ limits
+
+def test_key_value_and_count_limits_give_clear_errors():
+    h, s = made(max_keys=3, max_key_bytes=8, max_value_bytes=40)
+    for k in ["a", "b", "c"]:
+        h.ok(s, "m", "put", k, k)
+    e = h.fails(s, "m", "put", "d", 1, type="ValueError")
+    assert "max_keys (3)" in e.message
+    h.ok(s, "m", "put", "a", "again")                       # a replaced key takes no room
+    e = h.fails(s, "m", "cas", "d", 0, 1, type="ValueError")
+    assert "max_keys" in e.message
+    e = h.fails(s, "m", "txn", [], [["delete", "a"], ["put", "d", 1], ["put", "e", 1]])
+    assert "max_keys" in e.message
+    r = h.ok(s, "m", "txn", [], [["delete", "a"], ["put", "d", 1]])
+    assert r["succeeded"] and read(h, "keys")["keys"] == ["b", "c", "d"]
+    assert "max_key_bytes" in h.fails(s, "m", "put", "123456789", 1).message
+    assert "max_key_bytes" in h.fails(s, "m", "put", "ééééé", 1).message  # 10 bytes in UTF-8
+    h.ok(s, "m", "delete", "d")
+    h.ok(s, "m", "put", "éééé", 1)                          # 8 bytes in UTF-8: fits
+    for big in ["x" * 41, b"x" * 41, ["x" * 20, "y" * 20], {"k": "v" * 40},
+                list(range(6)), [[[[[[]]]]]]]:
+        e = h.fails(s, "m", "put", "b", big, type="ValueError")
+        assert "max_value_bytes (40)" in e.message, big
+    h.ok(s, "m", "put", "b", ["x" * 16, "y" * 16])          # 8 + 32: fits
+
+
+def test_max_keys_counts_before_the_put():
+    h, s = made(max_keys=1)
+    h.ok(s, "m", "put", "a", 1)
+    assert "max_keys (1)" in h.fails(s, "m", "put", "b", 1).message
+
+
+@pytest.mark.parametrize("kw", [{"max_keys": 0}, {"max_keys": "9"}, {"history": 0},
+                                {"max_value_bytes": 2 << 20}, {"max_key_bytes": True}])
+def test_bad_constructor_arguments(kw):
+    h = OH()
+    c = h.create("Map", "m", **kw)
+    assert c.error is not None and c.error.code == APP and "must be an int" in c.error.message
+
+
+@pytest.mark.parametrize("method, args, words", [
+    ("put", [5, 1], "a key must be a non-empty str"),
+    ("put", [None, 1], "a key must be"),
+    ("get", [["a"]], "a key must be"),
+    ("delete", [b"a"], "a key must be"),
+    ("items", [3], "a prefix must be a str"),
+    ("items", ["", 0], "limit must be an int from 1"),
+    ("keys", ["", 10_001], "limit must be an int from 1"),
+    ("keys", ["", 5, 7], "start_after must be a str"),
+    ("watch", ["", -1], "after_revision must be an int >= 0"),
+    ("watch", ["", 1.5], "after_revision must be an int >= 0"),
+    ("watch", ["", 0, 0], "limit must be"),
+])
+def test_hostile_arguments_are_refused_by_name(method, args, words):
+    h, s = made()
+    e = h.error(h.call(s, "m", method, *args))
+    assert words in e.message, e
+    assert read(h, "revision") == 0
+
+
+# ============================================================================ ephemeral
+
+@pytest.mark.parametrize("how", ["expire", "close"])
+def test_ephemeral_entries_go_with_their_session_at_one_revision(how):
+    h, s = made()
+    a, b = h.sessions(2)
+    h.ok(a, "m", "put", "svc/a1", "10.0.0.1", True)
+    h.ok(a, "m", "txn", [], [["put", "svc/a2", "10.0.0.2", True]])
+    h.ok(b, "m", "put", "svc/b1", "10.0.0.3", True)
+    h.ok(a, "m", "put", "cfg", 1)                           # a plain entry of a stays
+    h.ok(a, "m", "put", "moved", 1, True)
+    h.ok(b, "m", "put", "moved", 2, True)                   # b's now
+    h.ok(a, "m", "put", "kept", 1, True)
+    h.ok(a, "m", "put", "kept", 2)                          # a plain put: permanent now
+    assert read(h, "entry", "kept")["ephemeral"] is False
+    rev = read(h, "revision")
+    h.end(how, a)
+    assert read(h, "keys")["keys"] == ["cfg", "kept", "moved", "svc/b1"]
+    assert read(h, "revision") == rev + 1
+    w = read(h, "watch", "svc/", rev)
+    assert w["revision"] == rev + 1
+    assert [(e["type"], e["key"], e["revision"]) for e in w["events"]] == [
+        ("delete", "svc/a1", rev + 1), ("delete", "svc/a2", rev + 1)]
+    h.end("expire", b)
+    assert read(h, "keys")["keys"] == ["cfg", "kept"]
+
+
+def test_deleting_an_ephemeral_entry_unbinds_it():
+    h, s = made()
+    a = h.open_session()
+    h.ok(a, "m", "put", "x", 1, True)
+    h.ok(s, "m", "delete", "x")
+    h.ok(s, "m", "put", "x", 2)                             # another entry, not a's
+    rev = read(h, "revision")
+    h.end("close", a)
+    assert read(h, "get", "x") == 2 and read(h, "revision") == rev
+
+
+def test_ephemeral_entries_survive_a_checkpoint_and_still_end_with_their_session():
+    h, s = made()
+    a = h.open_session()
+    h.ok(a, "m", "put", "svc/a", 1, True)
+    h.checkpoint()
+    r = h.restored()
+    for k in (h, r):
+        k.end("expire", a)
+        assert k.kernel.read("", "m", "keys", [])["keys"] == []
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+
+
+# ============================================================================ watches
+
+def test_watch_returns_changes_under_the_prefix_and_waits_without_any():
+    h, s = made()
+    h.ok(s, "m", "put", "cfg/a", 1)
+    h.ok(s, "m", "put", "other", 1)
+    w = read(h, "watch", "cfg/", 0)
+    assert w == {"revision": 2, "events": [{"revision": 1, "type": "put", "key": "cfg/a",
+                                            "value": 1, "version": 1}]}
+    with pytest.raises(NotYet):                             # a change elsewhere only
+        read(h, "watch", "cfg/", 1)
+    with pytest.raises(NotYet):
+        read(h, "watch", "cfg/", 2)
+    with pytest.raises(NotYet):                             # a future revision waits too
+        read(h, "watch", "", 50)
+    h.ok(s, "m", "delete", "cfg/a")
+    assert read(h, "watch", "cfg/", 2)["events"] == [
+        {"revision": 3, "type": "delete", "key": "cfg/a", "value": None, "version": 0}]
+
+
+def test_watch_through_the_log_blocks_and_wakes_only_with_a_match():
+    h, s = made()
+    a, b = h.sessions(2)
+    ta = h.call(a, "m", "watch", "svc/", 0)
+    tb = h.call(b, "m", "watch", "cfg", 0, timeout=5)
+    h.ok(s, "m", "put", "zzz", 1)
+    assert h.waiting(ta, tb)
+    h.ok(s, "m", "put", "svc/x", 1)
+    assert h.value(ta)["events"][0]["key"] == "svc/x" and h.waiting(tb)
+    h.tick(h.ts + 6)
+    assert h.error(tb).code == Code.TIMEOUT
+
+
+def test_watching_from_each_answer_sees_every_change_once():
+    """A watcher that always continues from the revision it was given sees each change under
+    its prefix exactly once, in order, whatever else changes and however it is cut."""
+    h, s = made()
+    seen, rev = [], 0
+    want = []
+    for i in range(60):
+        key = f"p/{i % 7}" if i % 3 else f"q/{i}"
+        if i % 5 == 4:
+            h.ok(s, "m", "txn", [], [["put", key, i], ["put", "p/t", i], ["delete", "q/0"]])
+            want += [(key, i)] if key.startswith("p/") else []
+            want.append(("p/t", i))
+        else:
+            h.ok(s, "m", "put", key, i)
+            if key.startswith("p/"):
+                want.append((key, i))
+        if i % 4 == 0:
+            try:
+                w = read(h, "watch", "p/", rev, 2)
+            except KernelError as e:                         # nothing new under p/
+                raise AssertionError(e)
+            except NotYet:
+                continue
+            seen += [(e["key"], e["value"]) for e in w["events"]]
+            rev = w["revision"]
+    while True:
+        try:
+            w = read(h, "watch", "p/", rev, 3)
+        except NotYet:
+            break
+        seen += [(e["key"], e["value"]) for e in w["events"]]
+        rev = w["revision"]
+    assert seen == want and rev == read(h, "revision")
+
+
+def test_a_truncated_watch_ends_at_a_whole_revision():
+    h, s = made()
+    h.ok(s, "m", "txn", [], [["put", "a", 1], ["put", "b", 1], ["put", "c", 1]])
+    h.ok(s, "m", "put", "d", 1)
+    w = read(h, "watch", "", 0, 1)
+    assert w["revision"] == 1 and [e["key"] for e in w["events"]] == ["a", "b", "c"]
+    w = read(h, "watch", "", 1, 1)
+    assert w["revision"] == 2 and [e["key"] for e in w["events"]] == ["d"]
+
+
+def test_a_watch_older_than_the_history_names_the_oldest_revision_kept():
+    h, s = made(history=4)
+    for i in range(3):
+        h.ok(s, "m", "put", "k", i)
+    h.ok(s, "m", "txn", [], [["put", "a", 1], ["put", "b", 1]])   # revision 4, 2 events
+    assert [e["revision"] for e in read(h, "watch", "", 1)["events"]] == [2, 3, 4, 4]
+    h.ok(s, "m", "put", "c", 1)                                # revision 5
+    with pytest.raises(KernelError) as old:
+        read(h, "watch", "", 1)
+    assert old.value.error.type == "Compacted"
+    assert "changes after revision 2" in old.value.error.message
+    assert [e["revision"] for e in read(h, "watch", "", 2)["events"]] == [3, 4, 4, 5]
+    h.fails(s, "m", "watch", "", 0, type="Compacted")
+
+
+def test_a_watch_waiting_through_the_log_survives_a_checkpoint_and_a_restore():
+    h, s = made()
+    a = h.open_session()
+    h.ok(s, "m", "put", "x", 0)
+    t = h.call(a, "m", "watch", "cfg/", 1)
+    h.checkpoint()
+    r = h.restored()
+    for k in (h, r):
+        assert k.waiting(t)
+        k.ok(s, "m", "put", "y", 1)
+        assert k.waiting(t)
+        k.ok(s, "m", "put", "cfg/z", 2)
+        assert k.value(t)["events"] == [{"revision": 3, "type": "put", "key": "cfg/z",
+                                         "value": 2, "version": 1}]
+        assert k.kernel.read("", "m", "watch", ["", 0])["revision"] == 3
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+    assert r.trace[-2:] == h.trace[-2:]
