@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from gesmas.client import cli_auth
+from gesmas.client import cli_auth, cli_map
 from gesmas.client.client import DEFAULT_CLUSTER, Client
 from gesmas.client.errors import GesmasError, NotFound
 from gesmas.client.security import TLS
@@ -311,6 +311,14 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_map(args: argparse.Namespace) -> int:
+    with _client(args, session=True) as c:
+        try:
+            return cli_map.run(c.map(args.name), args, parse_arg, _parse_json, _dump)
+        except ValueError as e:           # a mistake in the command line
+            raise UsageError(str(e)) from None
+
+
 # --- users, roles, auth (cli_auth.py) -----------------------------------------------------
 
 
@@ -498,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_remove_node)
 
     cli_auth.add_commands(sub, common, _Parser, cmd_auth_op)
+    cli_map.add_commands(sub, common, _Parser, cmd_map)
 
     p = sub.add_parser("certs", help="make a throw-away CA and certificates",
                        description="Write a CA, a server certificate for HOSTS and client "

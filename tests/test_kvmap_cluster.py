@@ -1,0 +1,183 @@
+"""The standard Map against one real 3-process cluster (shared by the module): every call
+through the sync client, the asyncio client and the CLI; reads without log entries;
+ephemeral entries across a client's death (session expiry) and a leader's; a watch that
+waits through a leader failover and sees each change once."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from gesmas.client import ApplicationError, Client, Compacted, Timeout
+from gesmas.client.cli import main as cli
+
+pytestmark = pytest.mark.cluster
+
+WORKER = os.path.join(os.path.dirname(__file__), "cluster_worker.py")
+
+
+def leader_commit(cluster) -> int:
+    st = cluster.member_status(cluster.find_leader())
+    assert st is not None
+    return st["commit_index"]
+
+
+def test_every_call_through_the_client_and_reads_without_entries(cluster):
+    with Client(cluster.addresses) as c, \
+            Client(cluster.addresses, route="replica", consistency="sequential") as seq:
+        m = c.map("cfg", history=50)
+        assert m.put("db/host", "10.0.0.5") == {"revision": 1, "version": 1}
+        assert m.put("db/port", 5432)["revision"] == 2
+        assert m.cas("flags/dark", 0, True) is True and m.cas("flags/dark", 0, 1) is False
+        r = m.txn([["flags/dark", "value", "==", True]], [["put", "flags/dark", False]],
+                  [["delete", "db/port"]])
+        assert r["succeeded"] and r["revision"] == 4
+        before = leader_commit(cluster)
+        for _ in range(10):
+            assert m.get("db/host") == "10.0.0.5" and m.get("nope", 7) == 7
+            assert m.entry("flags/dark")["version"] == 2
+            assert m.keys("db/")["keys"] == ["db/host", "db/port"]
+            assert m.items("", 1, "db/port")["items"][0]["key"] == "flags/dark"
+            assert m.revision() == 4 and m.size() == 3
+            assert seq.map("cfg").get("db/port") == 5432       # its own replica, in order
+            assert m.get("db/host", consistency="sequential") == "10.0.0.5"
+        assert leader_commit(cluster) - before <= 3          # a tick or a no-op at most
+        assert m.delete("db/port") is True and m.delete("db/port") is False
+        w = m.watch("db/", 0)
+        assert [(e["type"], e["key"]) for e in w["events"]] == [
+            ("put", "db/host"), ("put", "db/port"), ("delete", "db/port")]
+        with pytest.raises(Timeout):
+            m.watch("db/", w["revision"], timeout=0.3)
+        with pytest.raises(ValueError) as bad:              # a remote ValueError
+            m.put("k" * 2000, 1)
+        assert "max_key_bytes" in str(bad.value)
+        with pytest.raises(ApplicationError) as bad:
+            m.txn([["a", "colour", "==", 1]], [])
+        assert "compare target" in str(bad.value)
+        for i in range(60):
+            m.put("churn", i)
+        with pytest.raises(Compacted) as old:               # also a LookupError
+            m.watch("", 1)
+        assert "keeps the changes after revision" in str(old.value)
+
+
+def test_the_asyncio_client_and_a_waiting_watch(cluster):
+    async def main() -> None:
+        from gesmas.aio import Client as AioClient
+        async with AioClient(cluster.addresses) as a, AioClient(cluster.addresses) as b:
+            m = a.map("aio-cfg")
+            rev = await m.revision()
+            watcher = asyncio.create_task(b.map("aio-cfg").watch("feature/", rev,
+                                                                 timeout=30))
+            await m.put("other", 1)
+            await m.put("feature/x", "on")
+            got = await watcher
+            assert [e["key"] for e in got["events"]] == ["feature/x"]
+            assert got["revision"] == rev + 2
+            assert await m.cas("feature/x", 1, "off") is True
+            assert (await m.txn([], [["get", "feature/x"]]))["results"][0]["value"] == "off"
+            assert await m.get("feature/x", consistency="sequential") == "off"
+            assert (await m.keys())["keys"] == ["feature/x", "other"]
+            stream = m.watch_iter("", rev)
+            assert [(await stream.__anext__())["key"] for _ in range(3)] == [
+                "other", "feature/x", "feature/x"]
+            await stream.aclose()
+            assert await m.delete("other") is True and await m.size() == 1
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_the_cli(cluster, capsys):
+    base = ["--cluster", cluster.addresses]
+
+    def run(*argv: str) -> str:
+        assert cli(["map", "cli-cfg", *argv, *base]) == 0
+        return capsys.readouterr().out
+
+    assert json.loads(run("put", "a/1", "42")) == {"revision": 1, "version": 1}
+    run("put", "a/2", '{"x": [1, 2]}')
+    assert json.loads(run("get", "a/2")) == {"x": [1, 2]}
+    assert json.loads(run("get", "a/1", "--entry"))["version"] == 1
+    assert run("cas", "a/1", "1", "43") == "true\n"
+    assert run("keys", "a/") == "a/1\na/2\n"
+    assert [json.loads(x)["key"] for x in run("items", "--limit", "1").splitlines()] == ["a/1"]
+    out = json.loads(run("txn", "--compares", '[["a/1", "version", "==", 2]]',
+                         "--success", '[["delete", "a/2"]]'))
+    assert out["succeeded"] is True
+    lines = run("watch", "a/", "--after", "0", "--count", "4").splitlines()
+    assert [json.loads(x)["type"] for x in lines] == ["put", "put", "put", "delete"]
+    assert run("revision") == "4\n"
+    assert cli(["map", "cli-cfg", "cas", "a/1", "one", "2", *base]) == 2
+    assert "VERSION must be an integer" in capsys.readouterr().err
+    assert cli(["map", "cli-cfg", "txn", "--success", "{", *base]) == 2
+    assert "--success: not valid JSON" in capsys.readouterr().err
+
+
+def test_an_ephemeral_entry_goes_when_its_client_dies(cluster):
+    """A service registers itself, is killed (no close: its session expires after its TTL);
+    a watcher sees its entry deleted."""
+    worker = subprocess.Popen([sys.executable, WORKER, "hold_ephemeral", cluster.addresses,
+                               "registry", "svc/worker"], stdout=subprocess.PIPE, text=True)
+    try:
+        put = json.loads(worker.stdout.readline())
+        with Client(cluster.addresses) as c:
+            m = c.map("registry")
+            assert m.entry("svc/worker")["ephemeral"] is True
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(10)
+            got = m.watch("svc/", put["revision"], timeout=60)
+            assert [(e["type"], e["key"]) for e in got["events"]] == [("delete", "svc/worker")]
+            assert m.get("svc/worker") is None
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+
+
+def test_ephemeral_entries_and_a_waiting_watch_across_a_leader_failover(cluster):
+    """The leader is killed while a watch waits and a service holds an ephemeral entry: the
+    watch, retried at another replica, sees each later change exactly once; the entry stays
+    (the new leader gives sessions a fresh TTL) until its client closes."""
+    with Client(cluster.addresses, session_ttl=5.0) as service, \
+            Client(cluster.addresses) as writer, Client(cluster.addresses) as reader:
+        registry = service.map("failover")
+        start = registry.put("svc/a", "10.0.0.7", ephemeral=True)["revision"]
+        seen: list = []
+        failed: list = []
+
+        def watch() -> None:
+            try:
+                for event in reader.map("failover").watch_iter("cfg/", start, timeout=60):
+                    seen.append(event)
+                    if len(seen) == 3:
+                        return
+            except BaseException as e:          # shown by the assertion below
+                failed.append(e)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        m = writer.map("failover")
+        m.put("cfg/1", 1)
+        old = cluster.find_leader()
+        cluster.kill(old, signal.SIGKILL)
+        try:
+            m.put("cfg/2", 2)
+            m.txn([], [["put", "cfg/3", 3], ["put", "other", 0]])
+            watcher.join(90)
+            assert not failed, failed
+            assert [(e["key"], e["value"]) for e in seen] == [("cfg/1", 1), ("cfg/2", 2),
+                                                              ("cfg/3", 3)]
+            assert [e["revision"] for e in seen] == [start + 1, start + 2, start + 3]
+            assert m.get("svc/a") == "10.0.0.7"           # the service's session lives on
+        finally:
+            cluster.start_member(old)
+            cluster.wait_caught_up(old, timeout=60)
+        rev = m.revision()
+        service.close()
+        got = m.watch("svc/", rev, timeout=30)
+        assert [(e["type"], e["key"]) for e in got["events"]] == [("delete", "svc/a")]
