@@ -353,3 +353,42 @@ def test_a_watch_waiting_through_the_log_survives_a_checkpoint_and_a_restore():
         assert k.kernel.read("", "m", "watch", ["", 0])["revision"] == 3
     assert r.kernel.state_digest() == h.kernel.state_digest()
     assert r.trace[-2:] == h.trace[-2:]
+
+
+# ============================================================================ wake-ups by key
+
+def test_each_change_announces_its_key_and_a_waiting_watch_names_its_prefix():
+    """What the node wakes waiting readers by (node_reads.ObjectChanges): the keys an entry
+    changed (Kernel.topics) and the prefix a watch waits for (NotYet.topic)."""
+    h, s = made()
+    a = h.open_session()
+    h.ok(s, "m", "put", "svc/a", 1)
+    assert h.kernel.topics == {"m": ["svc/a"]}
+    h.ok(s, "m", "get", "svc/a")                            # through the log, no change
+    assert h.kernel.topics == {}
+    h.ok(s, "m", "txn", [], [["put", "x", 1], ["delete", "svc/a"], ["get", "x"]])
+    assert h.kernel.topics == {"m": ["x", "svc/a"]}
+    h.ok(a, "m", "put", "e/1", 1, True)
+    h.ok(a, "m", "put", "e/2", 1, True)
+    h.end("close", a)
+    assert h.kernel.topics == {"m": ["e/1", "e/2"]}
+    with pytest.raises(NotYet) as waits:
+        read(h, "watch", "cfg/", read(h, "revision"))
+    assert waits.value.topic == "cfg/"
+
+
+def test_an_entry_announcing_too_many_topics_counts_as_changing_everything():
+    from gesmas.server.kernel.sched import MAX_TOPICS
+    h = OH()
+    h.register("class Many:\n"
+               "    def touch(self, n, what='k'):\n"
+               "        for i in range(n):\n"
+               "            context().changed(what if what != 'k' else f'k{i}')\n")
+    h.create("Many", "m")
+    s = h.open_session()
+    h.ok(s, "m", "touch", 3)
+    assert h.kernel.topics == {"m": ["k0", "k1", "k2"]}
+    h.ok(s, "m", "touch", MAX_TOPICS + 1)
+    assert h.kernel.topics == {"m": None}
+    e = h.fails(s, "m", "touch", 1, 5, type="TypeError")
+    assert "a changed topic must be a str" in e.message

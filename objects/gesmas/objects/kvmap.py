@@ -29,7 +29,9 @@ Guarantees
   `after_revision` to keys under `prefix`, oldest first, each {"revision", "type" ("put" or
   "delete"), "key", "value", "version"}; waits while there is none. Watch again from the
   returned "revision": no change is missed and none is seen twice. Served as a reader: the
-  wait is the replica's own, nothing of it goes through the log. A truncated answer stops at
+  wait is the replica's own, nothing of it goes through the log, and a change wakes only
+  the watches of prefixes of its key (NotYet(prefix), Context.changed). A truncated answer
+  stops at
   a revision's end. The last `history` changes are kept: a revision older than that raises
   Compacted, naming the oldest revision a watch may start after (read the state, then watch
   from its revision).
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING
 import bisect
 
 if TYPE_CHECKING:
-    from gesmas.server.kernel.dialect import Semaphore, context
+    from gesmas.server.kernel.dialect import NotYet, Semaphore, context
 
 _TARGETS = ("value", "version", "create_revision", "mod_revision", "exists")
 _OPS = ("==", "!=", "<", ">", "<=", ">=")
@@ -123,7 +125,10 @@ class Map:
             events, last = self._since(prefix, after_revision, limit)
             if events:
                 return {"revision": last, "events": events}
-            self._changed.acquire()       # in a reader: NotYet, run again after a change
+            try:
+                self._changed.acquire()   # through the log: wait here
+            except NotYet:                # a reader: run again once a key under it changed
+                raise NotYet(prefix)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -246,6 +251,7 @@ class Map:
     # -- the history ---------------------------------------------------------------------------
 
     def _event(self, kind, key, value, version):
+        context().changed(key)            # waiting watches of other prefixes sleep on
         self._events.append([self._rev, kind, key, value, version])
         self._event_revs.append(self._rev)
         over = len(self._events) - self.history

@@ -282,8 +282,8 @@ class Gateway(pb_grpc.GesmasServicer):
             try:
                 return (True, k.read(user, name, method, args, kwargs, request.class_name,
                                      ctor))
-            except NotYet:
-                return (False, None)
+            except NotYet as e:               # its topic, if it named one
+                return (False, e.topic)
 
         changes = self.node.reads.changes
         waiting = False
@@ -299,6 +299,7 @@ class Gateway(pb_grpc.GesmasServicer):
             _saw(index)
             if done:
                 return value
+            topic = value                # what it waits for (NotYet(topic)), else None
             waiting = True
             changed = None
             while changed is None:      # until an entry changes the object, or the deadline
@@ -306,7 +307,8 @@ class Gateway(pb_grpc.GesmasServicer):
                 if left is not None and left <= 0:
                     raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out "
                                            "waiting", "Timeout"))
-                changed = await changes.wait(name, index, self.node.applied_index, left)
+                changed = await changes.wait(name, index, self.node.applied_index, left,
+                                             topic)
             consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
