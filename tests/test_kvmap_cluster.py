@@ -181,3 +181,49 @@ def test_ephemeral_entries_and_a_waiting_watch_across_a_leader_failover(cluster)
         service.close()
         got = m.watch("svc/", rev, timeout=30)
         assert [(e["type"], e["key"]) for e in got["events"]] == [("delete", "svc/a")]
+
+
+def test_the_recipes_of_the_example(cluster):
+    """docs/examples/map_recipes.py: a registry whose dead instance leaves, configuration
+    that follows each change, a flag changed by cas while another client changes it too."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "examples", "map_recipes.py")
+    spec = importlib.util.spec_from_file_location("map_recipes", path)
+    recipes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipes)
+    with Client(cluster.addresses) as a, Client(cluster.addresses) as b:
+        rev = recipes.register(a, "api", "a", "10.0.0.1:80")
+        recipes.register(b, "api", "b", "10.0.0.2:80")
+        recipes.register(b, "api", "b", "10.0.0.2:80", healthy=False)
+        assert recipes.healthy_instances(a, "api") == {"a": "10.0.0.1:80"}
+        b.close()                                  # its instance leaves
+        changes = recipes.membership_changes(a, "api", rev, timeout=30)
+        assert [next(changes)[:2] for _ in range(3)] == [("put", "b"), ("put", "b"),
+                                                         ("delete", "b")]
+        seen: list = []
+        stop = threading.Event()
+        a.map("config").put("app/level", "info")
+
+        def apply(cfg):
+            seen.append(cfg)
+            return len(seen) < 3
+        follower = threading.Thread(target=lambda: recipes.follow_config(
+            a, "app/", apply, stop, timeout=30))
+        follower.start()
+        with Client(cluster.addresses) as w:
+            m = w.map("config")
+            m.put("other/x", 1)                    # not under app/: no call of apply
+            m.put("app/level", "debug")
+            m.put("app/workers", 4)
+            follower.join(60)
+            flips = [threading.Thread(target=recipes.set_flag,
+                                      args=(cl, "dark", lambda v: (v or 0) + 1))
+                     for cl in (a, w) for _ in range(3)]
+            for t in flips:
+                t.start()
+            for t in flips:
+                t.join(60)
+        stop.set()
+        assert seen == [{"level": "info"}, {"level": "debug"},
+                        {"level": "debug", "workers": 4}]
+        assert a.map("flags").get("dark") == 6     # no increment lost
