@@ -196,7 +196,7 @@ def test_hostile_arguments_are_refused_by_name(method, args, words):
 # ============================================================================ ephemeral
 
 @pytest.mark.parametrize("how", ["expire", "close"])
-def test_ephemeral_entries_go_with_their_session_at_one_revision(how):
+def test_ephemeral_entries_go_with_their_session_a_revision_each(how):
     h, s = made()
     a, b = h.sessions(2)
     h.ok(a, "m", "put", "svc/a1", "10.0.0.1", True)
@@ -211,11 +211,11 @@ def test_ephemeral_entries_go_with_their_session_at_one_revision(how):
     rev = read(h, "revision")
     h.end(how, a)
     assert read(h, "keys")["keys"] == ["cfg", "kept", "moved", "svc/b1"]
-    assert read(h, "revision") == rev + 1
+    assert read(h, "revision") == rev + 2
     w = read(h, "watch", "svc/", rev)
-    assert w["revision"] == rev + 1
+    assert w["revision"] == rev + 2
     assert [(e["type"], e["key"], e["revision"]) for e in w["events"]] == [
-        ("delete", "svc/a1", rev + 1), ("delete", "svc/a2", rev + 1)]
+        ("delete", "svc/a1", rev + 1), ("delete", "svc/a2", rev + 2)]
     h.end("expire", b)
     assert read(h, "keys")["keys"] == ["cfg", "kept"]
 
@@ -322,17 +322,19 @@ def test_a_truncated_watch_ends_at_a_whole_revision():
 
 
 def test_a_watch_older_than_the_history_names_the_oldest_revision_kept():
+    """The history is trimmed by batches (past history + 16 changes here), down to the last
+    `history` changes or a few more: a revision is kept whole."""
     h, s = made(history=4)
-    for i in range(3):
-        h.ok(s, "m", "put", "k", i)
-    h.ok(s, "m", "txn", [], [["put", "a", 1], ["put", "b", 1]])   # revision 4, 2 events
-    assert [e["revision"] for e in read(h, "watch", "", 1)["events"]] == [2, 3, 4, 4]
-    h.ok(s, "m", "put", "c", 1)                                # revision 5
+    for i in range(17):
+        h.ok(s, "m", "put", "k", i)                            # revisions 1-17
+    assert len(read(h, "watch", "", 0)["events"]) == 17        # nothing dropped yet
+    h.ok(s, "m", "txn", [], [["put", f"t{i}", i] for i in range(5)])   # 18: 5 changes
     with pytest.raises(KernelError) as old:
-        read(h, "watch", "", 1)
+        read(h, "watch", "", 16)
     assert old.value.error.type == "Compacted"
-    assert "changes after revision 2" in old.value.error.message
-    assert [e["revision"] for e in read(h, "watch", "", 2)["events"]] == [3, 4, 4, 5]
+    assert "changes after revision 17" in old.value.error.message
+    w = read(h, "watch", "", 17)
+    assert [e["revision"] for e in w["events"]] == [18] * 5    # 5 > 4: the revision whole
     h.fails(s, "m", "watch", "", 0, type="Compacted")
 
 
@@ -392,3 +394,56 @@ def test_an_entry_announcing_too_many_topics_counts_as_changing_everything():
     assert h.kernel.topics == {"m": None}
     e = h.fails(s, "m", "touch", 1, 5, type="TypeError")
     assert "a changed topic must be a str" in e.message
+
+
+# ============================================================================ answers and calls stay bounded
+
+def test_pages_and_watch_answers_stop_past_their_byte_budget():
+    h, s = made(max_value_bytes=100_000)
+    for i in range(8):
+        h.ok(s, "m", "put", f"big/{i}", "x" * 90_000)
+    page = read(h, "items", "big/", 100)
+    assert [i["key"] for i in page["items"]] == ["big/0", "big/1", "big/2"] and page["more"]
+    rest = read(h, "items", "big/", 100, "big/2")
+    assert rest["items"][0]["key"] == "big/3"
+    w = read(h, "watch", "big/", 0)
+    assert [e["revision"] for e in w["events"]] == [1, 2, 3] and w["revision"] == 3
+    assert [e["revision"] for e in read(h, "watch", "big/", 3)["events"]] == [4, 5, 6]
+
+
+def test_a_transaction_over_its_byte_budget_is_refused_whole():
+    h, s = made(max_value_bytes=300_000)
+    h.ok(s, "m", "put", "a", "x" * 300_000)
+    e = h.fails(s, "m", "txn", [], [["put", "b", "y" * 300_000], ["put", "c", "z" * 250_000]])
+    assert "over 524288 bytes" in e.message
+    e = h.fails(s, "m", "txn", [], [["get", "a"], ["put", "b", "y" * 250_000]])
+    assert "those its gets return" in e.message                # what it would answer counts
+    assert read(h, "keys")["keys"] == ["a"] and read(h, "revision") == 1
+
+
+def test_a_session_holds_at_most_1000_ephemeral_entries_and_its_end_deletes_them_all():
+    h, s = made()
+    a = h.open_session()
+    for i in range(1000):
+        h.ok(a, "m", "put", f"e/{i:04d}", i, True)
+    h.ok(a, "m", "put", "e/0000", "again", True)               # already its own: no room
+    e = h.fails(a, "m", "put", "e/x", 1, True, type="ValueError")
+    assert "more than 1000 ephemeral entries" in e.message
+    e = h.fails(a, "m", "txn", [], [["put", "e/y", 1, True]])
+    assert "more than 1000 ephemeral entries" in e.message
+    h.ok(a, "m", "put", "plain", 1)                            # a permanent one: no limit
+    rev = read(h, "revision")
+    h.end("expire", a)                                         # one call, within budget
+    assert read(h, "keys")["keys"] == ["plain"] and read(h, "revision") == rev + 1000
+    assert h.kernel.topics == {"m": [f"e/{i:04d}" for i in range(1000)]}
+
+
+def test_a_watch_scans_the_whole_history_within_the_step_budget():
+    h, s = made(history=20_000)
+    h.ok(s, "m", "put", "wanted", 0)
+    for i in range(3000):
+        h.ok(s, "m", "txn", [], [["put", f"k{j}", i] for j in range(4)])
+    got = read(h, "watch", "wanted", 0)                        # 12,001 events scanned
+    assert [e["key"] for e in got["events"]] == ["wanted"] and got["revision"] == 3001
+    with pytest.raises(NotYet):
+        read(h, "watch", "nothing", 0)

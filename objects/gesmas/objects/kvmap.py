@@ -6,38 +6,42 @@ Guarantees
 - Keys are non-empty strings; values any plain value. Each key has a `version` (1 when made,
   +1 per put, gone with the key), a `create_revision` and a `mod_revision`. The map has one
   `revision`: +1 per change (a put, the delete of an existing key, a transaction that changed
-  something, the end of a session that held ephemeral keys); the changes of one transaction
-  or one session end share a revision (etcd's mod revision).
+  something: its changes share one revision, etcd's mod revision).
 - put(key, value, ephemeral=False) -> {"revision", "version"}; delete(key) -> bool;
   get(key, default=None) -> the value; entry(key) -> {"value", "version", "create_revision",
   "mod_revision", "ephemeral"} or None; revision(); size().
 - items(prefix="", limit=100, start_after="") / keys(...): in key order, at most `limit`,
   those after `start_after` (the last key of the previous page): {"items"|"keys", "more",
-  "revision"}. Ordered by a kept sorted list: O(log n + limit) a page, no scan of the map.
+  "revision"}; a page also ends past 256 KiB of keys and values. Ordered by a kept sorted
+  list: O(log n + limit) a page, no scan of the map.
 - cas(key, expect_version, value) -> bool: put if the key's version is `expect_version`
   (0: the key must not exist).
 - txn(compares, success, failure=()) -> {"succeeded", "revision", "results"}: if every compare
   holds the success operations run, else the failure ones; one log entry, atomic: a request
-  that is invalid anywhere (a bad operation, a size or key limit) changes nothing. A compare is
+  that is invalid anywhere (a bad operation, a size or key limit, over 512 KiB of keys and
+  values, those its gets return included) changes nothing. At most 128 compares and 128
+  operations in each branch. A compare is
   [key, target, op, operand]: target "value", "version", "create_revision", "mod_revision"
   or "exists"; op one of == != < > <= >= ("exists": == or != with a bool). A missing key has
   version and revisions 0, and every comparison of its value fails. An operation is
   ["put", key, value] (["put", key, value, True]: ephemeral), ["delete", key] or ["get", key].
 - Ephemeral entries belong to the session that last put them: when it ends (expired or closed)
-  they are deleted, all at one revision. A later plain put makes such an entry permanent.
+  they are deleted, a revision each (so that a watch answer may end between them). A later
+  plain put makes such an entry permanent. A session holds at most 1,000 in one map.
 - watch(prefix, after_revision, limit=1000) -> {"revision", "events"}: the changes after
   `after_revision` to keys under `prefix`, oldest first, each {"revision", "type" ("put" or
   "delete"), "key", "value", "version"}; waits while there is none. Watch again from the
   returned "revision": no change is missed and none is seen twice. Served as a reader: the
   wait is the replica's own, nothing of it goes through the log, and a change wakes only
-  the watches of prefixes of its key (NotYet(prefix), Context.changed). A truncated answer
-  stops at
-  a revision's end. The last `history` changes are kept: a revision older than that raises
-  Compacted, naming the oldest revision a watch may start after (read the state, then watch
-  from its revision).
-- Limits (constructor): max_keys, max_key_bytes (UTF-8), max_value_bytes (strings in UTF-8,
-  bytes as they are, 8 per other item), history. A map's state counts in its owner's
-  state_bytes quota like every object's.
+  the watches of prefixes of its key (NotYet(prefix), Context.changed). An answer ends at a
+  revision's end past `limit` events or 256 KiB. The last `history` changes are kept (a
+  few more: they are dropped by batches, a revision whole): a revision older than that
+  raises Compacted, naming the oldest revision a watch may start after (read the state,
+  then watch from its revision). A watch scans the changes after its revision (about 4 us
+  each, on the replica's apply lock): keep `history` as small as the watchers allow.
+- Limits (constructor): max_keys (<= 10^7), max_key_bytes (UTF-8, <= 4096), max_value_bytes
+  (strings in UTF-8, bytes as they are, 8 per other item; <= 512 KiB), history (<= 20,000).
+  A map's state counts in its owner's state_bytes quota like every object's.
 """
 from typing import TYPE_CHECKING
 import bisect
@@ -48,6 +52,14 @@ if TYPE_CHECKING:
 _TARGETS = ("value", "version", "create_revision", "mod_revision", "exists")
 _OPS = ("==", "!=", "<", ">", "<=", ">=")
 _MAX_TXN_OPS = 128                        # etcd's default for --max-txn-ops
+# Bounds that keep every answer under the kernel's 1 MiB result limit and every call within
+# its step budget: a page or a watch answer stops past _PAGE_BYTES of keys and values (it
+# has at least one item or revision); a transaction's keys, values and the values its gets
+# return stay under _TXN_BYTES (so its revision fits in one watch answer); a session holds
+# at most _MAX_EPHEMERAL ephemeral entries in one map (its end deletes them in one call).
+_PAGE_BYTES = 256 * 1024
+_TXN_BYTES = 512 * 1024
+_MAX_EPHEMERAL = 1000
 
 
 class Compacted(LookupError):
@@ -62,20 +74,21 @@ class Map:
     def __init__(self, max_keys=100_000, max_key_bytes=1024, max_value_bytes=256 * 1024,
                  history=1000):
         for name, v, top in (("max_keys", max_keys, 10_000_000),
-                             ("max_key_bytes", max_key_bytes, 65_536),
-                             ("max_value_bytes", max_value_bytes, 1 << 20),
-                             ("history", history, 1_000_000)):
+                             ("max_key_bytes", max_key_bytes, 4096),
+                             ("max_value_bytes", max_value_bytes, _TXN_BYTES),
+                             ("history", history, 20_000)):
             if type(v) is not int or not 1 <= v <= top:
                 raise ValueError(f"{name} must be an int from 1 to {top}, not {v!r}")
         self.max_keys = max_keys
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
         self.history = history
-        self._data = {}          # key -> [value, version, create_rev, mod_rev, session or None]
+        # key -> [value, version, create_rev, mod_rev, session or None, size of key and value]
+        self._data = {}
         self._sorted = []        # the keys, sorted (pages of items/keys)
         self._owned = {}         # session -> {key: None}: its ephemeral keys
         self._rev = 0
-        self._events = []        # [rev, type, key, value, version], oldest first
+        self._events = []        # [rev, type, key, value, version, size], oldest first
         self._event_revs = []    # their revisions (bisect)
         self._floor = 0          # changes after this revision are kept
         self._changed = Semaphore(0)      # watches through the log wait here
@@ -100,7 +113,7 @@ class Map:
         return len(self._data)
 
     def items(self, prefix="", limit=100, start_after=""):
-        keys, more = self._page(prefix, limit, start_after)
+        keys, more = self._page(prefix, limit, start_after, True)
         out = []
         for k in keys:
             e = self._data[k]
@@ -108,7 +121,7 @@ class Map:
         return {"items": out, "more": more, "revision": self._rev}
 
     def keys(self, prefix="", limit=100, start_after=""):
-        keys, more = self._page(prefix, limit, start_after)
+        keys, more = self._page(prefix, limit, start_after, False)
         return {"keys": keys, "more": more, "revision": self._rev}
 
     def watch(self, prefix="", after_revision=0, limit=1000):
@@ -134,12 +147,15 @@ class Map:
 
     def put(self, key, value, ephemeral=False):
         key = self._key(key)
-        self._value(value)
+        size = len(key) + self._value(value)
         if key not in self._data and len(self._data) >= self.max_keys:
             self._full()
-        owner = self._session() if ephemeral else None
+        owner = None
+        if ephemeral:
+            owner = self._session()
+            self._ephemeral_room(owner, [key])
         self._rev += 1
-        version = self._put(key, value, owner)
+        version = self._put(key, value, owner, size)
         self._wake()
         return {"revision": self._rev, "version": version}
 
@@ -157,14 +173,14 @@ class Map:
         if type(expect_version) is not int or expect_version < 0:
             raise ValueError(f"expect_version must be an int >= 0 (0: the key must not "
                              f"exist), not {expect_version!r}")
-        self._value(value)
+        size = len(key) + self._value(value)
         e = self._data.get(key)
         if (0 if e is None else e[1]) != expect_version:
             return False
         if e is None and len(self._data) >= self.max_keys:
             self._full()
         self._rev += 1
-        self._put(key, value, None)
+        self._put(key, value, None, size)
         self._wake()
         return True
 
@@ -179,7 +195,7 @@ class Map:
                 held = False
                 break
         ops = success if held else failure
-        self._room(ops)
+        self._room(ops)                   # all checks before the first change
         changes = False
         for op in ops:
             if op[0] != "get":
@@ -193,7 +209,7 @@ class Map:
                 results.append(self.entry(key))
             elif kind == "put":
                 owner = self._session() if op[3] else None
-                results.append({"version": self._put(key, op[2], owner)})
+                results.append({"version": self._put(key, op[2], owner, op[4])})
             elif key in self._data:
                 self._delete(key)
                 results.append({"deleted": True})
@@ -205,23 +221,24 @@ class Map:
 
     # -- the entries ---------------------------------------------------------------------------
 
-    def _put(self, key, value, owner):
+    def _put(self, key, value, owner, size):
         e = self._data.get(key)
         if e is None:
-            e = [value, 1, self._rev, self._rev, None]
+            e = [value, 1, self._rev, self._rev, None, size]
             self._data[key] = e
             bisect.insort(self._sorted, key)
         else:
             e[0] = value
             e[1] += 1
             e[3] = self._rev
+            e[5] = size
         if e[4] != owner:
             if e[4] is not None:
                 self._disown(e[4], key)
             if owner is not None:
                 self._owned.setdefault(owner, {})[key] = None
             e[4] = owner
-        self._event("put", key, value, e[1])
+        self._event("put", key, value, e[1], size)
         return e[1]
 
     def _delete(self, key):
@@ -230,7 +247,7 @@ class Map:
         del self._sorted[i]
         if e[4] is not None:
             self._disown(e[4], key)
-        self._event("delete", key, None, 0)
+        self._event("delete", key, None, 0, len(key))
 
     def _disown(self, session, key):
         keys = self._owned.get(session)
@@ -243,23 +260,23 @@ class Map:
         keys = self._owned.pop(session, None)
         if not keys:
             return
-        self._rev += 1
-        for key in keys:                  # all at one revision, like etcd's lease revoke
+        for key in keys:                  # a revision each: a watch answer may end between
+            self._rev += 1
             self._delete(key)
         self._wake()
 
     # -- the history ---------------------------------------------------------------------------
 
-    def _event(self, kind, key, value, version):
+    def _event(self, kind, key, value, version, size):
         context().changed(key)            # waiting watches of other prefixes sleep on
-        self._events.append([self._rev, kind, key, value, version])
+        self._events.append([self._rev, kind, key, value, version, size])
         self._event_revs.append(self._rev)
         over = len(self._events) - self.history
-        if over > 0:
+        if over > max(16, self.history // 8):    # trimmed by batches: O(1) a change
             revs = self._event_revs
-            while over < len(revs) and revs[over] == revs[over - 1]:
-                over += 1                 # a revision is kept whole or not at all
-            if over < len(revs):
+            while over > 0 and revs[over] == revs[over - 1]:
+                over -= 1                 # a revision is kept whole
+            if over > 0:
                 self._floor = revs[over - 1]
                 del self._events[:over]
                 del self._event_revs[:over]
@@ -272,14 +289,17 @@ class Map:
         i = bisect.bisect_right(self._event_revs, after)
         n = len(events)
         last = self._rev
+        size = 0
         while i < n:
             ev = events[i]
-            if len(out) >= limit and ev[0] != out[-1]["revision"]:
+            if out and (len(out) >= limit or size > _PAGE_BYTES) and \
+                    ev[0] != out[-1]["revision"]:
                 last = out[-1]["revision"]
                 break
             if ev[2].startswith(prefix):
                 out.append({"revision": ev[0], "type": ev[1], "key": ev[2], "value": ev[3],
                             "version": ev[4]})
+                size += ev[5]
             i += 1
         return out, last
 
@@ -312,7 +332,7 @@ class Map:
             raise ValueError(f"limit must be an int from 1 to {top}, not {limit!r:.60}")
 
     def _value(self, value):
-        """Refuse a value over max_value_bytes; the walk stops once it is over."""
+        """The value's size; refused over max_value_bytes (the walk stops there)."""
         top = self.max_value_bytes
         size = 0
         todo = [value]
@@ -334,11 +354,22 @@ class Map:
             if size > top:
                 raise ValueError(f"the value is larger than this map's max_value_bytes "
                                  f"({top})")
+        return size
 
     def _full(self):
         raise ValueError(f"the map is full: it holds max_keys ({self.max_keys}) keys")
 
-    def _page(self, prefix, limit, start_after):
+    def _ephemeral_room(self, me, keys):
+        mine = self._owned.get(me, {})
+        new = len(mine)
+        for k in keys:
+            if k not in mine:
+                new += 1
+        if new > _MAX_EPHEMERAL:
+            raise ValueError(f"this session would hold more than {_MAX_EPHEMERAL} ephemeral "
+                             "entries in this map")
+
+    def _page(self, prefix, limit, start_after, sized):
         self._prefix(prefix)
         self._limit(limit, 10_000)
         if type(start_after) is not str:
@@ -348,10 +379,12 @@ class Map:
         if start_after >= prefix:
             i = bisect.bisect_right(keys, start_after)
         out = []
+        size = 0
         while i < len(keys) and keys[i].startswith(prefix):
-            if len(out) == limit:
+            if len(out) == limit or size > _PAGE_BYTES:
                 return out, True
             out.append(keys[i])
+            size += self._data[keys[i]][5] if sized else len(keys[i])
             i += 1
         return out, False
 
@@ -377,28 +410,47 @@ class Map:
                                  f"{op!r:.80}")
             key = self._key(op[1])
             if op[0] == "put":
-                self._value(op[2])
+                size = len(key) + self._value(op[2])
                 ephemeral = op[3] if len(op) == 4 else False
                 if type(ephemeral) is not bool:
                     raise TypeError(f"{what}: a put's fourth item (ephemeral) must be a bool")
                 if ephemeral:
                     self._session()
-                out.append(["put", key, op[2], ephemeral])
+                out.append(["put", key, op[2], ephemeral, size])
             else:
                 out.append([op[0], key])
         return out
 
     def _room(self, ops):
-        """Refuse a list of operations that would leave more than max_keys keys."""
-        there = {}
+        """Refuse operations that would leave more than max_keys keys, give a session too
+        many ephemeral entries, or change or return more than _TXN_BYTES."""
+        there = {}                        # key -> the size it will have, None: deleted
+        total = 0
+        ephemeral = []
         for op in ops:
-            if op[0] != "get":
-                there[op[1]] = op[0] == "put"
+            key = op[1]
+            if op[0] == "put":
+                there[key] = op[4]
+                total += op[4]
+                if op[3]:
+                    ephemeral.append(key)
+            elif op[0] == "delete":
+                there[key] = None
+                total += len(key)
+            elif key in there:
+                total += there[key] or 0
+            elif key in self._data:
+                total += self._data[key][5]
+        if total > _TXN_BYTES:
+            raise ValueError(f"the transaction's keys and values (those its gets return "
+                             f"included) are over {_TXN_BYTES} bytes")
+        if ephemeral:
+            self._ephemeral_room(self._session(), ephemeral)
         n = len(self._data)
         for key in there:
-            if there[key] and key not in self._data:
+            if there[key] is not None and key not in self._data:
                 n += 1
-            elif not there[key] and key in self._data:
+            elif there[key] is None and key in self._data:
                 n -= 1
         if n > self.max_keys:
             self._full()
