@@ -60,7 +60,7 @@ def test_every_call_through_the_client_and_reads_without_entries(cluster):
         with pytest.raises(ApplicationError) as bad:
             m.txn([["a", "colour", "==", 1]], [])
         assert "compare target" in str(bad.value)
-        for i in range(60):
+        for i in range(80):                                 # past history + 16: trimmed
             m.put("churn", i)
         with pytest.raises(Compacted) as old:               # also a LookupError
             m.watch("", 1)
