@@ -116,6 +116,12 @@ def test_the_cli(cluster, capsys):
     assert "VERSION must be an integer" in capsys.readouterr().err
     assert cli(["map", "cli-cfg", "txn", "--success", "{", *base]) == 2
     assert "--success: not valid JSON" in capsys.readouterr().err
+    assert cli(["map", "cli-cfg", "watch", "--count", "0", *base]) == 2
+    assert "--count must be at least 1" in capsys.readouterr().err
+    assert cli(["map", "cli-cfg", "items", "--limit", "-3", *base]) == 2
+    assert "--limit must be at least 1" in capsys.readouterr().err
+    assert cli(["map", "cli-cfg", "put", "", "1", *base]) == 1         # the server's refusal
+    assert "a key must be a non-empty str" in capsys.readouterr().err
 
 
 def test_an_ephemeral_entry_goes_when_its_client_dies(cluster):

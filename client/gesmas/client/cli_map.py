@@ -87,6 +87,8 @@ def run(m: Any, args: argparse.Namespace, parse_arg: Callable[[str], Any],
         print(dump(m.txn(*lists)))
     elif op == "watch":
         left = args.count
+        if left is not None and left < 1:
+            raise ValueError(f"--count must be at least 1, not {left}")
         for event in m.watch_iter(args.prefix, args.after):
             print(dump(event), flush=True)
             if left is not None:
