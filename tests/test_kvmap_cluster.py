@@ -1,7 +1,8 @@
-"""The standard Map against one real 3-process cluster (shared by the module): every call
-through the sync client, the asyncio client and the CLI; reads without log entries;
-ephemeral entries across a client's death (session expiry) and a leader's; a watch that
-waits through a leader failover and sees each change once."""
+"""The standard Map against one real 3-process cluster (shared by the module; it takes a
+checkpoint every 30 commands, at most one per 5 s): every call through the sync client, the
+asyncio client and the CLI; reads without log entries; ephemeral entries across a client's
+death (session expiry) and a leader's; watches that wait through a leader failover and
+through checkpoints and see each change once."""
 from __future__ import annotations
 
 import asyncio
@@ -11,15 +12,39 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
 from gesmas.client import ApplicationError, Client, Compacted, Timeout
 from gesmas.client.cli import main as cli
+from gesmas.server.cluster import LocalCluster
+
+try:
+    from tests.test_metrics import scrape, value
+except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
+    from test_metrics import scrape, value
 
 pytestmark = pytest.mark.cluster
 
 WORKER = os.path.join(os.path.dirname(__file__), "cluster_worker.py")
+CHECKPOINT_EVERY = 30
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(nodes=3, fsync=True, metrics=True,
+                     env={"GESMAS_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY)})
+    try:
+        c.start(timeout=90)
+        yield c
+    finally:
+        c.stop()
+
+
+def checkpoints(cluster) -> list[float]:
+    """Each replica's last checkpoint index (its metrics)."""
+    return [value(scrape(m.metrics_addr), "gesmas_checkpoint_index") for m in cluster.members]
 
 
 def leader_commit(cluster) -> int:
@@ -233,3 +258,44 @@ def test_the_recipes_of_the_example(cluster):
         assert seen == [{"level": "info"}, {"level": "debug"},
                         {"level": "debug", "workers": 4}]
         assert a.map("flags").get("dark") == 6     # no increment lost
+
+
+def test_watches_waiting_through_checkpoints_see_each_change_once(cluster):
+    """Watchers wait on every replica (sequential reads, each its own replica) while other
+    keys change past a checkpoint on every replica; then each sees the changes under its
+    prefix, once, in order, and watching on from its answer misses nothing."""
+    with Client(cluster.addresses) as w:
+        m = w.map("ck")
+        start = m.put("ck/0", 0)["revision"]
+        got: dict[int, list] = {}
+        failed: list = []
+
+        def watch(i: int) -> None:
+            try:
+                with Client(cluster.members[i].client_addr, route="replica",
+                            consistency="sequential") as c:
+                    events = []
+                    for event in c.map("ck").watch_iter("ck/", start, timeout=60):
+                        events.append((event["key"], event["revision"]))
+                        if len(events) == 3:
+                            break
+                    got[i] = events
+            except BaseException as e:          # shown by the assertion below
+                failed.append(e)
+        watchers = [threading.Thread(target=watch, args=(i,)) for i in range(3)]
+        for t in watchers:
+            t.start()
+        before = max(checkpoints(cluster))
+        for i in range(CHECKPOINT_EVERY + 5):
+            m.put(f"other/{i}", i)
+        deadline = time.monotonic() + 30          # the leader proposes one within 5 s
+        while min(checkpoints(cluster)) <= before:
+            assert time.monotonic() < deadline, checkpoints(cluster)
+            time.sleep(0.1)
+        r1 = m.put("ck/1", 1)["revision"]
+        r2 = m.txn([], [["put", "ck/2", 2], ["delete", "ck/0"]])["revision"]
+        for t in watchers:
+            t.join(60)
+        assert not failed, failed
+        want = [("ck/1", r1), ("ck/2", r2), ("ck/0", r2)]
+        assert got == {0: want, 1: want, 2: want}
