@@ -58,9 +58,8 @@ class MapModel(Model):
             compares, success, failure = input
             held = all(_holds(data, c) for c in compares)
             ops = success if held else failure
-            if any(op[0] != "get" for op in ops):
-                rev += 1
             results: list[Any] = []
+            changed = False                # a revision only if something changes
             for op in ops:
                 key = op[1]
                 if op[0] == "get":
@@ -68,10 +67,16 @@ class MapModel(Model):
                     results.append(None if e is None else {
                         "value": e[0], "version": e[1], "create_revision": e[2],
                         "mod_revision": e[3], "ephemeral": False})
-                elif op[0] == "put":
+                    continue
+                if op[0] == "delete" and key not in data:
+                    results.append({"deleted": False})
+                    continue
+                if not changed:
+                    rev, changed = rev + 1, True
+                if op[0] == "put":
                     results.append({"version": _put(data, rev, key, op[2])})
                 else:
-                    results.append({"deleted": data.pop(key, None) is not None})
+                    results.append({"deleted": data.pop(key) is not None})
             want = _freeze({"succeeded": held, "revision": rev, "results": results})
             return (unk or output == want), _state(rev, data)
         raise _bad_kind(self, kind)

@@ -95,6 +95,8 @@ def test_txn_runs_one_branch_atomically_at_one_revision():
     assert read(h, "keys")["keys"] == ["b", "failed"]
     r = h.ok(s, "m", "txn", [], [["get", "b"]])              # reads only: no revision
     assert r["succeeded"] is True and r["revision"] == 3
+    r = h.ok(s, "m", "txn", [], [["delete", "zz"], ["get", "b"]])   # nothing deleted: none
+    assert r["revision"] == 3 and r["results"][0] == {"deleted": False}
 
 
 def test_txn_compares_on_a_missing_key():

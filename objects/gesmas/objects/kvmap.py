@@ -196,26 +196,26 @@ class Map:
                 break
         ops = success if held else failure
         self._room(ops)                   # all checks before the first change
-        changes = False
-        for op in ops:
-            if op[0] != "get":
-                changes = True
-        if changes:
-            self._rev += 1
+        changed = False                   # the first change takes the new revision
         results = []
         for op in ops:
             kind, key = op[0], op[1]
             if kind == "get":
                 results.append(self.entry(key))
-            elif kind == "put":
+                continue
+            if kind == "delete" and key not in self._data:
+                results.append({"deleted": False})
+                continue
+            if not changed:
+                self._rev += 1
+                changed = True
+            if kind == "put":
                 owner = self._session() if op[3] else None
                 results.append({"version": self._put(key, op[2], owner, op[4])})
-            elif key in self._data:
+            else:
                 self._delete(key)
                 results.append({"deleted": True})
-            else:
-                results.append({"deleted": False})
-        if changes:
+        if changed:
             self._wake()
         return {"succeeded": held, "revision": self._rev, "results": results}
 
