@@ -307,3 +307,47 @@ def test_watches_waiting_through_checkpoints_see_each_change_once(cluster):
         assert not failed, failed
         want = [("ck/1", r1), ("ck/2", r2), ("ck/0", r2)]
         assert got == {0: want, 1: want, 2: want}
+
+
+def test_a_put_wakes_only_the_watches_of_its_key(cluster):
+    """Ten watches of ten keys and one of their common prefix wait on one replica (its
+    metrics count them, and each waiting read it wakes): a put wakes the watch of its key
+    and the prefix's, a put elsewhere in the map wakes none."""
+    m0 = cluster.members[0]
+
+    def metric(name: str) -> float:
+        return value(scrape(m0.metrics_addr), name)
+
+    def until(name: str, want: float) -> None:
+        deadline = time.monotonic() + 30
+        while metric(name) != want:
+            assert time.monotonic() < deadline, (name, metric(name), want)
+            time.sleep(0.02)
+
+    with Client(cluster.addresses) as w, \
+            Client(m0.client_addr, route="replica", consistency="sequential") as r:
+        m = w.map("wakes")
+        start = m.put("seed", 0)["revision"]
+        watched = r.map("wakes")
+        got: dict[str, list] = {}
+
+        def watch(prefix: str) -> None:
+            answer = watched.watch(prefix, start, timeout=60)
+            got[prefix] = [e["key"] for e in answer["events"]]
+        prefixes = [f"w/{i:03d}" for i in range(10)] + ["w/"]
+        threads = [threading.Thread(target=watch, args=(p,)) for p in prefixes]
+        for t in threads:
+            t.start()
+        until("gesmas_waiting_readers", 11)
+        wakes = metric("gesmas_reader_wakes_total")
+        m.put("w/003", 1)                       # its watch and the prefix's
+        until("gesmas_waiting_readers", 9)
+        m.put("x/1", 1)                         # none
+        m.put("w/005", 1)                       # its watch only
+        until("gesmas_waiting_readers", 8)
+        assert metric("gesmas_reader_wakes_total") - wakes == 3
+        assert got == {"w/003": ["w/003"], "w/": ["w/003"], "w/005": ["w/005"]}
+        m.txn([], [["put", p, 2] for p in prefixes[:10]])   # the rest answer
+        for t in threads:
+            t.join(60)
+        assert len(got) == 11
