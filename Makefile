@@ -2,11 +2,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# `make run` ports: node i serves clients on PORT+i, Raft on RAFT_PORT+i (default PORT+100+i)
+# and, when METRICS_PORT is given, metrics on METRICS_PORT+i (e.g. make run PORT=7000).
+PORT ?= 7100
+RAFT_PORT ?=
+METRICS_PORT ?=
 
 .PHONY: run test bench protos clean
 
 run: $(VENV)/.installed
-	$(PY) -m gesmas.server.demo
+	$(PY) -m gesmas.server.demo --base-port $(PORT) $(if $(RAFT_PORT),--raft-port $(RAFT_PORT)) \
+		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 test: $(VENV)/.installed
 	@# the status page is tested in a real headless browser (Debian's chromium)

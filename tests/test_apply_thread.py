@@ -63,3 +63,105 @@ def test_a_slow_entry_holds_up_the_entries_behind_it_but_not_raft(cluster):
     assert leader.is_leader()
     assert [r._raft.raftCurrentTerm for r in cluster.replicas] == [term] * 3
     assert SlowSM.threads and all(t.startswith("gesmas-apply-") for t in SlowSM.threads)
+
+
+# -- ApplyThread on its own (apply_thread.py): no Raft, no cluster ------------------------------
+
+from gesmas.server.replication.apply_thread import ApplyThread      # noqa: E402
+from gesmas.server.replication.types import ReplicaStopped          # noqa: E402
+
+
+class Gate:
+    """An apply callback that records the entries and can hold one until released."""
+
+    def __init__(self, hold=None):
+        self.applied, self.hold = [], hold
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, index, data):
+        if index == self.hold:
+            self.entered.set()
+            assert self.release.wait(10)
+        self.applied.append((index, data))
+
+
+def test_entries_are_applied_in_order_and_jobs_go_ahead_of_them():
+    gate = Gate(hold=1)
+    t = ApplyThread("t", gate, lambda: None)
+    try:
+        for i in range(1, 4):
+            t.put(i, b"e%d" % i)
+        assert gate.entered.wait(10) and t.busy()
+        assert t.last_done_if_behind() == 0
+        ran = []
+        caller = threading.Thread(target=lambda: ran.append(t.call(lambda: list(gate.applied))))
+        caller.start()
+        gate.release.set()
+        caller.join(10)
+        assert ran == [[(1, b"e1")]]          # after the entry being applied, before 2 and 3
+        assert t.wait_idle(10)
+        assert gate.applied == [(1, b"e1"), (2, b"e2"), (3, b"e3")]
+        assert not t.busy() and t.last_done_if_behind() is None
+        assert t.call(lambda: t.on_thread()) is True
+    finally:
+        t.stop(5)
+
+
+def test_supersede_drops_queued_entries_but_keeps_jobs_and_counts():
+    gate = Gate(hold=1)
+    t = ApplyThread("t", gate, lambda: None)
+    try:
+        t.put(1, b"old1")
+        assert gate.entered.wait(10)
+        t.put(2, b"old2")
+        t.put(3, b"old3")
+        ran = []
+        caller = threading.Thread(target=lambda: ran.append(t.call(lambda: "job")))
+        caller.start()
+        while not t._q or t._q[0][1] != -1:          # the job is queued ahead of 2 and 3
+            time.sleep(0.001)
+        t.supersede()                                # a snapshot replaced the state
+        t.put(4, b"new4")
+        gate.release.set()
+        caller.join(10)
+        assert ran == ["job"]                        # an earlier version lost it
+        assert t.wait_idle(10)
+        assert gate.applied == [(1, b"old1"), (4, b"new4")]
+        assert t.inflight == 0 and not t.busy()
+    finally:
+        t.stop(5)
+
+
+def test_stop_releases_a_caller_and_refuses_new_jobs():
+    gate = Gate(hold=1)
+    t = ApplyThread("t", gate, lambda: None)
+    t.put(1, b"x")
+    assert gate.entered.wait(10)
+    errors = []
+
+    def call():
+        try:
+            t.call(lambda: None)
+        except ReplicaStopped as e:
+            errors.append(e)
+    caller = threading.Thread(target=call)
+    caller.start()
+    stopper = threading.Thread(target=t.stop, args=(5,))
+    stopper.start()
+    caller.join(10)
+    gate.release.set()
+    stopper.join(10)
+    assert len(errors) == 1 and not caller.is_alive()
+    with pytest.raises(ReplicaStopped):
+        t.call(lambda: None)
+
+
+def test_idle_runs_once_the_queue_is_empty():
+    idle = threading.Event()
+    seen = []
+    t = ApplyThread("t", lambda i, d: seen.append(i), idle.set)
+    try:
+        t.put(1, b"a")
+        assert idle.wait(10) and seen == [1]
+    finally:
+        t.stop(5)

@@ -97,6 +97,18 @@ def report(fault: str, history: list, verdicts: dict[str, Any], recovery: list[f
 
 # --- load helpers ------------------------------------------------------------------------------
 
+def session_violations(seen: list) -> list[str]:
+    """What `Load.session_reader` saw that sequential consistency forbids."""
+    bad, last = [], 0
+    for wrote, read in seen:
+        if read < wrote:
+            bad.append(f"read {read} after its own write gave {wrote}")
+        if read < last:
+            bad.append(f"read {read} after an earlier read of {last}")
+        last = max(last, read)
+    return bad
+
+
 def rotated(cluster: LocalCluster, i: int) -> list[str]:
     """The cluster's client addresses, member i first (the client's preferred replica)."""
     addrs = [m.client_addr for m in cluster.members]
@@ -220,6 +232,26 @@ class Load:
                 inp = ([[k, "version", ">", 0]], [["put", k2, v], ["get", k]], [["put", k, v]])
                 self.call(c, key, "txn", inp, lambda: m.txn(*inp))
         self.loop(f"mapper-{tag}", max_ops, max_seconds, step)
+
+    def session_reader(self, c: Client, key: str, tag: str, max_ops: int,
+                       max_seconds: float, seen: list) -> None:
+        """Counter.add then Counter.get, alternately, by a client whose reads are sequential
+        (README "Reads"): not linearizable, so not in the history (give it a counter of its
+        own, whose every add is its own); `seen` gets, per step, the
+        value the session's last acknowledged add returned and what the read gave, checked
+        by `session_violations` (never below the session's own write, never going back)."""
+        ctr = c.counter(key)
+        wrote = [0]
+
+        def step(n: int) -> None:
+            try:
+                if n % 2 == 0:
+                    wrote[0] = ctr.add(1, timeout=2.0)
+                else:
+                    seen.append((wrote[0], ctr.get(timeout=2.0)))
+            except (Timeout, Unavailable, SessionExpired, Aborted):
+                return        # refused or not answered in time: allowed, never a stale value
+        self.loop(f"session-reader-{tag}", max_ops, max_seconds, step)
 
     def locker(self, c: Client, key: str, tag: str, max_ops: int, max_seconds: float,
                fences: list | None = None) -> None:
@@ -556,6 +588,13 @@ def test_partition_isolating_the_leader():
             load.reader(load.client(li + i), "c4", f"r{i}", max_ops=600, max_seconds=20)
             load.mapper(load.client(li + i), "m4", f"m{i}", max_ops=300, max_seconds=20,
                         seed=10 + i)
+        # sequential reads through the replica about to be isolated (and through another)
+        seq_seen: list[list] = [[], []]
+        for j, seen in enumerate(seq_seen):
+            c = Client(rotated(cluster, li + j), retry_timeout=RETRY, session_ttl=10.0,
+                       route="replica", consistency="sequential")
+            load.clients.append(c)
+            load.session_reader(c, f"s{j}", f"s{j}", max_ops=600, max_seconds=20, seen=seen)
         time.sleep(1.5)
         with rawgrpc.channel(leader.client_addr) as ch:
             login = rawgrpc.metadata(ch)             # taken before: a login needs the log
@@ -598,6 +637,8 @@ def test_partition_isolating_the_leader():
                proxy_bytes_dropped={f"{a}-{b}": p.dropped for (a, b), p in
                                     cluster.proxies.items()})
         assert not load.errors, load.errors
+        for seen in seq_seen:
+            assert seen and not session_violations(seen), session_violations(seen)[:5]
         assert stepped_down is not None, "the isolated leader never stepped down"
         for key, v in verdicts.items():
             assert v.verdict == "ok", f"{key}: {v.explanation}\n{show(cluster)}"
@@ -612,7 +653,8 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
     n = 100
     # data in the pytest tmp dir, kept for a post-mortem (journals, snapshot, logs)
     cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"),
-                           env={"GESMAS_CHECKPOINT_EVERY": "500", "GESMAS_LOG": "INFO"})
+                           env={"GESMAS_CHECKPOINT_EVERY": "500", "GESMAS_LOG": "INFO",
+                                "GESMAS_SNAPSHOT_EVERY": "2000"})
     clients: list[Client] = []
     stop = threading.Event()
     try:
@@ -664,7 +706,7 @@ def test_snapshot_with_100_blocked_consumers_keeps_fifo_order(tmp_path):
             threads.append(t)
             _wait_waiters(admin, "q5", i + 1)
 
-        # Drive the log past pysyncobj's compaction threshold (10000 entries) so the victim
+        # Drive the log past the snapshot threshold (--snapshot-every 2000) so the victim
         # writes a snapshot: checkpoints (every 500 commands) interrupt and re-run the 100
         # waiters each time.
         snap = os.path.join(victim.data_dir, "snapshot.bin")

@@ -38,6 +38,14 @@ def test_flags_override_the_file_which_overrides_the_environment(tmp_path):
     assert cfg.peers == (("127.0.0.1:3", ""), ("127.0.0.1:4", ""))
     assert (cfg.checkpoint_every, cfg.fsync, cfg.secret, cfg.data_dir) == (
         7, False, "s4", "gesmas-data-1")
+    assert cfg.snapshot_every == 10_000
+    cfg = load(flags(["--id", "1", "--client-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:2",
+                      "--secret", "s", "--snapshot-every", "500"]),
+               {"GESMAS_SNAPSHOT_EVERY": "9000"})
+    assert cfg.snapshot_every == 500
+    assert load(flags(["--id", "1", "--client-addr", "127.0.0.1:1", "--raft-addr",
+                       "127.0.0.1:2", "--secret", "s"]),
+                {"GESMAS_SNAPSHOT_EVERY": "9000"}).snapshot_every == 9000
 
 
 def test_skip_entries_from_flags_and_config_file_reach_the_kernel(tmp_path):
@@ -70,6 +78,10 @@ def test_skip_entries_from_flags_and_config_file_reach_the_kernel(tmp_path):
       "tls_cert": "/nonexistent.pem", "tls_key": "/nonexistent.key"}, "no such file"),
     ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "secret": "s",
       "root_password_file": "/nonexistent"}, "root_password_file"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "secret": "s",
+      "snapshot_every": 5}, "snapshot_every must be at least 100, not 5"),
+    ({"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2", "secret": "s",
+      "snapshot_every": "often"}, "snapshot_every must be an integer"),
 ])
 def test_bad_configurations_are_refused_naming_the_setting(tmp_path, data, message):
     with pytest.raises(ConfigError, match=message):

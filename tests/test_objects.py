@@ -1087,6 +1087,28 @@ def test_election_observe_long_polls_for_a_change():
     err_of(h, o4, TIMEOUT)
 
 
+
+def test_election_watch_names_the_term_of_a_vacancy_and_waits_after_it():
+    h = OH()
+    h.make("LeaderElection", "e")
+    a, b, o = h.sessions(3)
+    first = h.ok(o, "e", "watch")                        # no term known: at once
+    assert first["leader"] is None
+    ra = h.ok(a, "e", "campaign", "A")
+    w1 = h.call(o, "e", "watch", first["term"])          # stale term: at once
+    assert h.value(w1) == {"term": ra["term"],
+                           "leader": {"session": a, "value": "A", "term": ra["term"]}}
+    w2 = h.call(o, "e", "watch", ra["term"])
+    assert h.waiting(w2)
+    h.ok(a, "e", "resign")                               # nobody waits: a vacancy
+    vacancy = h.value(w2)
+    assert vacancy["leader"] is None and vacancy["term"] > ra["term"]
+    w3 = h.call(o, "e", "watch", vacancy["term"])        # observe() could not wait here
+    assert h.waiting(w3)
+    rb = h.ok(b, "e", "campaign", "B")
+    assert h.value(w3) == {"term": rb["term"],
+                           "leader": {"session": b, "value": "B", "term": rb["term"]}}
+
 # ============================================================================ Counter
 
 def test_counter():
@@ -1160,6 +1182,7 @@ def test_counter_stays_within_int64():
     ("LeaderElection", [], "campaign", [1, 2]),
     ("LeaderElection", [], "resign", [1]),
     ("LeaderElection", [], "observe", [1, 2]),
+    ("LeaderElection", [], "watch", [1, 2]),
     ("Counter", [], "compare_and_set", [1, 2, 3]),
     ("Lock", [], "try_acquire", [1]),
     ("Queue", [], "try_consume", [1]),

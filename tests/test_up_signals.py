@@ -9,12 +9,15 @@ still there when the test ends, failed or not."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
@@ -82,17 +85,34 @@ class Up:
     ready: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
 
+    said: threading.Condition = field(default_factory=threading.Condition)
+
     def read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.lines.append(line)
+            with self.said:
+                self.lines.append(line)
+                self.said.notify_all()
             if line.startswith("starting "):
                 self.starting.set()
             if line.startswith("cluster ready"):
                 self.ready.set()
-        self.ended.set()
+        with self.said:
+            self.ended.set()
+            self.said.notify_all()
         self.starting.set()               # nothing more to wait for
         self.ready.set()
+
+    def wait_line(self, text: str) -> str:
+        """The first line of its output that contains `text`, once it has come."""
+        def found() -> str | None:
+            return next((line for line in self.lines if text in line), None)
+        with self.said:
+            self.said.wait_for(lambda: found() is not None or self.ended.is_set(),
+                               READY_WITHIN)
+            line = found()
+        assert line is not None, f"no line with {text!r}:\n{self.output}"
+        return line
 
     @property
     def output(self) -> str:
@@ -124,13 +144,13 @@ class Up:
 def start_up(tmp_path):
     started: list[Up] = []
 
-    def start() -> Up:
+    def start(*options: str, env: dict[str, str] | None = None) -> Up:
         data = tmp_path / f"up{len(started)}"
         proc = subprocess.Popen(
             [sys.executable, "-m", "gesmas.client.cli", "up", "--base-port", "0",
-             "--data-dir", str(data), "--unsafe-no-fsync"],
+             "--data-dir", str(data), "--unsafe-no-fsync", *options],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True)
+            text=True, start_new_session=True, env=dict(os.environ, **(env or {})))
         u = Up(proc)
         started.append(u)
         threading.Thread(target=u.read, daemon=True).start()
@@ -220,6 +240,78 @@ def test_sigterm_to_the_supervisor_alone_stops_the_nodes(start_up):
     u.assert_all_gone(known)
 
 
+def test_metrics_ports_and_a_node_stopped_on_purpose_stays_down(start_up):
+    """Each node serves metrics on a port of its own, printed at start, whatever
+    GESMAS_METRICS_ADDR says (it would make every node bind one port); a node stopped with
+    SIGTERM exits 0 and is left down, the others serve on."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        u = start_up("--metrics-port", "0", env={
+            "GESMAS_METRICS_ADDR": "127.0.0.1:%d" % taken.getsockname()[1]})
+        u.wait_ready()
+    u.wait_line("Ctrl-C stops every node")            # the addresses are printed before
+    assert "GESMAS_METRICS_ADDR is not passed to the nodes" in u.output
+    addrs = re.findall(r"metrics http://(\S+)/metrics", u.output)
+    assert len(set(addrs)) == 3, u.output
+    with urllib.request.urlopen(f"http://{addrs[1]}/metrics", timeout=30) as r:
+        assert "gesmas_raft_term" in r.read().decode()
+
+    nodes = u.nodes()
+    assert len(nodes) == 3
+    known = u.group()
+    os.kill(nodes[0], signal.SIGTERM)
+    line = u.wait_line("left down, as asked")
+    assert "stopped (exit status 0)" in line
+    assert not wait_gone([nodes[0]], STOPPED_WITHIN)
+    assert sorted(u.nodes()) == sorted(nodes[1:])       # decided: it is not restarted
+    os.killpg(u.proc.pid, signal.SIGINT)
+    u.assert_all_gone(known)
+
+
+def test_a_port_in_use_is_named(start_up):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        u = start_up("--raft-port", str(port - 2))
+        assert u.proc.wait(timeout=STOPPED_WITHIN) == 1
+    u.ended.wait(STOPPED_WITHIN)
+    assert f"port {port} (the Raft port of node 2) is in use on 127.0.0.1" in u.output
+    assert "cluster ready" not in u.output and not u.group()
+
+
+@pytest.mark.parametrize("nodes, base, raft, metrics, says", [
+    (3, 7100, None, None, None),
+    (3, 0, None, 0, None),
+    (3, 7100, 8000, 9000, None),
+    (3, 7100, 7102, None, "--raft-port 7102 and --base-port 7100: the nodes' ports would"),
+    (200, 7100, None, None, "(Raft: BASE+100+i) and --base-port 7100"),
+    (3, 65533, None, None, "BASE must be from 1 to 65532"),
+    (3, 0, None, -1, "--metrics-port -1: node i takes BASE+i"),
+    (3, 7100, None, 7201, "--metrics-port 7201 and --base-port 7100 (Raft"),
+])
+def test_port_bases_that_cannot_work_are_refused(nodes, base, raft, metrics, says):
+    problem = up.port_plan_problem(nodes, base, raft, metrics)
+    assert (problem is None) if says is None else (says in (problem or "")), problem
+
+
+def test_make_run_takes_its_ports_from_make_variables(capsys):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shown = subprocess.run(["make", "-n", "-s", "run", "PORT=7000", "RAFT_PORT=8000",
+                            "METRICS_PORT=9000"], cwd=root, capture_output=True, text=True,
+                           check=True).stdout
+    line = " ".join(shown.replace("\\\n", " ").split())
+    assert "-m gesmas.server.demo --base-port 7000 --raft-port 8000 --metrics-port 9000" \
+        in line, shown
+    from gesmas.server import demo                  # the demo refuses what cannot work
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--base-port", "7000", "--raft-port", "7002"])
+    assert e.value.code == 2
+    assert "--raft-port (RAFT_PORT) 7002 and --base-port (PORT) 7000" in \
+        capsys.readouterr().err
+
+
 # --- the supervisor's decisions, in process --------------------------------------------------
 
 class FakeProc:
@@ -277,6 +369,25 @@ def test_a_node_that_dies_alone_is_still_restarted(capsys):
     assert cluster.started == [2] and waits[0] == up.RESTART_PAUSE
     assert "node 2 exited with -9; the others keep serving; restarting" in \
         capsys.readouterr().err
+
+
+def test_a_node_that_exits_with_0_is_left_down(capsys):
+    cluster = FakeCluster([None, 0, None])
+    waits: list[float] = []
+
+    class Done(Exception):
+        pass
+
+    def wait(t: float) -> None:
+        waits.append(t)
+        if len(waits) > 3:
+            raise Done                     # a few rounds after the decision
+
+    with pytest.raises(Done):
+        up.supervise(cluster, poll=0.01, stop=lambda: False, wait=wait)
+    assert cluster.started == []
+    err = capsys.readouterr().err
+    assert err.count("node 2 stopped (exit status 0): left down, as asked") == 1, err
 
 
 @pytest.fixture

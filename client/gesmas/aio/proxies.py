@@ -194,6 +194,10 @@ class LeaderElectionProxy(ObjectProxy):
         """Wait until the leadership differs from ``known_term``; returns the new one."""
         return await self.invoke("observe", known_term, timeout=timeout)
 
+    async def watch(self, known_term: Any = None, timeout: float | None = None) -> Any:
+        """``observe`` that also names the term of a vacancy: {"term", "leader"}."""
+        return await self.invoke("watch", known_term, timeout=timeout)
+
 
 class MapProxy(ObjectProxy):
     """A Map, as the sync proxy's (gesmas.client.proxies.MapProxy): the reads take

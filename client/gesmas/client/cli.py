@@ -1,6 +1,7 @@
 """The ``gesmas`` command: call methods, upload classes, inspect and run a cluster.
 
-Client commands (call, upload, status, objects, classes, admin) talk to ``--cluster``;
+Client commands (call, upload, status, objects, classes, admin; lock, elect, delete in
+cli_hold.py; map in cli_map.py) talk to ``--cluster``;
 ``health`` asks one replica. Server
 commands (up, server) only parse their arguments here and hand the Namespace to
 ``gesmas.server.node``, imported when they run. Errors are one line on stderr:
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from gesmas.client import cli_auth, cli_map
+from gesmas.client import cli_auth, cli_hold, cli_map
 from gesmas.client.client import DEFAULT_CLUSTER, Client
 from gesmas.client.errors import GesmasError, NotFound
 from gesmas.client.security import TLS
@@ -124,7 +125,7 @@ def _dump(x: Any) -> str:
 # --- client commands ---------------------------------------------------------------------
 
 
-def _client(args: argparse.Namespace, session: bool = False) -> Client:
+def _client(args: argparse.Namespace, session: bool = False, **options: Any) -> Client:
     tls: Any = None
     if args.tls_ca or args.tls_cert or args.tls_key:
         tls = TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
@@ -143,7 +144,7 @@ def _client(args: argparse.Namespace, session: bool = False) -> Client:
     try:
         return Client(args.cluster, retry_timeout=args.retry_timeout, connect=session, tls=tls,
                       user=user, password=password,
-                      consistency=args.consistency or "linearizable")
+                      consistency=args.consistency or "linearizable", **options)
     except ValueError as e:  # a malformed --cluster
         raise UsageError(f"--cluster: {e}") from None
 
@@ -506,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_remove_node)
 
     cli_auth.add_commands(sub, common, _Parser, cmd_auth_op)
+    cli_hold.add_commands(sub, common, _client, UsageError, seconds)
     cli_map.add_commands(sub, common, _Parser, cmd_map)
 
     p = sub.add_parser("certs", help="make a throw-away CA and certificates",
@@ -529,8 +531,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start NODES server processes on 127.0.0.1 and wait.")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default %(default)s)")
     p.add_argument("--base-port", type=int, default=7100,
-                   help="node i (1..NODES) serves clients on BASE+i and Raft on BASE+100+i "
+                   help="node i (1..NODES) serves clients on BASE+i (Raft: BASE+100+i, or see "
+                        "--raft-port) "
                         "(default %(default)s; 0: free ports the OS picks, printed at start)")
+    p.add_argument("--raft-port", type=int, metavar="BASE",
+                   help="node i talks Raft on BASE+i (default: --base-port + 100; 0: free)")
+    p.add_argument("--metrics-port", type=int, metavar="BASE",
+                   help="node i serves Prometheus metrics and its status page over HTTP on "
+                        "BASE+i (0: free ports; printed at start; default: none)")
     p.add_argument("--data-dir", metavar="DIR", help="where the nodes keep their data")
     p.add_argument("--unsafe-no-fsync", action="store_true",
                    help="do not fsync the journal (fast, loses data on power failure)")
@@ -580,6 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "it, a replica that starts empty is taken to have lost its disk and "
                         "does not vote until it has caught up (README 'A replica that lost its "
                         "disk'; env GESMAS_NEW_CLUSTER)")
+    p.add_argument("--snapshot-every", type=int, metavar="ENTRIES",
+                   help="log entries between two snapshots, after which the log before the "
+                        "snapshot is dropped (default 10000, at least 100; etcd's "
+                        "--snapshot-count; env GESMAS_SNAPSHOT_EVERY)")
     p.add_argument("--runaway-limit", type=float, metavar="SECONDS",
                    help="CPU seconds one log entry may burn on the apply thread before the "
                         "watchdog kills this replica and the cluster aborts the entry "
@@ -597,11 +609,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupt)."""
     parser = build_parser()
+    own, cmd = cli_hold.split_command(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            args = parser.parse_args(argv)
+            args = parser.parse_args(own)
         except SystemExit as e:  # --help
             return e.code if isinstance(e.code, int) else 0
+        if cmd is not None:
+            args.cmd = cmd              # lock, elect: the command after --
         func: Callable[[argparse.Namespace], int] = args.func
         status = func(args)
         sys.stdout.flush()                # a closed pipe shows here, not at exit

@@ -327,6 +327,12 @@ class LeaderElectionProxy(ObjectProxy):
         """Block until the leadership differs from ``known_term``; returns the new one."""
         return self.invoke("observe", known_term, timeout=timeout)
 
+    def watch(self, known_term: Any = None, timeout: float | None = None) -> Any:
+        """``observe`` that also names the term of a vacancy: {"term", "leader"} (leader as
+        ``leader()`` answers, None while nobody leads), at once if the term differs from
+        ``known_term``, else at the next change. Pass the term it gave to wait again."""
+        return self.invoke("watch", known_term, timeout=timeout)
+
 
 class MapProxy(ObjectProxy):
     """A Map: a key-value map with versions, a map-wide revision, cas, transactions,

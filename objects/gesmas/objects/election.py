@@ -7,6 +7,9 @@
 - leader(): {"session", "value", "term"} of the current leader, or None.
 - observe(term): long-poll: returns the leader info at once if the current term differs from
   `term`, else waits for the next change (use the call timeout to bound it).
+- watch(term): observe() that also names the term of a vacancy: returns
+  {"term", "leader"} (leader: what leader() gives, None while the seat is empty), so that
+  a watcher can wait for the next change after a vacancy too (`gesmas elect --listen`).
 - When the leader's session ends, the next candidate takes over.
 """
 from typing import TYPE_CHECKING
@@ -16,8 +19,8 @@ if TYPE_CHECKING:
 
 
 class LeaderElection:
-    _restartable = ("campaign", "observe")  # waits a checkpoint leaves in place
-    _readers = ('leader', 'observe')  # read-only: served without a log entry (observe's
+    _restartable = ("campaign", "observe", "watch")  # waits a checkpoint leaves in place
+    _readers = ('leader', 'observe', 'watch')  # read-only: served without a log entry (observe's
     # wait too: in a reader, an acquire that would wait is NotYet, run again after entries)
     def __init__(self):
         self._seat = Semaphore(1)
@@ -52,6 +55,11 @@ class LeaderElection:
         if term == self._term:
             self._changed.acquire()
         return self.leader()
+
+    def watch(self, term=None):
+        if term == self._term:
+            self._changed.acquire()
+        return {"term": self._term, "leader": self.leader()}
 
     def _step_down(self):
         self._leader = None

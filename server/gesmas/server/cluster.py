@@ -54,6 +54,29 @@ class StartInterrupted(Exception):
     """`LocalCluster.start(stop=...)` gave up because `stop()` became true."""
 
 
+class PortInUse(RuntimeError):
+    """A port the cluster was told to take is in use on 127.0.0.1."""
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on (or holds) 127.0.0.1:`port` now. SO_REUSEADDR, as the
+    servers set it, so that a port left in TIME_WAIT by a stopped replica is not taken for
+    one in use."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+#: What a GESMAS_* variable of the environment would make every replica of a local cluster
+#: do alike, where each needs its own: it is not passed on (`metrics_base` gives each one a
+#: metrics port of its own).
+PER_NODE_ENV = ("GESMAS_METRICS_ADDR",)
+
+
 def stop_by_pid(procs: list[subprocess.Popen[bytes] | None], timeout: float = 10.0) -> None:
     """SIGCONT + SIGTERM every process still running (a SIGSTOPped one could not act on
     SIGTERM), wait for each, SIGKILL what does not exit in time."""
@@ -100,6 +123,9 @@ class LocalCluster:
     root_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     users: tuple[str, ...] = ("root",)                  # client certificates to make
     metrics: bool = False                               # each node serves /metrics
+    raft_base: int | None = None          # Raft of node i on raft_base + i (0: free; None:
+                                          # base_port + 100 + i, free without base_port)
+    metrics_base: int | None = None       # /metrics of node i on metrics_base + i (0: free)
     pki: Any = None
     _token: tuple[str, float] | None = field(default=None, repr=False)   # metadata()'s
 
@@ -121,7 +147,10 @@ class LocalCluster:
             d = os.path.join(self.data_dir, f"node{i + 1}")
             self.members.append(Member(i + 1, f"127.0.0.1:{client[i]}", f"127.0.0.1:{raft[i]}",
                                        d, os.path.join(self.data_dir, f"node{i + 1}.log")))
-        if self.metrics:
+        if self.metrics_base:
+            for i, m in enumerate(self.members):
+                m.metrics_addr = f"127.0.0.1:{self.metrics_base + i + 1}"
+        elif self.metrics or self.metrics_base == 0:
             for m, port in zip(self.members, free_ports(len(self.members))):
                 m.metrics_addr = f"127.0.0.1:{port}"
 
@@ -130,12 +159,45 @@ class LocalCluster:
         return ",".join(m.client_addr for m in self.members)
 
     def _ports(self) -> tuple[list[int], list[int]]:
-        """The client and Raft ports of the replicas."""
-        if self.base_port is None:
-            ports = free_ports(2 * self.nodes)
-            return ports[:self.nodes], ports[self.nodes:]
-        return ([self.base_port + i + 1 for i in range(self.nodes)],
-                [self.base_port + 100 + i + 1 for i in range(self.nodes)])
+        """The client and Raft ports of the replicas: node i (from 1) on base_port + i and
+        raft_base + i (without raft_base: base_port + 100 + i); free ports where no base is
+        given."""
+        n = self.nodes
+        free = iter(free_ports(2 * n))
+        client = ([self.base_port + i + 1 for i in range(n)] if self.base_port
+                  else [next(free) for _ in range(n)])
+        raft_base = self._raft_base()
+        raft = ([raft_base + i + 1 for i in range(n)] if raft_base
+                else [next(free) for _ in range(n)])
+        return client, raft
+
+    def _raft_base(self) -> int | None:
+        if self.raft_base is not None:
+            return self.raft_base or None              # 0: free ports
+        return self.base_port + 100 if self.base_port else None
+
+    def fixed_ports(self) -> list[tuple[int, str]]:
+        """(port, what it is for) of every port given by a base rather than picked free."""
+        out = []
+        raft_fixed = bool(self._raft_base())
+        for m in self.members:
+            if self.base_port:
+                out.append((int(m.client_addr.rpartition(":")[2]),
+                            f"the client port of node {m.node_id}"))
+            if raft_fixed:
+                out.append((int(m.raft_addr.rpartition(":")[2]),
+                            f"the Raft port of node {m.node_id}"))
+            if self.metrics_base:
+                out.append((int(m.metrics_addr.rpartition(":")[2]),
+                            f"the metrics port of node {m.node_id}"))
+        return out
+
+    def check_ports(self) -> None:
+        """PortInUse naming the first fixed port that is taken (a replica would fail on it
+        later, and on its Raft port without saying which)."""
+        for port, what in self.fixed_ports():
+            if port_in_use(port):
+                raise PortInUse(f"port {port} ({what}) is in use on 127.0.0.1")
 
     def peer_raft_addr(self, m: Member, o: Member) -> str:
         """The Raft address by which `m` knows `o` (a test cluster may put a proxy there)."""
@@ -222,7 +284,8 @@ class LocalCluster:
         if m.proc is not None and m.proc.poll() is None:
             raise RuntimeError(f"replica {m.node_id} is already running (pid {m.proc.pid})")
         os.makedirs(m.data_dir, exist_ok=True)
-        env = dict(os.environ, PYTHONHASHSEED=HASH_SEED, GESMAS_CLUSTER_SECRET=self.secret)
+        env = {k: v for k, v in os.environ.items() if k not in PER_NODE_ENV}
+        env.update(PYTHONHASHSEED=HASH_SEED, GESMAS_CLUSTER_SECRET=self.secret)
         env.update(self.env)
         log = open(m.log_path, "ab")
         m.proc = subprocess.Popen(self.command(m), env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -239,6 +302,7 @@ class LocalCluster:
         # emptied dir next to others that have data is rejoining (replication/rejoin.py).
         new = not any(os.path.isdir(m.data_dir) and os.listdir(m.data_dir)
                       for m in self.members)
+        self.check_ports()
         for m in self.members:
             m.new_cluster = new
             self.start_member(m)

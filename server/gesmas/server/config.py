@@ -22,7 +22,7 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
         "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format",
-        "new_cluster", "runaway_limit")
+        "new_cluster", "runaway_limit", "snapshot_every")
 
 
 class ConfigError(ValueError):
@@ -41,6 +41,7 @@ class NodeConfig:
     default_ttl: float = 10.0
     commit_timeout: float = 5.0            # a proposal not applied by then fails UNAVAILABLE
     checkpoint_every: int = 20_000         # commands between checkpoints
+    snapshot_every: int = 10_000           # log entries between snapshots (log compaction)
     duty_period: float = 0.05              # seconds between two rounds of leader duties
     skip_entries: frozenset[int] = frozenset()   # poison log entries (README), all replicas
     tls_cert: str | None = None            # PEM files of the client port's certificate...
@@ -129,6 +130,13 @@ def _int(name: str, value: Any) -> int:
         raise ConfigError(f"{name} must be an integer, not {value!r}") from None
 
 
+def _at_least(name: str, value: Any, low: int) -> int:
+    n = _int(name, value)
+    if n < low:
+        raise ConfigError(f"{name} must be at least {low}, not {n}")
+    return n
+
+
 #: environment variable of each key: GESMAS_<KEY>, but for the secret's historic name
 ENV = {key: f"GESMAS_{key.upper()}" for key in KEYS} | {"secret": "GESMAS_CLUSTER_SECRET"}
 _TRUE = ("1", "true", "yes", "on")
@@ -213,6 +221,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         data_dir=str(pick("data_dir") or f"gesmas-data-{node_id}"), secret=secret,
         fsync=not flag("unsafe_no_fsync"),
         checkpoint_every=_int("checkpoint_every", pick("checkpoint_every", 20_000)),
+        snapshot_every=_at_least("snapshot_every", pick("snapshot_every", 10_000), 100),
         skip_entries=frozenset(_int("skip_entries", i) for i in skip),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
         root_password=root_password, insecure=insecure,

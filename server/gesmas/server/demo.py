@@ -13,8 +13,8 @@ import time
 from gesmas.client import Client as _Client
 from gesmas.client import PermissionDenied
 
-from .cluster import LocalCluster
-from .up import stop_on_signals
+from .cluster import LocalCluster, PortInUse
+from .up import port_plan_problem, stop_on_signals
 
 
 def say(text: str) -> None:
@@ -105,18 +105,35 @@ def demo(cluster: LocalCluster) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="gesmas demo on a local 3-node cluster")
-    p.add_argument("--base-port", type=int, default=7100)
+    p.add_argument("--base-port", type=int, default=7100,
+                   help="node i serves clients on BASE+i (default %(default)s)")
+    p.add_argument("--raft-port", type=int, metavar="BASE",
+                   help="node i talks Raft on BASE+i (default: --base-port + 100)")
+    p.add_argument("--metrics-port", type=int, metavar="BASE",
+                   help="node i serves metrics and its status page on BASE+i (default: none)")
     p.add_argument("--no-wait", action="store_true", help="stop after the demo")
     p.add_argument("--tls", action="store_true",
                    help="TLS and auth (a throw-away CA, certificates and root password)")
     args = p.parse_args(argv)
+    problem = port_plan_problem(3, args.base_port, args.raft_port, args.metrics_port)
+    if problem:
+        p.error(problem.replace("--base-port", "--base-port (PORT)")
+                .replace("--raft-port", "--raft-port (RAFT_PORT)")
+                .replace("--metrics-port", "--metrics-port (METRICS_PORT)"))
     stop_on_signals()
-    cluster = LocalCluster(nodes=3, base_port=args.base_port, secure=args.tls)
+    cluster = LocalCluster(nodes=3, base_port=args.base_port, raft_base=args.raft_port,
+                           metrics_base=args.metrics_port, secure=args.tls)
     say("starting 3 gesmas replicas on 127.0.0.1 ...")
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except PortInUse as e:
+            print(f"demo: {e}: stop what uses it, or choose other ports: make run PORT=... "
+                  "RAFT_PORT=... METRICS_PORT=...", file=sys.stderr)
+            return 1
         for m in cluster.members:
-            say(f"  node {m.node_id}: clients {m.client_addr}, raft {m.raft_addr}")
+            metrics = f", metrics http://{m.metrics_addr}/metrics" if m.metrics_addr else ""
+            say(f"  node {m.node_id}: clients {m.client_addr}, raft {m.raft_addr}{metrics}")
         demo(cluster)
         if args.no_wait:
             return 0

@@ -405,7 +405,7 @@ class Node(Membership):
         return lambda: ApplyMonitor(c.data_dir, c.runaway_limit, c.node_id, c.log_format)
 
     async def serve(self, stop: asyncio.Event) -> None:
-        from .replication import Replica
+        from .replication import RaftTuning, Replica
         self._loop = self.calls.loop = asyncio.get_running_loop()
         c = self.config
         if c.failpoint_native_stall:
@@ -416,7 +416,8 @@ class Node(Membership):
             fresh=self.make_state_machine, restore=self.restore_state_machine,
             on_completions=lambda out: None, on_role_change=self._role_changed,
             on_fatal=self._fatal_handler(stop), password=c.secret, fsync=c.fsync,
-            new_cluster=c.new_cluster, watchdog=self._watchdog())
+            new_cluster=c.new_cluster, watchdog=self._watchdog(),
+            tuning=RaftTuning(log_compaction_min_entries=c.snapshot_every))
         if c.metrics_addr:
             from .metrics import Metrics
             self.metrics = Metrics(self)

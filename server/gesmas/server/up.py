@@ -1,5 +1,6 @@
-"""`gesmas up`: a local cluster in the foreground, supervised (a node that exits is reported
-and restarted on its data dir while the others serve), until Ctrl-C.
+"""`gesmas up`: a local cluster in the foreground, supervised (a node that fails is reported
+and restarted on its data dir while the others serve; one stopped on purpose, exit status
+0, stays down), until Ctrl-C.
 
 Stopping must win every race with the supervision. A Ctrl-C in a terminal (or `kill -INT --
 -PGID`) reaches the supervisor and its nodes at once, so the nodes may exit before the
@@ -25,7 +26,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from .cluster import LocalCluster, StartInterrupted
+from .cluster import LocalCluster, PortInUse, StartInterrupted
 
 
 def stop_on_signals() -> None:
@@ -128,7 +129,9 @@ def supervise(cluster: LocalCluster, poll: float = 0.5,
               wait: Callable[[float], Any] = time.sleep) -> None:
     """Keep `cluster` running: a node that exits (kill -9, a crash, a replica that stopped
     applying) is reported and restarted on its data dir while the others go on serving; a
-    node that keeps dying (GIVE_UP_AFTER times in GIVE_UP_WINDOW) stays down. Returns when
+    node that keeps dying (GIVE_UP_AFTER times in GIVE_UP_WINDOW) stays down, and so does
+    one that exits with status 0 (a SIGTERM or SIGINT to it alone: stopped on purpose,
+    which a restart would undo). Returns when
     every node is down for good, or when `stop()` is true. `wait(t)` pauses between polls
     and before a restart; `StopSignals.wait` returns early when a stop is asked, and no node
     is restarted once `stop()` is true."""
@@ -145,6 +148,11 @@ def supervise(cluster: LocalCluster, poll: float = 0.5,
             wait(RESTART_PAUSE)
             if stopping():
                 return
+            if code == 0:
+                down.add(m.node_id)
+                print(f"node {m.node_id} stopped (exit status 0): left down, as asked; the "
+                      f"others keep serving (log: {m.log_path})", file=sys.stderr, flush=True)
+                continue
             now = time.monotonic()
             recent = [t for t in restarts[m.node_id] if now - t < GIVE_UP_WINDOW]
             if len(recent) >= GIVE_UP_AFTER:
@@ -197,19 +205,57 @@ def stop_nodes(cluster: LocalCluster, signals: StopSignals | None = None,
             pass
 
 
+def port_plan_problem(nodes: int, base: int | None, raft: int | None,
+                      metrics: int | None) -> str | None:
+    """What is wrong with the port bases of `gesmas up` (node i takes BASE+i of each; 0 or
+    None: free ports, except Raft, which follows --base-port by default), or None."""
+    if raft is None and base:
+        raft_flag, raft = f"--base-port {base} (Raft: BASE+100+i)", base + 100
+    else:
+        raft_flag = f"--raft-port {raft}"
+    ranges: list[tuple[str, int]] = []
+    for flag, b in ((f"--base-port {base}", base), (raft_flag, raft),
+                    (f"--metrics-port {metrics}", metrics)):
+        if b is None or b == 0:
+            continue
+        if b < 0 or b + nodes > 65535:
+            return (f"{flag}: node i takes BASE+i, so BASE must be from 1 to "
+                    f"{65535 - nodes} for {nodes} nodes (0: free ports)")
+        for other, lo in ranges:
+            if lo < b + nodes and b < lo + nodes:
+                return f"{flag} and {other}: the nodes' ports would overlap"
+        ranges.append((flag, b))
+    return None
+
+
 def run_up(args: Any) -> int:
     """`gesmas up`: a local cluster in the foreground until Ctrl-C (or SIGTERM, SIGHUP)."""
+    problem = port_plan_problem(args.nodes, args.base_port, getattr(args, "raft_port", None),
+                                getattr(args, "metrics_port", None))
+    if problem:
+        print(f"gesmas up: {problem}", file=sys.stderr)
+        return 2
     signals = StopSignals().install()
     cluster = LocalCluster(nodes=args.nodes, base_port=args.base_port or None,
+                           raft_base=getattr(args, "raft_port", None),
+                           metrics_base=getattr(args, "metrics_port", None),
                            data_dir=args.data_dir,
                            fsync=not getattr(args, "unsafe_no_fsync", False),
                            secure=bool(getattr(args, "tls", False)))
+    if os.environ.get("GESMAS_METRICS_ADDR"):
+        print("gesmas up: GESMAS_METRICS_ADDR is not passed to the nodes (each would bind "
+              "it): --metrics-port BASE gives node i a metrics port of its own, BASE+i",
+              file=sys.stderr, flush=True)
     print(f"starting {cluster.nodes} gesmas nodes (data in {cluster.data_dir}) ...", flush=True)
     try:
         try:
             cluster.start(stop=signals.requested)
         except StartInterrupted:
             pass
+        except PortInUse as e:
+            print(f"gesmas up: {e}: stop what uses it, or choose other ports with "
+                  "--base-port, --raft-port, --metrics-port", file=sys.stderr)
+            return 1
         except (RuntimeError, TimeoutError) as e:
             if not signals.requested():
                 print(f"gesmas up: the cluster did not start: {e}", file=sys.stderr)
@@ -217,13 +263,15 @@ def run_up(args: Any) -> int:
         if not signals.requested():
             print("cluster ready. Client addresses:", flush=True)
             for m in cluster.members:
-                print(f"  node {m.node_id}: {m.client_addr}   (raft {m.raft_addr}, "
+                metrics = f", metrics http://{m.metrics_addr}/metrics" if m.metrics_addr else ""
+                print(f"  node {m.node_id}: {m.client_addr}   (raft {m.raft_addr}{metrics}, "
                       f"log {m.log_path})")
             print("\n" + "".join(f"  export {k}={v}\n" for k, v in cluster.client_env().items())
                   + "\nCtrl-C stops every node.", flush=True)
             supervise(cluster, stop=signals.requested, wait=signals.wait)
-            if not signals.requested():
-                return 1                    # every node is down for good
+            if not signals.requested():     # every node is down for good
+                print("gesmas up: every node is down; stopping", file=sys.stderr, flush=True)
+                return 1
         print("\nstopping ...", flush=True)
         return 0
     finally:

@@ -59,7 +59,7 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      stands only once a majority says it would vote for it and hears no leader (Raft §9.6),
      so a follower restarted or cut off from a healthy leader does not depose it.
   15. ``Replica._apply_committed`` only queues a committed entry; the apply thread applies
-     it (``_apply_loop``), so no entry, checkpoint or snapshot load holds up heartbeats and
+     it (``apply_thread.ApplyThread``), so no entry, checkpoint or snapshot load holds up heartbeats and
      votes. A snapshot is loaded on the apply thread too (greenlets belong to their thread),
      and entries queued before it are dropped; no snapshot is taken while the apply thread
      is behind.

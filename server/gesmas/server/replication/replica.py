@@ -9,14 +9,14 @@ import os
 import pickle
 import threading
 import time
-from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from pysyncobj import SyncObjConf
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
+from .apply_thread import ApplyThread
 from .applier import ABORT_PREFIX, Applier, ApplyFailed, decode_abort
 from .journal import DurableJournal, fsync_dir
 from .reads import AppliedReads, IndexCallback, ReadIndex
@@ -91,17 +91,10 @@ class Replica:
                                 forget_record=lambda: remove_record(data_dir),
                                 pending_abort=self._pending_abort)
         self._startup_snapshot = os.path.isfile(os.path.join(data_dir, SNAPSHOT_NAME))
-        # The apply thread (override 15): committed entries are queued by the tick thread and
-        # applied here, so Raft's heartbeats and votes never wait for the kernel.
-        self._apply_cv = threading.Condition()
-        self._apply_q: Deque[Tuple[int, int, Any]] = deque()   # (generation, index, data or a job)
-        self._apply_gen = 0              # bumped when a snapshot replaces the state
-        self._inflight = 0               # entries queued or being applied
-        self._last_done = 0              # the last entry the apply thread finished
-        self._stopping = False
-        self._apply_thread = threading.Thread(target=self._apply_loop, daemon=True,
-                                              name=f"gesmas-apply-{self_addr}")
-        self._apply_thread.start()
+        # The apply thread (override 15, apply_thread.py): committed entries are queued by the
+        # tick thread and applied there, so Raft's heartbeats and votes never wait for the kernel.
+        self._applying = ApplyThread(f"gesmas-apply-{self_addr}", self._apply_entry,
+                                     lambda: self.applied_reads.run_due())
         # Reads without a log entry (reads.py): the ReadIndex protocol, and the reads that
         # run against the applied state under the lock the apply thread holds per entry
         self.read_index = ReadIndex(self._journal.term_at)
@@ -190,10 +183,8 @@ class Replica:
         held = self._applier.held
         if held:
             return held[0][0] - 1
-        with self._apply_cv:
-            if self._inflight:                   # the apply thread is behind pysyncobj
-                return self._last_done
-            return node.raftLastApplied
+        behind = self._applying.last_done_if_behind()  # the apply thread is behind pysyncobj
+        return node.raftLastApplied if behind is None else behind
 
     def request_read_index(self, callback: IndexCallback) -> None:
         """Ask for the index a linearizable read must wait for (reads.py): ``callback(index,
@@ -314,12 +305,7 @@ class Replica:
         thread = self._tick_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        with self._apply_cv:
-            self._stopping = True
-            self._apply_q.clear()
-            self._apply_cv.notify_all()
-        if self._apply_thread is not threading.current_thread():
-            self._apply_thread.join(timeout)
+        self._applying.stop(timeout)
         if self.monitor is not None:
             self.monitor.stop()
 
@@ -337,84 +323,33 @@ class Replica:
 
     def _apply_committed(self, index: int, data: bytes) -> None:
         """pysyncobj's tick thread: queue a committed entry for the apply thread."""
-        if self.fatal is not None:
-            return
-        with self._apply_cv:
-            self._apply_q.append((self._apply_gen, index, data))
-            self._inflight += 1
-            self._apply_cv.notify()
+        if self.fatal is None:
+            self._applying.put(index, data)
 
-    def _apply_loop(self) -> None:
-        """The apply thread: the committed entries, in log order, one at a time under the
-        reads' lock (reads see the state between two entries). An entry queued before a
-        snapshot replaced the state (another generation) is dropped."""
-        cv, q = self._apply_cv, self._apply_q
-        while True:
-            with cv:
-                while not q and not self._stopping:
-                    cv.wait()
-                if not q:
-                    return
-                gen, index, data = q.popleft()
-            if callable(data):                   # a job (_on_apply_thread), not an entry
-                data()
-                continue
-            try:
-                if self.fatal is None:
-                    with self.applied_reads.lock:
-                        if gen == self._apply_gen:
-                            log.debug("applying log entry %d", index)
-                            self._applier.apply(index, data)
-            except ApplyFailed as e:
-                self._fail(e.cause, e.what)
-            except BaseException as e:          # a bug of this layer: fail-stop all the same
-                self._fail(e, f"the apply thread failed at log index {index}")
-            finally:
-                with cv:
-                    self._inflight -= 1
-                    self._last_done = index
-                    if not q:
-                        cv.notify_all()
-            if not q:
-                self.applied_reads.run_due()
+    def _apply_entry(self, index: int, data: bytes) -> None:
+        """The apply thread: one committed entry, under the reads' lock (reads see the state
+        between two entries)."""
+        try:
+            if self.fatal is None:
+                with self.applied_reads.lock:
+                    log.debug("applying log entry %d", index)
+                    self._applier.apply(index, data)
+        except ApplyFailed as e:
+            self._fail(e.cause, e.what)
+        except BaseException as e:          # a bug of this layer: fail-stop all the same
+            self._fail(e, f"the apply thread failed at log index {index}")
 
     def _on_apply_thread(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn()`` on the apply thread, ahead of the entries queued, and wait for it
-        (greenlets belong to the thread that made them: the kernel's calls may only run
-        there). Returns its result or raises its exception."""
-        if threading.current_thread() is self._apply_thread:
-            return fn()
-        done = threading.Event()
-        out: list = [None, None]
-
-        def job() -> None:
-            try:
-                out[0] = fn()
-            except BaseException as e:
-                out[1] = e
-            finally:
-                done.set()
-        with self._apply_cv:
-            if self._stopping:
-                raise ReplicaStopped("replica destroyed")
-            self._apply_q.appendleft((self._apply_gen, 0, job))
-            self._apply_cv.notify()
-        while not done.wait(0.5):
-            if self._stopping:
-                raise ReplicaStopped("replica destroyed")
-        if out[1] is not None:
-            raise out[1]
-        return out[0]
+        """Run ``fn()`` on the apply thread and wait for it (apply_thread.py, jobs)."""
+        return self._applying.call(fn)
 
     def applying(self) -> bool:
         """Whether committed entries wait for the apply thread (or one is being applied)."""
-        return self._inflight > 0
+        return self._applying.busy()
 
     def wait_applied_all(self, timeout: Optional[float] = None) -> bool:
         """Wait until the apply thread has applied every entry queued so far."""
-        with self._apply_cv:
-            return self._apply_cv.wait_for(lambda: self._inflight == 0 or self._stopping,
-                                           timeout)
+        return self._applying.wait_idle(timeout)
 
     def _deliver(self, completions: list) -> None:
         try:
@@ -545,11 +480,7 @@ class Replica:
                 raise ValueError(f"snapshot format {payload.get('format')!r} is not the one "
                                  "this gesmas reads (1, or 2 with aborted entries): run the "
                                  "gesmas version that wrote it, or a newer one")
-            with self._apply_cv:             # entries queued before it are superseded
-                self._apply_gen += 1
-                self._inflight -= len(self._apply_q)
-                self._apply_q.clear()
-                self._apply_cv.notify_all()
+            self._applying.supersede()       # entries queued before it are superseded
             def load() -> None:
                 with self.applied_reads.lock:
                     self._applier.load(payload, payload["last_entry"][1])
