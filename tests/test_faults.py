@@ -367,12 +367,15 @@ def test_kill_leader_then_follower_under_queue_load():
         setup = load.client(0)
         setup.queue("q1")
         setup.counter("c1")
+        setup.map("m1")
         probe = load.client(1)
         for i in range(3):
             load.producer(load.client(i), "q1", f"p{i}", max_ops=400, max_seconds=40)
             load.consumer(load.client(i + 1), "q1", f"c{i}", max_ops=600, max_seconds=40)
         load.adder(load.client(2), "c1", "a", max_ops=1000, max_seconds=40)
         load.reader(load.client(0), "c1", "r", max_ops=1000, max_seconds=40)
+        load.mapper(load.client(1), "m1", "m", max_ops=600, max_seconds=40, seed=20)
+        load.mapper(load.client(2), "m1", "n", max_ops=600, max_seconds=40, seed=21)
         time.sleep(2.0)
 
         recovery = []
@@ -406,7 +409,8 @@ def test_kill_leader_then_follower_under_queue_load():
         qh = [o for o in history if o.key == "q1"]
         ch = [o for o in history if o.key == "c1"]
         verdicts = {"q1": check(qh, QueueModel(), max_steps=3_000_000),
-                    "c1": check(ch, CounterModel())}
+                    "c1": check(ch, CounterModel()),
+                    "m1": check([o for o in history if o.key == "m1"], MapModel())}
         report("kill -9 leader, then follower (queue load)", history, verdicts, recovery,
                lost, dups, note=f"new leader answered {elected}s after the leader's kill; "
                f"drained {drained} at the end",
