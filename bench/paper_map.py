@@ -44,7 +44,7 @@ def config(quick: bool) -> dict[str, Any]:
     # rounds: of one put (popular) or of a put to each of the n keys (distinct); settle:
     # seconds between rounds (every watcher notified and watching again); idle: seconds the
     # servers' idle CPU rate is measured for, before the rounds
-    c: dict[str, Any] = ({"map_clients": [1, 2], "map_seconds": 0.5, "map_warmup": 2,
+    c: dict[str, Any] = ({"map_clients": [1], "map_seconds": 0.5, "map_warmup": 2,
                           "map_watchers": [3], "map_rounds": {"popular": 3, "distinct": 2},
                           "map_settle": 0.3, "map_idle": 0.3, "map_timeout": 30.0}
                          if quick else

@@ -149,77 +149,64 @@ def test_the_cli(cluster, capsys):
     assert "a key must be a non-empty str" in capsys.readouterr().err
 
 
-def test_an_ephemeral_entry_goes_when_its_client_dies_with_the_leader(cluster):
-    """A service registers itself, then it and the leader are killed together (no close: its
-    session expires after its TTL, by the next leader's count); a watcher sees its entry
-    deleted, once."""
+def test_ephemeral_entries_and_a_waiting_watch_across_a_leader_failover(cluster):
+    """A service process holds an ephemeral entry; it and the leader are killed together
+    while a watch waits and another service (alive) holds its own entry. The watch, retried
+    at another replica, sees each later change exactly once; the dead service's session
+    expires by the next leader's count (its entry deleted, once); the live one's session
+    lives on (the new leader gives it a fresh TTL) until its client closes."""
     worker = subprocess.Popen([sys.executable, WORKER, "hold_ephemeral", cluster.addresses,
-                               "registry", "svc/worker"], stdout=subprocess.PIPE, text=True)
+                               "failover", "svc/worker"], stdout=subprocess.PIPE, text=True)
     try:
-        put = json.loads(worker.stdout.readline())
-        with Client(cluster.addresses) as c:
-            m = c.map("registry")
+        json.loads(worker.stdout.readline())
+        with Client(cluster.addresses, session_ttl=5.0) as service, \
+                Client(cluster.addresses) as writer, Client(cluster.addresses) as reader:
+            start = service.map("failover").put("svc/a", "10.0.0.7", ephemeral=True)
+            start = start["revision"]
+            m = writer.map("failover")
             assert m.entry("svc/worker")["ephemeral"] is True
+            seen: list = []
+            failed: list = []
+
+            def watch() -> None:
+                try:
+                    for event in reader.map("failover").watch_iter("cfg/", start, timeout=60):
+                        seen.append(event)
+                        if len(seen) == 3:
+                            return
+                except BaseException as e:          # shown by the assertion below
+                    failed.append(e)
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            m.put("cfg/1", 1)
             old = cluster.find_leader()
             os.kill(worker.pid, signal.SIGKILL)
             cluster.kill(old, signal.SIGKILL)
             worker.wait(10)
             try:
-                got = m.watch("svc/", put["revision"], timeout=60)
-                assert [(e["type"], e["key"]) for e in got["events"]] == [
+                m.put("cfg/2", 2)
+                m.txn([], [["put", "cfg/3", 3], ["put", "other", 0]])
+                watcher.join(90)
+                assert not failed, failed
+                assert [(e["key"], e["value"]) for e in seen] == [
+                    ("cfg/1", 1), ("cfg/2", 2), ("cfg/3", 3)]
+                assert [e["revision"] for e in seen] == [start + 1, start + 2, start + 3]
+                gone = m.watch("svc/", start, timeout=60)      # the dead service's session
+                assert [(e["type"], e["key"]) for e in gone["events"]] == [
                     ("delete", "svc/worker")]
-                assert m.get("svc/worker") is None
+                assert m.get("svc/a") == "10.0.0.7"          # the live one's lives on
             finally:
                 cluster.start_member(old)
                 cluster.wait_caught_up(old, timeout=60)
+            rev = m.revision()
+            service.close()
+            got = m.watch("svc/", rev, timeout=30)
+            assert [(e["type"], e["key"]) for e in got["events"]] == [("delete", "svc/a")]
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait(10)
-
-
-def test_ephemeral_entries_and_a_waiting_watch_across_a_leader_failover(cluster):
-    """The leader is killed while a watch waits and a service holds an ephemeral entry: the
-    watch, retried at another replica, sees each later change exactly once; the entry stays
-    (the new leader gives sessions a fresh TTL) until its client closes."""
-    with Client(cluster.addresses, session_ttl=5.0) as service, \
-            Client(cluster.addresses) as writer, Client(cluster.addresses) as reader:
-        registry = service.map("failover")
-        start = registry.put("svc/a", "10.0.0.7", ephemeral=True)["revision"]
-        seen: list = []
-        failed: list = []
-
-        def watch() -> None:
-            try:
-                for event in reader.map("failover").watch_iter("cfg/", start, timeout=60):
-                    seen.append(event)
-                    if len(seen) == 3:
-                        return
-            except BaseException as e:          # shown by the assertion below
-                failed.append(e)
-
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        m = writer.map("failover")
-        m.put("cfg/1", 1)
-        old = cluster.find_leader()
-        cluster.kill(old, signal.SIGKILL)
-        try:
-            m.put("cfg/2", 2)
-            m.txn([], [["put", "cfg/3", 3], ["put", "other", 0]])
-            watcher.join(90)
-            assert not failed, failed
-            assert [(e["key"], e["value"]) for e in seen] == [("cfg/1", 1), ("cfg/2", 2),
-                                                              ("cfg/3", 3)]
-            assert [e["revision"] for e in seen] == [start + 1, start + 2, start + 3]
-            assert m.get("svc/a") == "10.0.0.7"           # the service's session lives on
-        finally:
-            cluster.start_member(old)
-            cluster.wait_caught_up(old, timeout=60)
-        rev = m.revision()
-        service.close()
-        got = m.watch("svc/", rev, timeout=30)
-        assert [(e["type"], e["key"]) for e in got["events"]] == [("delete", "svc/a")]
 
 
 def test_the_recipes_of_the_example(cluster):

@@ -126,7 +126,7 @@ def _check_map(text: str, doc: dict) -> None:
         cells = [c.strip() for c in ln.split("|")[1:-1]]
         assert cells[1] == "—" and cells[2] == "—" and cells[3] != "—", ln
     recs = doc["results"]["gesmas"]["map"]
-    assert "failed" not in recs and len(recs) == 8, sorted(recs)
+    assert "failed" not in recs and len(recs) == 5, sorted(recs)
     for point, rec in recs.items():
         assert rec["n_errors"] == 0 and "infeasible" not in rec, (point, rec)
         if point.startswith("fan|"):
