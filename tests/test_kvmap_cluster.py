@@ -74,9 +74,18 @@ def test_every_call_through_the_client_and_reads_without_entries(cluster):
             assert m.get("db/host", consistency="sequential") == "10.0.0.5"
         assert leader_commit(cluster) - before <= 3          # a tick or a no-op at most
         assert m.delete("db/port") is True and m.delete("db/port") is False
+        m["db/user"] = "app"                                 # as a dict
+        assert m["db/user"] == "app" and "db/user" in m and "db/port" not in m
+        assert len(m) == 3
+        del m["db/user"]
+        with pytest.raises(KeyError):
+            m["db/user"]
+        with pytest.raises(KeyError):
+            del m["db/user"]
         w = m.watch("db/", 0)
         assert [(e["type"], e["key"]) for e in w["events"]] == [
-            ("put", "db/host"), ("put", "db/port"), ("delete", "db/port")]
+            ("put", "db/host"), ("put", "db/port"), ("delete", "db/port"), ("put", "db/user"),
+            ("delete", "db/user")]
         with pytest.raises(Timeout):
             m.watch("db/", w["revision"], timeout=0.3)
         with pytest.raises(ValueError) as bad:              # a remote ValueError

@@ -341,7 +341,9 @@ class MapProxy(ObjectProxy):
     The reads (``get``, ``entry``, ``items``, ``keys``, ``size``, ``revision``, ``watch``)
     take no log entry; each takes ``consistency=`` ("linearizable" or "sequential") to
     override the client's. ``watch(prefix)`` without a revision waits for the next change
-    after now; ``watch_iter(prefix)`` yields every change, one event at a time, for ever."""
+    after now; ``watch_iter(prefix)`` yields every change, one event at a time, for ever.
+    As a dict: ``m[key]`` (KeyError when missing), ``m[key] = value``, ``del m[key]``
+    (KeyError when missing), ``key in m``, ``len(m)``: one call each."""
 
     def _read(self, method: str, *args: Any, consistency: str | None = None,
               timeout: float | None = None) -> Any:
@@ -376,6 +378,25 @@ class MapProxy(ObjectProxy):
     def put(self, key: str, value: Any, ephemeral: bool = False) -> Any:
         """{"revision", "version"}; ``ephemeral``: deleted when this client's session ends."""
         return self.invoke("put", key, value, ephemeral)
+
+    def __getitem__(self, key: str) -> Any:
+        e = self.entry(key)
+        if e is None:
+            raise KeyError(key)
+        return e["value"]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if not self.delete(key):
+            raise KeyError(key)
+
+    def __contains__(self, key: str) -> bool:
+        return self.entry(key) is not None
+
+    def __len__(self) -> int:
+        return self.size()
 
     def delete(self, key: str) -> bool:
         return bool(self.invoke("delete", key))
