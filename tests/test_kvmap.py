@@ -462,3 +462,73 @@ def test_a_watch_scans_the_whole_history_within_the_step_budget():
     assert [e["key"] for e in got["events"]] == ["wanted"] and got["revision"] == 1001
     with pytest.raises(NotYet):
         read(h, "watch", "nothing", 0)
+
+
+# ============================================================================ checkpoint anywhere
+
+def _random_run(seed: int, n: int = 60) -> list[tuple]:
+    """Random calls: puts (some ephemeral), txns, deletes, cas, watches through the log
+    (some with a timeout), sessions that end (expired or closed) and are replaced, ticks."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        k = f"{rng.choice('ab')}/{rng.randrange(3)}"
+        kind = rng.choice(["put", "put", "txn", "delete", "cas", "watch", "end", "tick"])
+        if kind == "put":
+            out.append(("put", rng.randrange(4), k, i, rng.random() < 0.5))
+        elif kind == "txn":
+            out.append(("txn", rng.randrange(4), [[k, "exists", "==", True]],
+                        [["put", k, i, True], ["get", k]], [["put", k, -i]]))
+        elif kind == "delete":
+            out.append(("delete", rng.randrange(4), k))
+        elif kind == "cas":
+            out.append(("cas", rng.randrange(4), k, rng.randrange(3), i))
+        elif kind == "watch":
+            out.append(("watch", rng.randrange(4), rng.choice(["a/", "b/1", ""]),
+                        rng.randrange(0, i + 1), rng.choice([None, 1.0, 3.0])))
+        elif kind == "end":
+            out.append(("end", rng.randrange(4), rng.choice(["expire", "close"])))
+        else:
+            out.append(("tick", rng.choice([0.5, 2.0])))
+    return out
+
+
+def _play(h, sessions: list[int], actions: list[tuple]) -> None:
+    for a in actions:
+        if a[0] == "tick":
+            h.tick(h.ts + a[1])
+        elif a[0] == "end":
+            h.end(a[2], sessions[a[1]])
+            sessions[a[1]] = h.open_session()
+        elif a[0] == "watch":
+            h.call(sessions[a[1]], "m", "watch", a[2], a[3], timeout=a[4])
+        else:
+            h.call(sessions[a[1]], "m", a[0], *a[2:])
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_checkpoint_anywhere_changes_no_answer_and_a_restore_goes_on_alike(seed):
+    """Two cuts of a random run: a checkpoint there (waiting watches kept in place) answers
+    every later call as a run without it does, and so does a kernel restored from it."""
+    from gesmas.server.kernel import Tick
+    actions = _random_run(seed)
+    for cut in (len(actions) // 3, 2 * len(actions) // 3):
+        ref, s_ref = made(history=20)
+        ses_ref = [s_ref] + ref.sessions(3)
+        _play(ref, ses_ref, actions[:cut])
+        ref.apply(Tick(ts=ref.ts, tag=ref.tag("c")))     # the checkpoint's index and tag
+        mark = len(ref.trace)
+        _play(ref, ses_ref, actions[cut:])
+
+        h, s = made(history=20)
+        ses = [s] + h.sessions(3)
+        _play(h, ses, actions[:cut])
+        h.checkpoint()
+        r = h.restored()
+        ses_r = list(ses)
+        _play(h, ses, actions[cut:])
+        _play(r, ses_r, actions[cut:])
+        assert r.trace and h.trace[mark:] == ref.trace[mark:] == r.trace, (seed, cut)
+        assert h.kernel.state_digest() == r.kernel.state_digest() == \
+            ref.kernel.state_digest(), (seed, cut)
