@@ -10,8 +10,10 @@ from gesmas.server.kernel import Code, KernelError
 from gesmas.server.kernel.sched import NotYet
 
 try:
+    from tests.kernel_harness import H
     from tests.test_objects import APP, OH
 except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
+    from kernel_harness import H
     from test_objects import APP, OH
 
 
@@ -532,3 +534,23 @@ def test_a_checkpoint_anywhere_changes_no_answer_and_a_restore_goes_on_alike(see
         assert r.trace and h.trace[mark:] == ref.trace[mark:] == r.trace, (seed, cut)
         assert h.kernel.state_digest() == r.kernel.state_digest() == \
             ref.kernel.state_digest(), (seed, cut)
+
+
+def test_a_maps_entries_count_in_its_owners_state_bytes_quota():
+    """The map's state is measured like any object's (at a checkpoint here): once its owner
+    is over the state_bytes quota, the map takes no new calls, and says why."""
+    from gesmas.objects import RESERVED_CLASSES, standard_sources
+    from gesmas.server.kernel import Config, RegisterClass
+    from gesmas.server.kernel.auth import SYSTEM
+    quota = tuple((k, 200_000 if k == "state_bytes" else v)
+                  for k, v in Config().default_quota)
+    h = H(Config(reserved_classes=RESERVED_CLASSES, default_quota=quota))
+    for _, src in standard_sources():
+        assert h.run(RegisterClass(ts=h.ts, source=src, user=SYSTEM)).error is None
+    assert h.create("Map", "m").error is None
+    s = h.open_session()
+    for i in range(3):
+        assert h.results[h.call(s, "m", "put", f"k{i}", "x" * 100_000)].error is None
+    h.checkpoint()                                           # measured: ~300 KB
+    e = h.error(h.call(s, "m", "put", "k9", 1), Code.RESOURCE_EXHAUSTED)
+    assert e.type == "QuotaExceeded" and "state_bytes" in e.message
