@@ -347,3 +347,27 @@ def test_a_put_wakes_only_the_watches_of_its_key(cluster):
         for t in threads:
             t.join(60)
         assert len(got) == 11
+
+
+def test_the_cli_holds_an_ephemeral_entry_until_interrupted(cluster):
+    """`gesmas map NAME put KEY VALUE --ephemeral` (a service registration from a shell):
+    the entry lives while the command runs; Ctrl-C closes its session, which deletes it."""
+    cmd = [sys.executable, "-m", "gesmas.client.cli", "map", "cli-reg", "put", "svc/sh",
+           '"10.0.0.9:80"', "--ephemeral", "--cluster", cluster.addresses]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        put = json.loads(proc.stdout.readline())
+        assert proc.stdout.readline().startswith("holding the entry")
+        with Client(cluster.addresses) as c:
+            m = c.map("cli-reg")
+            assert m.entry("svc/sh") == {"value": "10.0.0.9:80", "version": 1,
+                                         "create_revision": put["revision"],
+                                         "mod_revision": put["revision"], "ephemeral": True}
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130
+            got = m.watch("svc/", put["revision"], timeout=30)
+            assert [(e["type"], e["key"]) for e in got["events"]] == [("delete", "svc/sh")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
