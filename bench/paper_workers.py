@@ -135,9 +135,12 @@ def worker_main(wid: int, system: str, endpoints: list[str], kind: str,
             t.join(timeout=max(0.1, limit - time.monotonic()))
         stuck = sum(t.is_alive() for t in ts)
         # "hold": keep the connections (sessions) open that long after the load's end, so
-        # that the parent can read the servers' state before the sessions close
-        time.sleep(max(0.0, start + params.get("seconds", 0.0) + params.get("hold", 0.0)
-                       - time.monotonic()))
+        # that the parent can read the servers' state before the sessions close. A load
+        # with a "cap" (a pre-fill) ends when its items are in: not held to its time bound
+        # (a fill of 10 items held its sessions for the whole 30 s budget).
+        if "cap" not in params:
+            time.sleep(max(0.0, start + params.get("seconds", 0.0) + params.get("hold", 0.0)
+                           - time.monotonic()))
         results.put(("done", wid, {"slots": [dict(s) for s in slots], "stuck": stuck}))
         closers = [threading.Thread(target=c.close, daemon=True) for c in conns if c is not None]
         for t in closers:

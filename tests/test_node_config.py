@@ -124,3 +124,23 @@ def test_a_public_client_port_needs_tls_and_a_root_password_or_insecure(tmp_path
     assert load(flags([*base, "--insecure"]), env).insecure
     assert load(flags(base), {**env, "GESMAS_INSECURE": "1"}).insecure
     assert Node(cfg).requires_auth()              # until the cluster has auth enabled
+
+
+def test_status_gives_a_replica_its_own_log_end_as_its_match_index():
+    """The leader counts a follower's match index up to the end of the follower's log: its
+    own row counts the same (its log end), not its applied index, which lags while entries
+    are committed and applied, so that `gesmas status` never shows the leader behind the
+    followers it replicates to."""
+    from types import SimpleNamespace
+    peers = (("127.0.0.1:4", "127.0.0.1:3"),)
+    node = Node(server_config.NodeConfig(1, "127.0.0.1:1", "127.0.0.1:2", peers, "/tmp/x", "s"))
+    raft = {"term": 2, "commit_index": 41, "last_applied": 40, "log_last_index": 42,
+            "leader": "127.0.0.1:2",
+            "peers": {"127.0.0.1:4": {"connected": True, "match_index": 42}}}
+    node.replica = SimpleNamespace(status=lambda: raft, is_leader=lambda: True,
+                                   leader=lambda: "127.0.0.1:2")
+    me, peer = node.status()["nodes"]
+    assert (me["node_id"], me["match_index"]) == ("127.0.0.1:2", 42)
+    assert (peer["node_id"], peer["match_index"]) == ("127.0.0.1:4", 42)
+    raft["log_last_index"] = None          # compacted under the read: the applied index
+    assert node.status()["nodes"][0]["match_index"] == 40

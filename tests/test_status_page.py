@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from gesmas.client import Client
 from gesmas.server import statuspage
 from gesmas.server.cluster import LocalCluster
+from gesmas.server.duties import LeaderDuties
 
 from test_objects import OH
 
@@ -29,6 +30,7 @@ def test_the_status_page_shows_members_objects_and_sessions(tmp_path):
         with Client(cl.addresses) as c:
             c.queue("status-jobs").produce("x")
             c.queue("status-jobs").consume(timeout=1)
+            fence = int(c.lock("status-lock").acquire())
             blocked = threading.Thread(target=lambda: c.queue("status-jobs").consume(timeout=30))
             blocked.start()
             leader = cl.find_leader()
@@ -56,6 +58,7 @@ def test_the_status_page_shows_members_objects_and_sessions(tmp_path):
                                  capture_output=True, text=True, timeout=60).stdout
             assert "status-jobs" in dom and ">leader<" in dom and ">Queue<" in dom, dom[-2000:]
             assert f"node {m.node_id}" in dom
+            assert f">session {c.session} (fence {fence})<" in dom       # the holder column
             subprocess.run(common + [f"--screenshot={shot}", base + "/status"],
                            capture_output=True, timeout=60)
             assert shot.exists() and shot.stat().st_size > 5000
@@ -77,10 +80,12 @@ class _Replica:
         return handle
 
 
-def _node(kernel, busy: bool = False):
+def _node(kernel, busy: bool = False, duties=None):
+    if duties is None:
+        duties = LeaderDuties(1000, 10.0, lambda: [])
     return SimpleNamespace(config=SimpleNamespace(node_id=1, client_addr="127.0.0.1:1"),
                            status=lambda: {"is_leader": True}, kernel=kernel,
-                           replica=_Replica(kernel, busy))
+                           replica=_Replica(kernel, busy), leader_duties=duties)
 
 
 def test_the_page_lists_the_first_objects_by_name_and_counts_them_all(monkeypatch):
@@ -97,7 +102,7 @@ def test_the_page_lists_the_first_objects_by_name_and_counts_them_all(monkeypatc
     data = statuspage.snapshot(_node(h.kernel))
     assert [o["name"] for o in data["objects"]] == names[:5]
     assert data["objects"][3] == {"name": "q03", "class": "Queue", "version": 1,
-                                  "waiters": 1, "owner": ""}
+                                  "waiters": 1, "owner": "", "holder": ""}
     assert (data["object_count"], data["session_count"], data["waiter_count"]) == (12, 1, 1)
     assert [x["id"] for x in data["sessions"]] == [s] and data["sessions"][0]["waiting"] == 1
     assert "rows_note" not in data
@@ -107,3 +112,55 @@ def test_the_page_lists_the_first_objects_by_name_and_counts_them_all(monkeypatc
     assert "objects" not in data and data["object_count"] == 12
     assert "applying an entry" in data["rows_note"]
     assert [hd.cancelled for hd in node.replica.handles] == [True]   # not run later
+
+
+def test_session_ages_and_silences_grow_by_the_replicas_clock(monkeypatch):
+    """No entry is applied between two looks (an idle cluster): the ages still grow, by this
+    replica's clock. The leader also shows how long since it heard from each session, which
+    a keep-alive resets; a follower, which hears no keep-alives, shows none."""
+    h = OH()
+    h.ts = 1.7e9                                # a wall time, as a replica's commands carry
+    s = h.open_session()
+    opened = h.kernel.sessions[s].opened
+    duties = LeaderDuties(1000, 10.0, lambda: [])
+    duties.reset(h.kernel, 100.0)
+    node = _node(h.kernel, duties=duties)
+    clock = {"wall": opened + 5.0, "mono": 100.0}
+    monkeypatch.setattr(statuspage, "wall", lambda: clock["wall"])
+    monkeypatch.setattr(statuspage, "monotonic", lambda: clock["mono"])
+
+    def row():
+        [x] = statuspage.snapshot(node)["sessions"]
+        return x["age"], x["silent"]
+    assert row() == (5.0, None)                 # not leading: no keep-alives heard here
+    duties.step(100.0, clock["wall"], leader=True)
+    clock["wall"] += 7.0
+    clock["mono"] += 7.0
+    assert row() == (12.0, 7.0)
+    duties.keep_alive(s, h.kernel.sessions[s].secret, clock["mono"] - 2.0)
+    assert row() == (12.0, 2.0)
+
+
+def test_objects_show_their_holder_apart_from_who_created_them():
+    """"created by" is the user that made the object; "holder" is who holds it now, read
+    through the class's declared read-only method (Lock.holder, LeaderElection.leader, ...)."""
+    h = OH()
+    a, b = h.sessions(2)
+    for cls, name in (("Lock", "l"), ("LeaderElection", "e"), ("Semaphore", "s"),
+                      ("ReadWriteLock", "rw"), ("Counter", "c")):
+        h.make(cls, name, **({"permits": 3} if cls == "Semaphore" else {}))
+    fence = h.ok(a, "l", "acquire")
+    h.ok(b, "e", "campaign", "b's value")
+    h.ok(a, "s", "acquire")
+    h.ok(a, "s", "acquire")
+    h.ok(b, "rw", "acquire_write")
+    rows = {o["name"]: o for o in statuspage.snapshot(_node(h.kernel))["objects"]}
+    assert rows["l"]["holder"] == f"session {a} (fence {fence})"
+    assert rows["e"]["holder"].startswith(f"session {b} (term ")
+    assert rows["s"]["holder"] == f"session {a}: 2"
+    assert rows["rw"]["holder"] == f"writer: session {b}"
+    assert rows["c"]["holder"] == ""            # a class without a holder
+    h.ok(a, "l", "release")
+    rows = {o["name"]: o for o in statuspage.snapshot(_node(h.kernel))["objects"]}
+    assert rows["l"]["holder"] == ""
+    assert "<th>holder</th><th>created by</th>" in statuspage.PAGE

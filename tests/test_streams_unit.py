@@ -32,6 +32,7 @@ class FakeGateway:
         self.stream_calls = 0
         self.node = SimpleNamespace(metrics=None)
         self.release = asyncio.Event()
+        self.stopping = asyncio.Event()
         self.started = []
 
     async def _invoke(self, request, context):
@@ -39,6 +40,8 @@ class FakeGateway:
         if request.method == "fail":
             raise CallFailed(Error(Code.NOT_FOUND, "no such object"))
         await self.release.wait()
+        if self.stopping.is_set():      # as Node.serve answers the calls waiting then
+            raise CallFailed(Error(Code.UNAVAILABLE, "stopping", "Stopping"))
         return pb.InvokeResponse()
 
 
@@ -70,3 +73,34 @@ def test_refused_and_finished_calls_are_counted_once():
     gw, ctx, cs = run([call(1), call(1), pb.Call(id=3), call(4, "fail")], release_after=0.05)
     assert sorted(a.id for a in ctx.written) == [1, 1, 3, 4]
     assert cs.in_flight == 0 and gw.stream_calls == 0 and not cs.tasks and not cs.sending
+
+
+class OpenContext(FakeContext):
+    """A peer that keeps its stream open: after its messages, reads wait for ever."""
+
+    async def read(self):
+        if self.messages:
+            return self.messages.pop(0)
+        await asyncio.Event().wait()
+
+
+def test_a_stopping_replica_answers_the_calls_in_flight_and_ends_the_stream():
+    """The replica stops (Gateway.stopping): the stream reads no more, its calls in flight
+    are answered (UNAVAILABLE "Stopping", which the client retries elsewhere) and serve()
+    returns by itself, so grpc has no handler left to cancel."""
+    async def main():
+        gw = FakeGateway()
+        ctx = OpenContext([call(1), call(2)])
+        cs = streams.CallStream(gw, ctx, 1 << 20)
+        serving = asyncio.create_task(cs.serve())
+        while len(gw.started) < 2:
+            await asyncio.sleep(0)
+        assert not serving.done()
+        gw.stopping.set()
+        gw.release.set()
+        await asyncio.wait_for(serving, 5)
+        return gw, ctx, cs
+    gw, ctx, cs = asyncio.run(main())
+    assert sorted(a.id for a in ctx.written) == [1, 2]
+    assert all(a.error.type == "Stopping" for a in ctx.written)
+    assert cs.in_flight == 0 and gw.stream_calls == 0 and not cs.tasks

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, TypedDict
 from gesmas.client import convert, core
 from gesmas.client.core import RPC_TIMEOUT
 from gesmas.client.errors import GesmasError
+from gesmas.protocol import backups
 from gesmas.v1 import gesmas_pb2 as pb
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -175,6 +176,28 @@ class AdminCalls:
         _, resp = self._send("Status", pb.StatusRequest(
             with_digest=True, read=self._read_options(None)))
         return resp.state_digest
+
+    # --- backups (administration) -------------------------------------------------------------
+
+    def backup(self, timeout: float = 300.0) -> tuple[backups.Header, bytes]:
+        """A backup of the replicated state (the Backup RPC): the header (log index K, the
+        state digest at K, the members...) and the checkpoint's bytes, checked against the
+        header's size and SHA-256. Needs the admin permission when auth is on. Write it with
+        ``gesmas.protocol.backups.write`` (what ``gesmas backup FILE`` does)."""
+        chunks = self._call("Backup", pb.BackupRequest(), rpc_timeout=timeout)
+        if not chunks or not chunks[0].HasField("info"):
+            raise GesmasError("the Backup answer has no header (an older server?)")
+        info = chunks[0].info
+        blob = b"".join(c.data for c in chunks)
+        head = backups.Header(
+            index=info.index, state_digest=info.state_digest, sha256=info.sha256,
+            size=info.size, checkpoint_format=info.checkpoint_format,
+            members=list(info.members), node_id=info.node_id, created=info.created)
+        try:
+            backups.check(head, blob)
+        except backups.BadBackup as e:
+            raise GesmasError(f"the backup received is not intact: {e}") from None
+        return head, blob
 
     # --- membership (administration) ---------------------------------------------------------
 

@@ -198,9 +198,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
         # sequential unless asked: it answers without a leader too
         st = c.status(consistency=args.consistency or "sequential")
+        digest = c.state_digest() if args.digest else None
     if args.json:
-        print(json.dumps(st, indent=2))
+        print(json.dumps(st if digest is None else dict(st, state_digest=digest), indent=2))
         return 0
+    if digest is not None:
+        print(f"digest     {digest}")
     print(f"leader     {st['leader_address'] or '(none known)'}   term {st['term']}")
     print(f"commit     {st['commit_index']}   "
           f"(applied {st['last_applied']} on {st['address']})")
@@ -318,6 +321,24 @@ def cmd_map(args: argparse.Namespace) -> int:
             return cli_map.run(c.map(args.name), args, parse_arg, _parse_json, _dump)
         except ValueError as e:           # a mistake in the command line
             raise UsageError(str(e)) from None
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Take a backup, write it to FILE atomically, read it back and check it."""
+    from gesmas.protocol import backups
+    folder = os.path.dirname(os.path.abspath(args.file))
+    if not os.path.isdir(folder) or os.path.isdir(args.file):
+        raise UsageError(f"{args.file}: not a file in an existing directory")
+    with _client(args) as c:
+        head, blob = c.backup(timeout=args.timeout)
+    try:
+        backups.write(args.file, head, blob)
+        backups.read(args.file)
+    except backups.BadBackup as e:
+        raise GesmasError(f"{args.file}: written, but reading it back failed: {e}") from None
+    print(f"backup of log index {head.index} written to {args.file} ({head.size} bytes of "
+          f"checkpoint)\nstate digest {head.state_digest}")
+    return 0
 
 
 # --- users, roles, auth (cli_auth.py) -----------------------------------------------------
@@ -454,6 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, parents=[common, as_json], help=text, description=text)
         p.set_defaults(func=func)
+    sub.choices["status"].add_argument(
+        "--digest", action="store_true",
+        help="also the hash of the replicated state (O(state) on the replica; with auth on, "
+             "an admin only): equal on replicas that applied the same log, and on a cluster "
+             "restored from a backup to the one `gesmas backup` printed")
     p = sub.add_parser("objects", aliases=["ls"], parents=[common, as_json],
                        help="list the live objects",
                        description="List the live objects you may see, in name order "
@@ -505,6 +531,16 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Remove the replica whose Raft address is RAFT_ADDR.")
     a.add_argument("raft_addr", metavar="RAFT_ADDR", help="its --raft-addr, host:port")
     a.set_defaults(func=cmd_remove_node)
+
+    p = sub.add_parser("backup", parents=[common], help="back up the replicated state",
+                       description="Write a backup of the replicated state to FILE (atomically): "
+                                   "a checkpoint taken at a fresh log index, with that index and "
+                                   "the state digest there. Needs the admin permission with auth "
+                                   "on. Restore: README 'Backup and restore'.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
+                   help="give up after S seconds (default %(default)s)")
+    p.set_defaults(func=cmd_backup)
 
     cli_auth.add_commands(sub, common, _Parser, cmd_auth_op)
     cli_hold.add_commands(sub, common, _client, UsageError, seconds)
@@ -597,6 +633,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "watchdog kills this replica and the cluster aborts the entry "
                         "(default 10; 0: no watchdog; README 'A call that runs away'; env "
                         "GESMAS_RUNAWAY_LIMIT)")
+    p.add_argument("--restore", metavar="BACKUP",
+                   help="first start of a NEW cluster from a backup (`gesmas backup`): check it, "
+                        "seed the empty data dir with its state, then run. Give every replica "
+                        "of the new cluster the same file; remove the flag for later starts "
+                        "(README 'Backup and restore')")
+    p.add_argument("--restore-only", action="store_true",
+                   help="with --restore: seed the data dir and exit 0 without serving (then "
+                        "start the replica as usual, e.g. with its unit)")
     p.add_argument("--skip-entry", type=int, action="append", metavar="INDEX",
                    dest="skip_entries",
                    help="recovery only: complete log entry INDEX with an INTERNAL error "

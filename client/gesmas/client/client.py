@@ -490,6 +490,10 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         try:
             response = getattr(self._stub(address), method)(request, timeout=deadline,
                                                              metadata=metadata)
+            if method in core.STREAMED:
+                response = list(response)
+                self._seen.note(response[0] if response else None)
+                return response
             self._seen.note(response)
             return response
         except grpc.RpcError as e:

@@ -30,6 +30,9 @@ __all__ = ["Attempts", "CONSISTENCIES", "Failure", "Routing", "Seen", "Sequencer
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 #: gRPC deadline of each attempt of a call that never waits (sessions, admin RPCs).
 RPC_TIMEOUT = 10.0
+#: RPCs whose answer is a stream of messages: read whole within the attempt, so that a
+#: failure midway is retried like any failed call (Client._attempt)
+STREAMED = frozenset({"Backup"})
 #: An attempt that lasted this long before failing had reached a replica: the failure
 #: starts a new retry period instead of counting against the current one.
 ATTACHED = 3.0

@@ -448,6 +448,40 @@ class RemoveNodeResponse(_message.Message):
     applied_index: int
     def __init__(self, changed: _Optional[bool] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
+class BackupRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BackupInfo(_message.Message):
+    __slots__ = ("index", "state_digest", "sha256", "size", "checkpoint_format", "members", "node_id", "created")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    state_digest: str
+    sha256: str
+    size: int
+    checkpoint_format: int
+    members: _containers.RepeatedScalarFieldContainer[str]
+    node_id: str
+    created: float
+    def __init__(self, index: _Optional[int] = ..., state_digest: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., checkpoint_format: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., node_id: _Optional[str] = ..., created: _Optional[float] = ...) -> None: ...
+
+class BackupChunk(_message.Message):
+    __slots__ = ("info", "data", "applied_index")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    info: BackupInfo
+    data: bytes
+    applied_index: int
+    def __init__(self, info: _Optional[_Union[BackupInfo, _Mapping]] = ..., data: _Optional[bytes] = ..., applied_index: _Optional[int] = ...) -> None: ...
+
 class AuthenticateRequest(_message.Message):
     __slots__ = ("user", "password")
     USER_FIELD_NUMBER: _ClassVar[int]

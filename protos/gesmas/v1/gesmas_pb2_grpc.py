@@ -121,6 +121,11 @@ class GesmasStub:
                 request_serializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeRequest.SerializeToString,
                 response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeResponse.FromString,
                 _registered_method=True)
+        self.Backup = channel.unary_stream(
+                '/gesmas.v1.Gesmas/Backup',
+                request_serializer=gesmas_dot_v1_dot_gesmas__pb2.BackupRequest.SerializeToString,
+                response_deserializer=gesmas_dot_v1_dot_gesmas__pb2.BackupChunk.FromString,
+                _registered_method=True)
 
 
 class GesmasServicer:
@@ -272,6 +277,19 @@ class GesmasServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Backup(self, request, context):
+        """Administration: a backup of the replicated state, like etcd's snapshot save. The replica
+        proposes a Checkpoint entry and, when it applies it at log index K (between two entries,
+        on its apply thread), keeps that checkpoint and hashes the state there. It then streams
+        the checkpoint: the first message carries BackupInfo, every message a piece of the
+        bytes in order. The checkpoint is self-contained: a new cluster starts from it alone
+        (`gesmas server --restore FILE`, README "Backup and restore"). Needs a login and, with
+        auth on, the admin permission (it holds every user's data and the password hashes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GesmasServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -354,6 +372,11 @@ def add_GesmasServicer_to_server(servicer, server):
                     servicer.RemoveNode,
                     request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeRequest.FromString,
                     response_serializer=gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeResponse.SerializeToString,
+            ),
+            'Backup': grpc.unary_stream_rpc_method_handler(
+                    servicer.Backup,
+                    request_deserializer=gesmas_dot_v1_dot_gesmas__pb2.BackupRequest.FromString,
+                    response_serializer=gesmas_dot_v1_dot_gesmas__pb2.BackupChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -795,6 +818,33 @@ class Gesmas:
             '/gesmas.v1.Gesmas/RemoveNode',
             gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeRequest.SerializeToString,
             gesmas_dot_v1_dot_gesmas__pb2.RemoveNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gesmas.v1.Gesmas/Backup',
+            gesmas_dot_v1_dot_gesmas__pb2.BackupRequest.SerializeToString,
+            gesmas_dot_v1_dot_gesmas__pb2.BackupChunk.FromString,
             options,
             channel_credentials,
             insecure,

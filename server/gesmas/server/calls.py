@@ -20,6 +20,10 @@ from .kernel.errors import Code, Error
 from .kernel.kernel import Completion
 
 
+#: What a call waiting on a replica that stops gets (its client retries on another replica)
+STOPPING = Error(Code.UNAVAILABLE, "this replica is stopping; retry on another", "Stopping")
+
+
 class CallFailed(Exception):
     """The call gets `error` without an answer from the kernel; `leader_hint` is the leader's
     client address when the caller should go there."""
@@ -110,6 +114,13 @@ class PendingCalls:
                 p.future.set_result((Completion(tag, None, Error(
                     Code.UNAVAILABLE, "the command was not committed in time; retry",
                     "NotCommitted")), 0))
+
+    def fail_all(self, error: Error) -> None:
+        """Answer every call waiting here with `error` (the replica is stopping: its callers
+        retry elsewhere with the same (session, seq) and join the same wait there)."""
+        for tag, p in list(self._table.items()):
+            if not p.future.done():
+                p.future.set_result((Completion(tag, None, error), 0))
 
     def __len__(self) -> int:
         return len(self._table)

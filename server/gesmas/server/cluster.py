@@ -123,6 +123,7 @@ class LocalCluster:
     root_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     users: tuple[str, ...] = ("root",)                  # client certificates to make
     metrics: bool = False                               # each node serves /metrics
+    restore: str | None = None            # a backup file: the first start seeds every replica
     raft_base: int | None = None          # Raft of node i on raft_base + i (0: free; None:
                                           # base_port + 100 + i, free without base_port)
     metrics_base: int | None = None       # /metrics of node i on metrics_base + i (0: free)
@@ -213,6 +214,8 @@ class LocalCluster:
             cmd.append("--unsafe-no-fsync")
         if m.new_cluster:
             cmd.append("--new-cluster")
+            if self.restore:
+                cmd += ["--restore", self.restore]
         if m.metrics_addr:
             cmd += ["--metrics-addr", m.metrics_addr]
         if self.secure:

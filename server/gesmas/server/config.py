@@ -22,7 +22,7 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
         "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format",
-        "new_cluster", "runaway_limit", "snapshot_every")
+        "new_cluster", "runaway_limit", "snapshot_every", "restore")
 
 
 class ConfigError(ValueError):
@@ -53,6 +53,7 @@ class NodeConfig:
     log_format: str = "text"               # or "json" (logs.py)
     new_cluster: bool = False              # an empty data dir is a new cluster's (rejoin.py)
     runaway_limit: float = 10.0            # CPU seconds one log entry may take; 0: no watchdog
+    restore: str | None = None             # a backup file to seed the empty data dir with
     failpoint_native_stall: bool = False   # test only: GESMAS_FAILPOINT_NATIVE_STALL=1
 
 
@@ -229,6 +230,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         log_format=str(pick("log_format") or "text"),
         new_cluster=flag("new_cluster"),
         runaway_limit=_seconds("runaway_limit", pick("runaway_limit", 10.0)),
+        restore=str(pick("restore")) if pick("restore") else None,
         failpoint_native_stall=str(environ.get(FAILPOINT_NATIVE_STALL, "")).strip().lower()
         in _TRUE)
 

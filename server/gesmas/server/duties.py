@@ -125,6 +125,17 @@ class LeaderDuties:
             self._last_seen[session] = now
         return ttl
 
+    def silent_for(self, session: int, now: float) -> float | None:
+        """Seconds since this leader last heard from `session` (a keep-alive; its opening, or
+        the fresh TTL every session gets from a new leader, count as heard), by the monotonic
+        clock `now`; None when this replica is not leading (keep-alives go to the leader only)
+        or does not know the session. The session expires once this exceeds its TTL."""
+        if not self._was_leader:
+            return None
+        with self._lock:
+            seen = self._last_seen.get(session)
+        return None if seen is None else max(0.0, now - seen)
+
     def step(self, now: float, wall: float, leader: bool) -> list[codec.Command]:
         """The commands the leader should propose now (none on a follower)."""
         if leader and not self._was_leader:          # new leader: fresh TTL for everyone

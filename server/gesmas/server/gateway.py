@@ -46,8 +46,8 @@ from gesmas.protocol import values
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-from . import streams, tokens, wire
-from .calls import CallFailed
+from . import backup, streams, tokens, wire
+from .calls import STOPPING, CallFailed
 from .config import MAX_MESSAGE
 from .kernel import auth, codec, queries
 from .kernel.errors import Code, Error, KernelError
@@ -116,6 +116,7 @@ class Gateway(pb_grpc.GesmasServicer):
         # checked for an unknown user too, so that the answer's timing does not tell
         self._no_user_hash = tokens.hash_password(os.urandom(16).hex())
         self.stream_calls = 0       # calls in flight on all Calls streams (streams.py)
+        self.stopping = asyncio.Event()     # the replica stops: Calls streams end (streams.py)
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -307,9 +308,25 @@ class Gateway(pb_grpc.GesmasServicer):
                 if left is not None and left <= 0:
                     raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out "
                                            "waiting", "Timeout"))
-                changed = await changes.wait(name, index, self.node.applied_index, left,
-                                             topic)
+                changed = await self._unless_stopping(
+                    changes.wait(name, index, self.node.applied_index, left, topic))
             consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
+
+    async def _unless_stopping(self, waiting: Any) -> Any:
+        """Await `waiting` (a reader's wait, local to this replica: no call of the node's
+        table), or fail it UNAVAILABLE "Stopping" when the replica stops, as Node.serve fails
+        the calls (the client retries elsewhere)."""
+        task = asyncio.ensure_future(waiting)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            raise CallFailed(STOPPING)
+        return task.result()
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
                      leader_hint: str = "", request: Any = None) -> None:
@@ -546,6 +563,23 @@ class Gateway(pb_grpc.GesmasServicer):
         """Membership is not kernel state, but who may change it is: ask the log."""
         await self._answer(context, self._cmd(codec.Auth, op="check_admin",
                                               user=await self._user(context)))
+
+    # -- backups (admin) -----------------------------------------------------------------------
+
+    async def Backup(self, request: Any, context: Any) -> None:
+        await self._guard(context, self._backup, request)
+
+    async def _backup(self, request: Any, context: Any) -> Any:
+        """A checkpoint at a fresh log index K and the digest of the state there, streamed
+        (backup.py); the admin permission first. Returns an empty message for _guard."""
+        await self._check_admin(context)
+        index, blob, digest = await self.node.backups.take(self.node)
+        _saw(index)
+        st = self.node.status()
+        for chunk in backup.messages(index, blob, digest, [n["node_id"] for n in st["nodes"]],
+                                     st["node_id"]):
+            await context.write(chunk)
+        return pb.BackupChunk()
 
     # -- errors --------------------------------------------------------------------------------
 

@@ -42,9 +42,10 @@ def _setup_logging(node_id: int = 0, fmt: str | None = None) -> None:
 def run_server(args: Any) -> int:
     """`gesmas server`: one replica in the foreground. Exit status: 0 when stopped by SIGINT
     or SIGTERM (at any moment, also while starting); 2 (with a message) for a bad
-    configuration; 3 when the replica stopped on purpose because it cannot go on with its
-    data (the journal cannot be opened, or it can no longer apply the log): restarting it
-    as it is would fail the same way; 1 for any other error (a port in use, ...)."""
+    configuration or a backup that --restore refuses; 3 when the replica stopped on purpose
+    because it cannot go on with its data (the journal cannot be opened, or it can no longer
+    apply the log): restarting it as it is would fail the same way; 1 for any other error
+    (a port in use, ...)."""
     ensure_hash_seed()
     # SIGINT or SIGTERM before the event loop takes them over (while the imports below run)
     # is a stop request like any other, not a KeyboardInterrupt: one raised inside an import
@@ -59,6 +60,22 @@ def run_server(args: Any) -> int:
     except (ConfigError, ValueError) as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2
+    restore_only = bool(getattr(args, "restore_only", False))
+    if restore_only and not config.restore:
+        print("gesmas: --restore-only needs --restore BACKUP", file=sys.stderr)
+        return 2
+    if config.restore and not early:
+        from .backup import BadBackup, restore
+        try:
+            head = restore(config.restore, config.data_dir,
+                           [config.raft_addr] + [p[0] for p in config.peers], config.fsync)
+        except BadBackup as e:
+            print(f"gesmas: --restore {config.restore}: {e}", file=sys.stderr)
+            return 2
+        if restore_only:
+            print(f"restored log index {head.index} into {config.data_dir}; start the "
+                  "replica without --restore")
+            return 0
     os.makedirs(config.data_dir, exist_ok=True)
     from .node import Node, ReplicaFailed
     tune_gc()

@@ -22,8 +22,9 @@ from gesmas.objects import RESERVED_CLASSES, standard_sources
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from . import grpclimits, tokens
+from .backup import Backups
 from .config import MAX_MESSAGE, NodeConfig, is_loopback
-from .calls import CallFailed, PendingCalls
+from .calls import STOPPING, CallFailed, PendingCalls
 from .duties import LeaderDuties
 from .gateway import Gateway
 from .membership import Membership
@@ -119,6 +120,8 @@ class Node(Membership):
         self._membership_busy = False
         self._catching_up: asyncio.Future[None] | None = None   # catch_up's shared poll
         self.reads = NodeReads(self)       # reads without a log entry
+        self.backups = Backups()           # the Backup RPCs in flight here (backup.py)
+        self.stopping = False              # serve() is ending: no new calls
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
@@ -151,6 +154,7 @@ class Node(Membership):
         self.leader_duties.applied(index, kernel, time.monotonic())
         self.reads.changes.applied(index, kernel.touched, kernel.topics)
         if deliver:
+            self.backups.applied(index, cmd, kernel)
             self.calls.applied(out, cmd.tag, index)
 
     # -- the gateway side (event loop) ------------------------------------------------------
@@ -161,6 +165,8 @@ class Node(Membership):
     async def call(self, cmd: codec.Command) -> tuple[Completion, int]:
         """Propose `cmd` and wait for its completion on this replica: (the completion, the
         log index whose applying produced it, 0 when it failed without an answer)."""
+        if self.stopping:
+            raise CallFailed(STOPPING)
         proposed = time.monotonic()
         fut = self.calls.open(cmd.tag, proposed)
         try:
@@ -322,8 +328,11 @@ class Node(Membership):
 
     def status(self) -> dict[str, Any]:
         st = self.replica.status()
+        # its own match index is the end of its own log, as the leader counts the others'
+        # (its applied index lags that while entries are being committed and applied)
+        own = max(int(st.get("log_last_index") or 0), int(st.get("last_applied") or 0))
         nodes = [{"node_id": self.config.raft_addr, "address": self.config.client_addr,
-                  "connected": True, "match_index": st.get("last_applied", 0)}]
+                  "connected": True, "match_index": own}]
         peer_state = st.get("peers", {})
         for raft, client in self.config.peers:
             p = peer_state.get(raft, {})
@@ -426,7 +435,8 @@ class Node(Membership):
         server = grpc.aio.server(options=grpclimits.server_options(MAX_MESSAGE),
                                  maximum_concurrent_rpcs=grpclimits.maximum_concurrent_rpcs(),
                                  interceptors=[grpclimits.AnswerBudget.for_messages(MAX_MESSAGE)])
-        pb_grpc.add_GesmasServicer_to_server(Gateway(self), server)
+        gateway = Gateway(self)
+        pb_grpc.add_GesmasServicer_to_server(gateway, server)
         from grpc_health.v1 import health, health_pb2_grpc
         from grpc_reflection.v1alpha import reflection
         from gesmas.v1 import gesmas_pb2
@@ -459,6 +469,12 @@ class Node(Membership):
             if self.metrics is not None:
                 metrics_server.shutdown()
                 self.metrics.close()
+            # answer the calls waiting here and end the Calls streams before the server
+            # stops: grpc would cancel them after its grace and log each cancellation as an
+            # unhandled error. Their callers retry on another replica.
+            self.stopping = True
+            self.calls.fail_all(STOPPING)
+            gateway.stopping.set()
             await server.stop(grace=1.0)
             self.replica.destroy()
 

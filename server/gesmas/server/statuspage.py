@@ -1,8 +1,11 @@
 """The status page of a replica, served on its metrics port (`/status`, its data at
 `/status.json`, refreshed every second by a little script; no build step). It shows what this
 replica knows: the members with their role, match index and connectivity, the leader, the
-objects with their class, version and waiters, the sessions and their age. It reads the local
-state (not through the log), so a lagging replica shows its own view.
+objects with their class, version, waiters, who created them and, for the standard classes that
+have one, who holds them now (a lock's holder, an election's leader...), the sessions with their
+age and, on the leader, how long since it heard from each. It reads the local state (not through
+the log), so a lagging replica shows its own view; ages and silences are measured by this
+replica's clock at the moment of the request, so they go on growing on an idle cluster.
 
 The port has no authentication: bind it to an address only operators reach (it shows object
 names and session ids, never secrets).
@@ -12,7 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from .kernel.auth import SYSTEM
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kernel import Kernel
@@ -20,6 +25,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MAX_ROWS = 500          # objects and sessions listed (the counts are always complete)
 READ_WAIT = 1.0         # seconds to wait for a moment between two entries
+wall = time.time        # this replica's clock (sessions' opening times are wall times)
+monotonic = time.monotonic      # the clock the leader's duties note keep-alives by
+
+#: The standard classes whose objects have a holder, and how to show it: the declared
+#: read-only method that tells, and its answer as text (names only the replicas may register,
+#: so these readers are the trusted ones and run on the live object).
+HOLDERS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "Lock": ("holder", lambda h: f"session {h['session']} (fence {h['fence']})"),
+    "LeaderElection": ("leader", lambda h: f"session {h['session']} (term {h['term']})"),
+    "ReadWriteLock": ("state", lambda h: f"writer: session {h['writer']}" if h["writer"]
+                      else f"{h['readers']} reader(s)" if h["readers"] else ""),
+    "Semaphore": ("holders", lambda h: ", ".join(f"session {s}: {n}"
+                                                 for s, n in sorted(h.items()))),
+}
 
 
 def snapshot(node: Node) -> dict[str, Any]:
@@ -56,14 +75,19 @@ def _rows(node: Node) -> dict[str, Any] | None:
     box: list[Any] = []
 
     def read(kernel: Kernel) -> dict[str, Any]:
-        now = kernel.now
+        now, clock = wall(), monotonic()
         sessions = list(islice(kernel.sessions.values(), MAX_ROWS))
+        objects = kernel.queries.page(limit=MAX_ROWS)["objects"]
+        for o in objects:
+            o["holder"] = _holder(kernel, o["name"], o["class"])
+        silent = node.leader_duties.silent_for
         return {
-            "kernel_time": now, "object_count": len(kernel.objects),
+            "kernel_time": kernel.now, "object_count": len(kernel.objects),
             "session_count": len(kernel.sessions), "waiter_count": kernel._waiting,
-            "objects": kernel.queries.page(limit=MAX_ROWS)["objects"],
+            "objects": objects,
             "sessions": [{"id": s.id, "user": s.user, "ttl": s.ttl,
-                          "age": round(now - s.opened, 1) if s.opened else None,
+                          "age": round(max(0.0, now - s.opened), 1) if s.opened else None,
+                          "silent": _rounded(silent(s.id, clock)),
                           "waiting": sum(1 for r in s.inflight.values()
                                          if r.waiter is not None)}
                          for s in sessions]}
@@ -79,6 +103,22 @@ def _rows(node: Node) -> dict[str, Any] | None:
         handle.cancelled = True
         return None
     return box[0]
+
+
+def _holder(kernel: Kernel, name: str, class_name: str) -> str:
+    """Who holds object `name` now, as text ("" if nobody, or if its class has no holder)."""
+    shown = HOLDERS.get(class_name)
+    if shown is None:
+        return ""
+    try:
+        held = kernel.read(SYSTEM, name, shown[0])
+        return shown[1](held) if held else ""
+    except Exception as e:          # a standard class of another version, say
+        return f"? ({type(e).__name__})"
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
 
 
 PAGE = """<!doctype html>
@@ -97,9 +137,12 @@ PAGE = """<!doctype html>
 <th class="num">match index</th><th>reached</th></tr></thead><tbody></tbody></table>
 <h2>Objects <span id="objcount" class="muted"></span></h2>
 <table id="objects"><thead><tr><th>name</th><th>class</th><th class="num">version</th>
-<th class="num">waiters</th><th>owner</th></tr></thead><tbody></tbody></table>
+<th class="num">waiters</th><th>holder</th><th>created by</th></tr></thead><tbody></tbody>
+</table>
 <h2>Sessions <span id="sesscount" class="muted"></span></h2>
 <table id="sessions"><thead><tr><th class="num">id</th><th>user</th><th class="num">age (s)</th>
+<th class="num" title="since the leader last heard from it (shown on the leader only);
+ the session expires when this passes its ttl">silent (s)</th>
 <th class="num">ttl (s)</th><th class="num">waiting calls</th></tr></thead><tbody></tbody>
 </table>
 <script>
@@ -124,12 +167,12 @@ async function refresh(){
   document.getElementById('objcount').textContent=s.rows_note ? '('+count+'; '+s.rows_note+')' :
    shown<count ? '(the first '+shown+' of '+count+', by name)' : '('+count+')';
   fill('objects', s.objects||[], o=>[cell(o.name), cell(o.class), cell(o.version,'num'),
-   cell(o.waiters,'num'), cell(o.owner)]);
+   cell(o.waiters,'num'), cell(o.holder), cell(o.owner)]);
   const sshown=(s.sessions||[]).length, scount=s.session_count||0;
   document.getElementById('sesscount').textContent=
    sshown<scount ? '(the first '+sshown+' of '+scount+')' : '('+scount+')';
   fill('sessions', s.sessions||[], x=>[cell(x.id,'num'), cell(x.user), cell(x.age,'num'),
-   cell(x.ttl,'num'), cell(x.waiting,'num')]);
+   cell(x.silent,'num'), cell(x.ttl,'num'), cell(x.waiting,'num')]);
  }catch(e){document.getElementById('summary').textContent='cannot reach the replica: '+e;}
 }
 refresh(); setInterval(refresh, 1000);

@@ -23,7 +23,10 @@ Theory of operation. One `CallStream` per RPC, all on the event loop:
   "CallDeadline": retried like a gRPC deadline);
 - the peer half-closes: the calls in flight finish and are answered, then the RPC ends. The
   RPC is cancelled or breaks: every call in flight is cancelled, which withdraws its wait in
-  the kernel (`Node.call` proposes a Cancel), as for a cancelled unary Invoke.
+  the kernel (`Node.call` proposes a Cancel), as for a cancelled unary Invoke;
+- the replica stops (`Gateway.stopping`): the reader stops, the calls in flight are answered
+  UNAVAILABLE "Stopping" (`Node.serve`; the client retries them elsewhere, where they join
+  their waits), then the RPC ends, before grpc's grace runs out.
 
 Calls of all streams of the replica count together against `MAX_STREAM_CALLS`
 (`Gateway.stream_calls`): over it a call is answered RESOURCE_EXHAUSTED at once. A call on
@@ -80,9 +83,16 @@ class CallStream:
 
     async def serve(self) -> None:
         reader = asyncio.create_task(self._read())
+        finished = asyncio.create_task(self.finished.wait())
+        stopping = asyncio.create_task(self.gateway.stopping.wait())
         try:
-            await self.finished.wait()
+            await asyncio.wait((finished, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if not self.finished.is_set():    # the replica stops: read no more calls, answer
+                reader.cancel()                 # those in flight (Node.serve fails them)
+                await finished
         finally:
+            finished.cancel()
+            stopping.cancel()
             self.closed = True
             reader.cancel()
             for task in [*self.tasks.values(), *self.senders]:

@@ -244,6 +244,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--node", type=int, default=0)
     p.add_argument("--log-format", default="text")
     args = p.parse_args(argv)
+    # A Ctrl-C reaches the whole process group: the replica decides when to stop, and this
+    # process ends with it (the loop below, and the parent-death signal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_pdeathsig()
     try:
         from gesmas.server import logs
