@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""The GESMAS paper's experiments, gesmas side by side with ZooKeeper (and etcd for reads).
+"""The GESMAS paper's experiments, gesmas side by side with ZooKeeper (and etcd for reads, map).
 
     python bench/paper.py [--quick] [--only NAME[,NAME]] [--systems gesmas,zookeeper] [--out DIR]
     python bench/paper.py --only reads --systems gesmas,zookeeper,etcd     # issue 24's reads
+    python bench/paper.py --only map --systems gesmas,zookeeper,etcd       # issue 27's Map
 
 Systems
   gesmas     a 3-node LocalCluster on 127.0.0.1, fsync on; every client is its own `Client`
@@ -35,7 +36,7 @@ Experiments (NAME for --only)
             ZK: kazoo Lock.
   latency   p50 / p99 of single uncontended produce, consume, lock acquire+release (1 client).
 
-Run only when named (--only reads; not part of the default run):
+Run only when named (--only reads / map; not part of the default run):
   reads     reads of one key, each system's linearizable read and its cheapest one: gesmas
             Counter.get (a declared reader: no log entry) with Client(consistency=
             "linearizable") / "sequential", route="replica" (calls stay on the replica given);
@@ -47,6 +48,11 @@ Run only when named (--only reads; not part of the default run):
             zxid, etcd raftIndex): a read-only load should add no entry. The whole set runs
             --repeat times (default 3; 1 with --quick), systems taking turns point by point;
             the report gives the median and the spread (min-max) of the repetitions.
+  map       a key-value store (bench/paper_map.py): get (linearizable, cheapest) and put of
+            one key at 1 and 16 clients (p50, p99, ops/s), and a watch fan-out: N watchers of
+            one key, and of N keys, one writer: ms from a put to the last watcher notified,
+            and the servers' CPU ms per change. gesmas Map; ZooKeeper znodes with kazoo's
+            one-shot watches; etcd keys with Watch streams.
 
 Both clusters stay up for the whole run and the systems take turns point by point (one
 experiment at one size on each, in alternating order), so that the host's load drifting
@@ -82,6 +88,7 @@ from paper_common import (EXPERIMENTS, EXTRA_EXPERIMENTS, OP_TIMEOUT,  # noqa: E
                           PAPER_SYSTEMS, ROOT, ROUTE_ENV, SYSTEMS, log, stats)
 from paper_conns import ZkConn, connect  # noqa: E402
 from paper_workers import run_clients  # noqa: E402
+import paper_map  # noqa: E402
 from paper_report import (facts, metric_rows, plots, reads_table, reads_targets,  # noqa: E402
                           render_table, targets, write_docs, write_reads_docs)
 
@@ -467,11 +474,12 @@ def exp_reads(system: str, ep: list[str], cfg: dict[str, Any]) -> dict[str, Any]
 
 #: The configuration list each experiment loops over; main() runs one size at a time.
 SIZE_KEYS = {"produce": "produce_clients", "herd": "herd_ns", "barrier": "barrier_parties",
-             "lock": "lock_clients", "reads": "reads_points"}
+             "lock": "lock_clients", "reads": "reads_points", "map": "map_points"}
 
 EXP_FUNCS = {"produce": exp_produce, "consume": exp_consume, "mixed": exp_mixed,
              "herd": exp_herd, "barrier": exp_barrier, "lock": exp_lock, "latency": exp_latency,
-             "reads": exp_reads}
+             "reads": exp_reads,
+             "map": lambda s, ep, cfg: paper_map.exp_map(s, ep, cfg, CLUSTERS[s])}
 
 
 # -- systems -----------------------------------------------------------------------------------
@@ -501,6 +509,9 @@ class Gesmas:
         return {"index": st.get("commit_index"), "term": st.get("term"),
                 "leader": lead.client_addr, "sessions": st.get("session_count"),
                 "objects": st.get("object_count"), "waiters": st.get("waiter_count")}
+
+    def pids(self) -> list[int]:
+        return [m.proc.pid for m in self.cl.members if m.proc is not None]
 
     def __exit__(self, *exc: Any) -> None:
         self.cl.stop()
@@ -534,6 +545,9 @@ class ZooKeeper:
         return {"index": zxid, "epoch": None if zxid is None else zxid >> 32,
                 "leader": leader}
 
+    def pids(self) -> list[int]:
+        return [m.proc.pid for m in self.ens.members if m.proc is not None]
+
     def __exit__(self, *exc: Any) -> None:
         self.ens.stop()
 
@@ -563,6 +577,9 @@ class Etcd:
         return {"index": st["raft_index"], "term": st["raft_term"], "leader": leader,
                 "revision": st["revision"]}
 
+    def pids(self) -> list[int]:
+        return [m.proc.pid for m in self.cl.members if m.proc is not None]
+
     def __exit__(self, *exc: Any) -> None:
         self.cl.stop()
 
@@ -583,7 +600,7 @@ def config(quick: bool, repeat: int | None = None) -> dict[str, Any]:
                   "reads_warmup": 2, "reads_hold": 1.0} if quick else
                  {"reads_clients": 16, "reads_seconds_1": 3.0, "reads_seconds": 5.0,
                   "reads_warmup": 20, "reads_hold": 2.0})
-    return reads | _config(quick)
+    return reads | paper_map.config(quick) | _config(quick)
 
 
 def _config(quick: bool) -> dict[str, Any]:
@@ -610,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="comma list of: " + ",".join(
         EXPERIMENTS + EXTRA_EXPERIMENTS) + f" (default: {','.join(EXPERIMENTS)})")
     ap.add_argument("--systems", default="gesmas,zookeeper",
-                    help="comma list of: " + ",".join(SYSTEMS) + " (etcd: reads only)")
+                    help="comma list of: " + ",".join(SYSTEMS) + " (etcd: reads, map only)")
     ap.add_argument("--repeat", type=int, default=None,
                     help="repetitions of the reads experiment (default 3, --quick 1)")
     ap.add_argument("--route", choices=["leader", "replica"], default="leader",
@@ -626,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not only or not systems:
         ap.error(f"unknown experiment/system: {bad}")
     if "etcd" in systems and [x for x in only if x not in EXTRA_EXPERIMENTS]:
-        ap.error("etcd takes part in the reads experiment only (--only reads)")
+        ap.error("etcd takes part in the reads and map experiments only (--only reads,map)")
     cfg = config(a.quick, a.repeat)
     os.environ[ROUTE_ENV] = a.route
     if a.secure:                 # LocalCluster reads it and exports the client's TLS and login
@@ -681,10 +698,15 @@ def main(argv: list[str] | None = None) -> int:
     if "reads" in only:
         rtable = reads_table(results, cfg)
         rtg = reads_targets(results, cfg)
+    mtable, mtg = "", []
+    if "map" in only:
+        mtable = paper_map.map_table(results, cfg)
+        mtg = paper_map.map_targets(results, cfg)
     pngs = plots(results, cfg, a.out)
     doc = {"facts": fa, "command": command, "config": cfg, "results": results,
            "table": [{k: v for k, v in r.items() if k != "fmt"} for r in rows], "targets": tg,
-           "reads_table": rtable, "reads_targets": rtg}
+           "reads_table": rtable, "reads_targets": rtg, "map_table": mtable,
+           "map_targets": mtg}
     jpath = os.path.join(a.out, "paper.json")
     with open(jpath, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, default=str)
@@ -699,6 +721,9 @@ def main(argv: list[str] | None = None) -> int:
     if rtable:
         print(("\n" if rows else "") + rtable)
         print("\nRead targets (issue 24):\n" + "\n".join(rtg))
+    if mtable:
+        print(("\n" if rows or rtable else "") + mtable)
+        print("\nMap targets (issue 27):\n" + "\n".join(mtg))
     failed = [f"{s}/{e}" for s in results for e, v in results[s].items()
               if isinstance(v, dict) and "failed" in v]
     print(f"\nJSON: {jpath}\nplots: {' '.join(pngs)}")

@@ -14,7 +14,8 @@ SESSION_TTL = 60.0
 ROUTE_ENV = "GESMAS_BENCH_ROUTE"  # --route, handed to the spawned workers
 EXPERIMENTS = ["produce", "consume", "mixed", "herd", "barrier", "lock", "latency"]
 #: run only when named in --only (not part of the default run nor of its docs/benchmarks.md table)
-EXTRA_EXPERIMENTS = ["reads"]
+EXTRA_EXPERIMENTS = ["reads", "map"]
+MAP = "paper-map"      # the gesmas Map of the map experiment (bench/paper_map.py)
 SYSTEMS = ["gesmas", "zookeeper", "etcd"]
 #: the paper's experiments (and their table) compare these two; etcd takes part in "reads"
 PAPER_SYSTEMS = ["gesmas", "zookeeper"]

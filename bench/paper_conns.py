@@ -8,7 +8,7 @@ from collections import deque
 from typing import Any
 
 
-from paper_common import ITEM, OP_TIMEOUT, ROUTE_ENV, SESSION_TTL
+from paper_common import ITEM, MAP, OP_TIMEOUT, ROUTE_ENV, SESSION_TTL
 
 # -- adapters: one connection (session) each ---------------------------------------------------
 
@@ -21,25 +21,39 @@ class GesmasConn:
     name = "gesmas"
 
     def __init__(self, addrs: list[str], idx: int, consistency: str = "linearizable",
-                 route: str | None = None) -> None:
+                 route: str | None = None, kv: bool | str = False) -> None:
         from gesmas.client import Client
         self.c = Client(rotate(addrs, idx), session_ttl=SESSION_TTL,
                         route=route or os.environ.get(ROUTE_ENV, "leader"),
                         consistency=consistency)
         self._objs: dict[tuple[str, str], Any] = {}
+        self._kv = bool(kv)
+        self._map_name = kv if isinstance(kv, str) else MAP
 
     # reads (bench/paper.py's "reads"): Counter.get is a declared reader, served without a
-    # log entry with the client's consistency; Counter.add is a write (a log entry)
+    # log entry with the client's consistency; Counter.add is a write (a log entry). With
+    # `kv` (bench/paper_map.py): a key of the Map MAP (or the Map named), Map.get and put.
     def _ctr(self, key: str) -> Any:
         k = ("c", key)
         if k not in self._objs:
             self._objs[k] = self.c.counter(key)
         return self._objs[k]
 
+    def map(self) -> Any:
+        k = ("m", self._map_name)
+        if k not in self._objs:
+            self._objs[k] = self.c.map(self._map_name)
+        return self._objs[k]
+
     def read(self, key: str) -> Any:
+        if self._kv:
+            return self.map().get(key)
         return self._ctr(key).get(timeout=OP_TIMEOUT)
 
-    def write(self, key: str) -> None:
+    def write(self, key: str, value: bytes = ITEM) -> None:
+        if self._kv:
+            self.map().put(key, value)
+            return
         self._ctr(key).add(1, timeout=OP_TIMEOUT)
 
     def _q(self, name: str) -> Any:
@@ -87,7 +101,7 @@ class ZkConn:
     name = "zookeeper"
 
     def __init__(self, hosts: list[str], idx: int, consistency: str = "linearizable",
-                 route: str | None = None) -> None:
+                 route: str | None = None, kv: bool | str = False) -> None:
         from kazoo.client import KazooClient
         self.c = KazooClient(hosts=",".join(rotate(hosts, idx)), randomize_hosts=False,
                              timeout=30.0)
@@ -103,8 +117,8 @@ class ZkConn:
             self.c.sync(path)
         return self.c.get(path)[0]
 
-    def write(self, key: str) -> None:
-        self.c.set(f"/paper/read/{key}", ITEM)
+    def write(self, key: str, value: bytes = ITEM) -> None:
+        self.c.set(f"/paper/read/{key}", value)
 
     def setup_read(self, key: str) -> None:
         self.c.ensure_path(f"/paper/read/{key}")
@@ -207,7 +221,7 @@ class EtcdConn:
     name = "etcd"
 
     def __init__(self, hosts: list[str], idx: int, consistency: str = "linearizable",
-                 route: str | None = None) -> None:
+                 route: str | None = None, kv: bool | str = False) -> None:
         from etcd_cluster import EtcdKV
         self.kv = EtcdKV(rotate(hosts, idx)[0])
         self._serializable = consistency != "linearizable"
@@ -218,8 +232,8 @@ class EtcdConn:
         return self.kv.get(f"/paper/read/{key}".encode(), serializable=self._serializable,
                            timeout=OP_TIMEOUT)
 
-    def write(self, key: str) -> None:
-        self.kv.put(f"/paper/read/{key}".encode(), ITEM, timeout=OP_TIMEOUT)
+    def write(self, key: str, value: bytes = ITEM) -> None:
+        self.kv.put(f"/paper/read/{key}".encode(), value, timeout=OP_TIMEOUT)
 
     def close(self) -> None:
         self.kv.close()
@@ -227,7 +241,7 @@ class EtcdConn:
 
 def connect(system: str, endpoints: list[str], idx: int, **opts: Any) -> Any:
     """One connection; opts (reads): consistency ("linearizable", or each system's cheapest
-    read: "sequential") and, for gesmas, route."""
+    read: "sequential") and, for gesmas, route and kv (read and write a Map's key)."""
     cls = {"gesmas": GesmasConn, "zookeeper": ZkConn, "etcd": EtcdConn}[system]
     return cls(endpoints, idx, **opts)
 

@@ -56,6 +56,15 @@ def _client_body(kind: str, conn: Any, slot: dict[str, Any], p: dict[str, Any],
                 lat.append((time.perf_counter() - t0) * 1e3)
             slot["ops"] += 1
         slot["wlat"] = wlat
+    elif kind == "write":               # writes of one key (bench/paper_map.py: put)
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            conn.write(p["key"])
+            lat.append((time.perf_counter() - t0) * 1e3)
+            slot["ops"] += 1
+    elif kind == "watch":               # bench/paper_map.py: a watcher of the fan-out
+        from paper_map import watch_body
+        watch_body(conn, slot, p)
     elif kind == "herd":
         slot["t_call"] = time.monotonic()
         v = conn.consume(p["q"], p["timeout"])

@@ -30,6 +30,15 @@ def hold_lock(addr: str) -> None:
     time.sleep(600)
 
 
+def hold_ephemeral(addr: str, name: str, key: str) -> None:
+    """Register `key` in Map `name` as an ephemeral entry, say so, then wait to be killed."""
+    c = Client(addr, session_ttl=2.0)
+    put = c.map(name).put(key, {"pid": 1}, ephemeral=True)
+    print(json.dumps(put), flush=True)
+    time.sleep(600)
+
+
 if __name__ == "__main__":
     {"lock_loop": lambda: lock_loop(sys.argv[2], int(sys.argv[3])),
-     "hold_lock": lambda: hold_lock(sys.argv[2])}[sys.argv[1]]()
+     "hold_lock": lambda: hold_lock(sys.argv[2]),
+     "hold_ephemeral": lambda: hold_ephemeral(*sys.argv[2:5])}[sys.argv[1]]()

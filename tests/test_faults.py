@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import signal
 import threading
 import time
@@ -42,11 +43,13 @@ try:
     from tests.faultproxy import FaultProxy
     from tests.lincheck import (CounterModel, HistoryRecorder, LockModel, QueueModel, check,
                                 check_queue_exactly_once)
+    from tests.lincheck_map import MapModel
 except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
     from faultcluster import FaultCluster
     from faultproxy import FaultProxy
     from lincheck import (CounterModel, HistoryRecorder, LockModel, QueueModel, check,
                           check_queue_exactly_once)
+    from lincheck_map import MapModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -206,6 +209,30 @@ class Load:
         self.loop(f"reader-{tag}", max_ops, max_seconds,
                   lambda n: self.call(c, key, "get", (), lambda: ctr.get()) and None)
 
+    def mapper(self, c: Client, key: str, tag: str, max_ops: int, max_seconds: float,
+               seed: int) -> None:
+        """A Map's get (a reader), put, cas and txn on three keys, checked by MapModel."""
+        m = c.map(key)
+        rng = random.Random(seed)
+        versions: dict[str, int] = {}           # the versions this client's puts made
+
+        def step(n: int) -> None:
+            k, k2, v = rng.choice("abc"), rng.choice("abc"), f"{tag}-{n}"
+            kind = rng.choice(("get", "get", "put", "cas", "txn"))
+            if kind == "get":
+                self.call(c, key, "get", (k,), lambda: m.get(k))
+            elif kind == "put":
+                out = self.call(c, key, "put", (k, v), lambda: m.put(k, v))
+                if isinstance(out, dict):
+                    versions[k] = out["version"]
+            elif kind == "cas":
+                expect = versions.get(k, 0)
+                self.call(c, key, "cas", (k, expect, v), lambda: m.cas(k, expect, v))
+            else:
+                inp = ([[k, "version", ">", 0]], [["put", k2, v], ["get", k]], [["put", k, v]])
+                self.call(c, key, "txn", inp, lambda: m.txn(*inp))
+        self.loop(f"mapper-{tag}", max_ops, max_seconds, step)
+
     def session_reader(self, c: Client, key: str, tag: str, max_ops: int,
                        max_seconds: float, seen: list) -> None:
         """Counter.add then Counter.get, alternately, by a client whose reads are sequential
@@ -340,12 +367,15 @@ def test_kill_leader_then_follower_under_queue_load():
         setup = load.client(0)
         setup.queue("q1")
         setup.counter("c1")
+        setup.map("m1")
         probe = load.client(1)
         for i in range(3):
             load.producer(load.client(i), "q1", f"p{i}", max_ops=400, max_seconds=40)
             load.consumer(load.client(i + 1), "q1", f"c{i}", max_ops=600, max_seconds=40)
         load.adder(load.client(2), "c1", "a", max_ops=1000, max_seconds=40)
         load.reader(load.client(0), "c1", "r", max_ops=1000, max_seconds=40)
+        load.mapper(load.client(1), "m1", "m", max_ops=600, max_seconds=40, seed=20)
+        load.mapper(load.client(2), "m1", "n", max_ops=600, max_seconds=40, seed=21)
         time.sleep(2.0)
 
         recovery = []
@@ -379,7 +409,8 @@ def test_kill_leader_then_follower_under_queue_load():
         qh = [o for o in history if o.key == "q1"]
         ch = [o for o in history if o.key == "c1"]
         verdicts = {"q1": check(qh, QueueModel(), max_steps=3_000_000),
-                    "c1": check(ch, CounterModel())}
+                    "c1": check(ch, CounterModel()),
+                    "m1": check([o for o in history if o.key == "m1"], MapModel())}
         report("kill -9 leader, then follower (queue load)", history, verdicts, recovery,
                lost, dups, note=f"new leader answered {elected}s after the leader's kill; "
                f"drained {drained} at the end",
@@ -480,6 +511,7 @@ def test_sigstop_leader_then_sigcont():
         setup = load.client(0)
         setup.lock("l3")
         setup.counter("c3")
+        setup.map("m3")
         leader = cluster.find_leader()
         li = cluster.members.index(leader)
         probe = load.client(li + 1)               # prefers a replica that keeps running
@@ -487,6 +519,7 @@ def test_sigstop_leader_then_sigcont():
             load.locker(load.client(li + i), "l3", f"l{i}", max_ops=300, max_seconds=20)
             load.adder(load.client(li + i), "c3", f"a{i}", max_ops=600, max_seconds=20)
             load.reader(load.client(li + i), "c3", f"r{i}", max_ops=600, max_seconds=20)
+            load.mapper(load.client(li + i), "m3", f"m{i}", max_ops=300, max_seconds=20, seed=i)
         time.sleep(1.5)
 
         t = time.monotonic()
@@ -508,7 +541,8 @@ def test_sigstop_leader_then_sigcont():
 
         history = load.rec.history()
         verdicts = {"l3": check([o for o in history if o.key == "l3"], LockModel()),
-                    "c3": check([o for o in history if o.key == "c3"], CounterModel())}
+                    "c3": check([o for o in history if o.key == "c3"], CounterModel()),
+                    "m3": check([o for o in history if o.key == "m3"], MapModel())}
         report("SIGSTOP leader 3 s, SIGCONT", history, verdicts, recovery,
                note=f"new leader elected after {elected:.2f}s; old leader is_leader="
                f"{st['is_leader']} afterwards", unexpected=load.unexpected[:10])
@@ -548,6 +582,7 @@ def test_partition_isolating_the_leader():
         setup = load.client(0)
         setup.lock("l4")
         setup.counter("c4")
+        setup.map("m4")
         leader = cluster.find_leader()
         li = cluster.members.index(leader)
         probe = load.client(li + 1)
@@ -555,6 +590,8 @@ def test_partition_isolating_the_leader():
             load.locker(load.client(li + i), "l4", f"l{i}", max_ops=300, max_seconds=20)
             load.adder(load.client(li + i), "c4", f"a{i}", max_ops=600, max_seconds=20)
             load.reader(load.client(li + i), "c4", f"r{i}", max_ops=600, max_seconds=20)
+            load.mapper(load.client(li + i), "m4", f"m{i}", max_ops=300, max_seconds=20,
+                        seed=10 + i)
         # sequential reads through the replica about to be isolated (and through another)
         seq_seen: list[list] = [[], []]
         for j, seen in enumerate(seq_seen):
@@ -595,7 +632,8 @@ def test_partition_isolating_the_leader():
 
         history = load.rec.history()
         verdicts = {"l4": check([o for o in history if o.key == "l4"], LockModel()),
-                    "c4": check([o for o in history if o.key == "c4"], CounterModel())}
+                    "c4": check([o for o in history if o.key == "c4"], CounterModel()),
+                    "m4": check([o for o in history if o.key == "m4"], MapModel())}
         report("partition isolating the leader ~3 s", history, verdicts, recovery,
                note=f"new leader after {elected:.2f}s; old leader stepped down after "
                f"{stepped_down}s; rejoined with is_leader={st['is_leader']}",

@@ -49,7 +49,8 @@ def test_each_replica_serves_its_metrics():
                          "gesmas_journal_fsync_seconds", "gesmas_journal_bytes",
                          "gesmas_checkpoint_seconds", "gesmas_raft_role_changes",
                          "gesmas_sessions_expired", "gesmas_gc_pause_seconds",
-                         "gesmas_rejoining", "gesmas_snapshot_bytes", "gesmas_data_dir_bytes"):
+                         "gesmas_rejoining", "gesmas_snapshot_bytes", "gesmas_data_dir_bytes",
+                         "gesmas_waiting_readers", "gesmas_reader_wakes"):
                 assert name in f, (node_id, name)
             assert value(f, "gesmas_data_dir_bytes") >= value(f, "gesmas_journal_bytes") > 0
             assert value(f, "gesmas_rejoining") == 0.0   # a new cluster's replicas vote

@@ -1383,6 +1383,23 @@ def _tooz_after(h, ctx):
             h.value(sr), h.ok(c, "s", "is_owner", "z"), h.value(tg)["members"]]
 
 
+def _map_setup(h):
+    h.make("Map", "m")
+    a, b, w1, w2 = h.sessions(4)
+    h.ok(a, "m", "put", "svc/a", 1, True)
+    t1 = h.call(w1, "m", "watch", "svc/", 1)
+    t2 = h.call(w2, "m", "watch", "cfg/", 1, timeout=4)
+    return a, b, t1, t2
+
+
+def _map_after(h, ctx):
+    a, b, t1, t2 = ctx
+    h.ok(b, "m", "put", "other", 1)
+    h.end("expire", a)                                 # svc/a goes: the svc/ watch answers
+    h.tick(h.ts + 5)                                   # the cfg/ one times out
+    return [h.value(t1), h.error(t2).code, h.ok(b, "m", "keys")]
+
+
 SCENARIOS = {
     "queue": (_q_setup, _q_after),
     "lock": (_lock_setup, _lock_after),
@@ -1393,6 +1410,7 @@ SCENARIOS = {
     "election": (_election_setup, _election_after),
     "queue-herd": (_herd_setup, _herd_after),
     "tooz": (_tooz_setup, _tooz_after),
+    "map": (_map_setup, _map_after),
 }
 
 

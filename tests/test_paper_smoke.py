@@ -55,16 +55,21 @@ def test_paper_quick_gesmas_only(tmp_path: Path) -> None:
         assert (tmp_path / name).stat().st_size > 1000, name
 
 
-def test_paper_reads_quick_gesmas_only(tmp_path: Path) -> None:
-    """--only reads --quick --systems gesmas: one repetition of every point at tiny sizes;
-    issue 24's table with gesmas measured and the other columns empty, and no log entry
-    while only reads ran (the leader's commit index, before and after each point)."""
+def test_paper_reads_and_map_quick_gesmas_only(tmp_path: Path) -> None:
+    """--only reads,map --quick --systems gesmas (one cluster for both): one repetition of
+    every point at tiny sizes; issue 24's table with gesmas measured and the other columns
+    empty, and no log entry while only reads ran (the leader's commit index, before and
+    after each point); issue 27's map table: gets, puts, and watch fan-outs in which every
+    watcher was notified of every change."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "paper.py"), "--quick", "--only", "reads",
+        [sys.executable, str(ROOT / "bench" / "paper.py"), "--quick", "--only", "reads,map",
          "--systems", "gesmas", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=150, cwd=ROOT, stdin=subprocess.DEVNULL)
+        capture_output=True, text=True, timeout=200, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
-    table = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
+    reads_out, _, map_out = out.stdout.partition("Map (issue 27)")
+    assert map_out, out.stdout
+    _check_map(map_out, json.loads((tmp_path / "paper.json").read_text()))
+    table = [ln for ln in reads_out.splitlines() if ln.startswith("|")]
     assert table and table[0] == "| figure | ZooKeeper | etcd | gesmas | gesmas vs the best |", \
         out.stdout
     names = [ln.split("|")[1].strip() for ln in table[2:]]
@@ -98,3 +103,30 @@ def test_paper_reads_quick_gesmas_only(tmp_path: Path) -> None:
         if rec["point"] != "mix":
             assert rec["log_entries"] == 0 and rec["writes"] == 0, (key, rec)
     assert "a read-only load adds no log entry (gesmas): **met**" in out.stdout, out.stdout
+
+
+def _check_map(text: str, doc: dict) -> None:
+    table = [ln for ln in text.splitlines() if ln.startswith("|")]
+    assert table[0] == "| figure | ZooKeeper | etcd | gesmas | gesmas vs the best |", text
+    names = [ln.split("|")[1].strip() for ln in table[2:]]
+    gets = [f"{figure}, 1 client, {mode}" for mode in ("linearizable", "cheapest")
+            for figure in ("get p50 ms", "gets/s")]
+    assert names[:6] == gets + ["put p50 ms, 1 client", "puts/s, 1 client"], names
+    assert names[-5:] == [
+        "3 watchers of one key: ms from the put to the last notified",
+        "3 watchers of one key: server CPU ms per change",
+        "3 watchers of 3 keys: ms from a put to its watcher (p50)",
+        "3 watchers of 3 keys: ms from a round's first put to the last notified",
+        "3 watchers of 3 keys: server CPU ms per change"], names
+    for ln in table[2:]:
+        cells = [c.strip() for c in ln.split("|")[1:-1]]
+        assert cells[1] == "—" and cells[2] == "—" and cells[3] != "—", ln
+    recs = doc["results"]["gesmas"]["map"]
+    assert "failed" not in recs and len(recs) == 5, sorted(recs)
+    for point, rec in recs.items():
+        assert rec["n_errors"] == 0 and "infeasible" not in rec, (point, rec)
+        if point.startswith("fan|"):
+            assert rec["notified"] == rec["watchers"] * rec["rounds"], (point, rec)
+        else:
+            assert rec["ops"] > 0, (point, rec)
+    assert "Map targets (issue 27):" in text

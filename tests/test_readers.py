@@ -174,7 +174,7 @@ def test_the_standard_classes_readers_run_on_the_live_object_and_change_nothing(
     assert h.kernel.read("", "c", "get") == 7
     made = {"Counter": "c", "Queue": "q", "Lock": "l", "Semaphore": "s", "Barrier": "b",
             "CountDownLatch": "cd", "ReadWriteLock": "rw", "LeaderElection": "e", "Group": "g",
-            "Election": "ge", "DoubleBarrier": "db"}
+            "Election": "ge", "DoubleBarrier": "db", "Map": "m"}
     ctor = {"Semaphore": [2], "Barrier": [2], "CountDownLatch": [1], "DoubleBarrier": [2]}
     for cls, name in made.items():
         if cls != "Counter":
@@ -183,12 +183,15 @@ def test_the_standard_classes_readers_run_on_the_live_object_and_change_nothing(
     h.call(s, "l", "acquire")
     h.call(s, "g", "join", "m1")
     h.call(s, "e", "campaign", "v")
+    h.call(s, "m", "put", "k", [1], True)
     before = h.kernel.state_digest()
     seen = 0
     for cls, name in made.items():
         rec = h.kernel.state.objects[name]
         for method in rec.cls.cls._readers:
-            args = ["m1"] if method == "member" else []
+            args = (["m1"] if method == "member" else
+                    ["k"] if method in ("get", "entry") and name == "m" else
+                    [""] if method in ("items", "keys", "watch") else [])
             try:
                 h.kernel.read("", name, method, args)
             except KernelError as e:

@@ -667,6 +667,57 @@ def test_declared_readers_are_served_without_an_entry_and_can_wait(cluster):
 # --- waiting readers: woken by entries that change their object ------------------------------
 
 
+def test_a_reader_waiting_for_a_topic_wakes_for_matching_changes_only():
+    """NotYet(topic): a Map's watches of "a/" and of "a/1" sleep through an entry that
+    changed "b/1" (one waiting for any change of the object wakes), wake for "a/1x" as
+    their prefixes say, and all wake for an entry that named nothing or a replaced state."""
+    from gesmas.server.node_reads import ObjectChanges
+    changes = ObjectChanges()
+    applied = [10]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def waiters(*topics: str | None) -> list[asyncio.Future[int | None]]:
+            return [asyncio.ensure_future(changes.wait("m", applied[0], lambda: applied[0],
+                                                       30, t)) for t in topics]
+
+        async def entry(index: int, topics: dict) -> None:
+            applied[0] = index
+            await loop.run_in_executor(None, changes.applied, index, {"m"}, topics)
+            await asyncio.sleep(0.01)
+
+        prefix, key, other, anything = waiters("a/", "a/1", "b/2", None)
+        await asyncio.sleep(0)
+        assert changes.waiting() == 4
+        await entry(11, {"m": ["b/1"]})
+        assert anything.done() and await anything == 11
+        assert not prefix.done() and not key.done() and not other.done()
+        await entry(12, {"m": ["a/1x", "c"]})
+        assert await prefix == 12 and await key == 12 and not other.done()
+        await entry(13, {"m": None})                 # too many to list: everyone
+        assert await other == 13
+        many = waiters(*[f"t{i}" for i in range(50)])   # more waited-for topics than the
+        await asyncio.sleep(0)                           # changed key is long
+        await entry(14, {"m": ["t7"]})
+        assert [f.done() for f in many].count(True) == 1 and many[7].done()
+        await entry(15, {})                          # named nothing: everyone
+        assert all(f.done() for f in many)
+        assert changes.waiting() == 0
+    asyncio.run(main())
+
+
+def test_topic_matching_by_prefixes_by_topics_and_past_its_work_bound():
+    from gesmas.server.node_reads import MATCH_WORK, SHORT_TOPIC, _matching
+    waited = {t: [] for t in ("", "a", "a/", "a/b", "b", "x" * 300)}
+    assert _matching(waited, ["a/b/c"]) == {"a", "a/", "a/b"}          # by prefixes
+    assert _matching(waited, ["x" * 301]) == {"x" * 300}              # long: by topics
+    assert _matching(waited, ["zzz", "b"]) == {"b"}
+    assert len("a/b/c") < len(waited) and 301 > SHORT_TOPIC
+    many = ["k"] * (MATCH_WORK // len(waited) + 1)                    # too much work:
+    assert set(_matching(waited, many)) == set(waited)                # all of them
+
+
 def test_a_waiting_reader_wakes_for_entries_on_its_object_only():
     from gesmas.server.node_reads import ObjectChanges
     changes = ObjectChanges()

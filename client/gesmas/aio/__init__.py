@@ -46,7 +46,8 @@ from gesmas.client import convert, core
 from gesmas.client import session as session_
 from gesmas.client.session import Lease, SessionState
 from gesmas.aio.proxies import (PROXIES, BarrierProxy, LeaderElectionProxy, LockProxy,
-                                ObjectProxy, QueueProxy, ReadWriteLockProxy, SemaphoreProxy)
+                                MapProxy, ObjectProxy, QueueProxy, ReadWriteLockProxy,
+                                SemaphoreProxy)
 from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
@@ -362,7 +363,8 @@ class Client(session_.SessionView):
 
     async def _invoke(self, class_name: str, object_name: str, method: str,
                       args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
-                      create: tuple[tuple[Any, ...], dict[str, Any]] | None) -> Any:
+                      create: tuple[tuple[Any, ...], dict[str, Any]] | None,
+                      consistency: str | None = None) -> Any:
         request = core.invoke_request(class_name, object_name, method, args, kwargs, timeout,
                                       create)
         request.session = await self.session()
@@ -370,8 +372,9 @@ class Client(session_.SessionView):
         seqs = self._seqs                     # this session's (a reopened one has others)
         request.seq = seqs.new()
         # a method its class declares read-only is served without a log entry, with this
-        # consistency (ignored for every other call)
-        request.read.CopyFrom(core.read_options(self._consistency, self._seen))
+        # consistency, the client's unless the call names one (ignored for other calls)
+        request.read.CopyFrom(core.read_options(
+            core.consistency_setting(consistency, self._consistency), self._seen))
         try:
             request.ack = seqs.ack()
 
@@ -441,6 +444,11 @@ class Client(session_.SessionView):
     def election(self, name: str, **kwargs: Any) -> LeaderElectionProxy:
         proxy = self.object("LeaderElection", name, **kwargs)
         assert isinstance(proxy, LeaderElectionProxy)
+        return proxy
+
+    def map(self, name: str, **kwargs: Any) -> MapProxy:
+        proxy = self.object("Map", name, **kwargs)
+        assert isinstance(proxy, MapProxy)
         return proxy
 
     def rwlock(self, name: str, **kwargs: Any) -> ReadWriteLockProxy:

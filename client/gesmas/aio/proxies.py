@@ -5,7 +5,7 @@ properties that call the server (a barrier's ``parties``, ``n_waiting``, ``broke
 awaited methods here: ``await barrier.parties()``."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,7 +15,8 @@ from gesmas.client.proxies import Fence, FencedHold, Hold, blocking_flag
 if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
 
-__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "ObjectProxy", "QueueProxy",
+__all__ = ["BarrierProxy", "LeaderElectionProxy", "LockProxy", "MapProxy", "ObjectProxy",
+           "QueueProxy",
            "ReadWriteLockProxy", "SemaphoreProxy", "PROXIES"]
 
 
@@ -198,8 +199,72 @@ class LeaderElectionProxy(ObjectProxy):
         return await self.invoke("watch", known_term, timeout=timeout)
 
 
+class MapProxy(ObjectProxy):
+    """A Map, as the sync proxy's (gesmas.client.proxies.MapProxy): the reads take
+    ``consistency=``; ``watch(prefix)`` without a revision waits for a change after now;
+    ``async for event in m.watch_iter(prefix)`` yields every change."""
+
+    async def _read(self, method: str, *args: Any, consistency: str | None = None,
+                    timeout: float | None = None) -> Any:
+        return await self.client._invoke(self.class_name, self.object_name, method, args,
+                                         {}, timeout, self._create, consistency)
+
+    async def get(self, key: str, default: Any = None, *,
+                  consistency: str | None = None) -> Any:
+        return await self._read("get", key, default, consistency=consistency)
+
+    async def entry(self, key: str, *, consistency: str | None = None) -> Any:
+        return await self._read("entry", key, consistency=consistency)
+
+    async def items(self, prefix: str = "", limit: int = 100, start_after: str = "", *,
+                    consistency: str | None = None) -> Any:
+        return await self._read("items", prefix, limit, start_after, consistency=consistency)
+
+    async def keys(self, prefix: str = "", limit: int = 100, start_after: str = "", *,
+                   consistency: str | None = None) -> Any:
+        return await self._read("keys", prefix, limit, start_after, consistency=consistency)
+
+    async def revision(self, *, consistency: str | None = None) -> int:
+        rev: int = await self._read("revision", consistency=consistency)
+        return rev
+
+    async def size(self, *, consistency: str | None = None) -> int:
+        n: int = await self._read("size", consistency=consistency)
+        return n
+
+    async def put(self, key: str, value: Any, ephemeral: bool = False) -> Any:
+        return await self.invoke("put", key, value, ephemeral)
+
+    async def delete(self, key: str) -> bool:
+        return bool(await self.invoke("delete", key))
+
+    async def cas(self, key: str, expect_version: int, value: Any) -> bool:
+        return bool(await self.invoke("cas", key, expect_version, value))
+
+    async def txn(self, compares: Sequence[Any], success: Sequence[Any],
+                  failure: Sequence[Any] = ()) -> Any:
+        return await self.invoke("txn", list(compares), list(success), list(failure))
+
+    async def watch(self, prefix: str = "", after_revision: int | None = None, *,
+                    limit: int = 1000, timeout: float | None = None,
+                    consistency: str | None = None) -> Any:
+        if after_revision is None:
+            after_revision = await self.revision(consistency=consistency)
+        return await self._read("watch", prefix, after_revision, limit,
+                                consistency=consistency, timeout=timeout)
+
+    async def watch_iter(self, prefix: str = "", after_revision: int | None = None, *,
+                         timeout: float | None = None) -> AsyncIterator[Any]:
+        while True:
+            got = await self.watch(prefix, after_revision, timeout=timeout)
+            for event in got["events"]:
+                yield event
+            after_revision = got["revision"]
+
+
 PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy,
                                          "Semaphore": SemaphoreProxy,
                                          "Barrier": BarrierProxy,
                                          "ReadWriteLock": ReadWriteLockProxy,
-                                         "LeaderElection": LeaderElectionProxy}
+                                         "LeaderElection": LeaderElectionProxy,
+                                         "Map": MapProxy}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from gesmas.client.proxies import (BarrierProxy, LeaderElectionProxy, LockProxy,
-                                   ObjectProxy, QueueProxy, ReadWriteLockProxy,
+                                   MapProxy, ObjectProxy, QueueProxy, ReadWriteLockProxy,
                                    SemaphoreProxy)
 
 T = TypeVar("T")
@@ -60,6 +60,11 @@ class StandardObjects:
     def counter(self, name: str, **kwargs: Any) -> ObjectProxy:
         """A counter (``initial=0``)."""
         return self.object("Counter", name, **kwargs)
+
+    def map(self, name: str, **kwargs: Any) -> MapProxy:
+        """A key-value map with versions, cas, transactions, ephemeral entries and watches
+        (``max_keys=``, ``max_key_bytes=``, ``max_value_bytes=``, ``history=``)."""
+        return self._typed("Map", name, MapProxy, kwargs)
 
     def _typed(self, class_name: str, name: str, cls: type[T], kwargs: dict[str, Any]) -> T:
         proxy = self.object(class_name, name, **kwargs)

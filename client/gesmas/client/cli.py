@@ -1,7 +1,7 @@
 """The ``gesmas`` command: call methods, upload classes, inspect and run a cluster.
 
 Client commands (call, upload, status, objects, classes, admin; lock, elect, delete in
-cli_hold.py) talk to ``--cluster``;
+cli_hold.py; map in cli_map.py) talk to ``--cluster``;
 ``health`` asks one replica. Server
 commands (up, server) only parse their arguments here and hand the Namespace to
 ``gesmas.server.node``, imported when they run. Errors are one line on stderr:
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from gesmas.client import cli_auth, cli_hold
+from gesmas.client import cli_auth, cli_hold, cli_map
 from gesmas.client.client import DEFAULT_CLUSTER, Client
 from gesmas.client.errors import GesmasError, NotFound
 from gesmas.client.security import TLS
@@ -315,6 +315,14 @@ def cmd_remove_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_map(args: argparse.Namespace) -> int:
+    with _client(args, session=True) as c:
+        try:
+            return cli_map.run(c.map(args.name), args, parse_arg, _parse_json, _dump)
+        except ValueError as e:           # a mistake in the command line
+            raise UsageError(str(e)) from None
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     """Take a backup, write it to FILE atomically, read it back and check it."""
     from gesmas.protocol import backups
@@ -536,6 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_auth.add_commands(sub, common, _Parser, cmd_auth_op)
     cli_hold.add_commands(sub, common, _client, UsageError, seconds)
+    cli_map.add_commands(sub, common, _Parser, cmd_map)
 
     p = sub.add_parser("certs", help="make a throw-away CA and certificates",
                        description="Write a CA, a server certificate for HOSTS and client "

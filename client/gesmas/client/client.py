@@ -579,7 +579,8 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
 
     def _invoke(self, class_name: str, object_name: str, method: str, args: tuple[Any, ...],
                 kwargs: dict[str, Any], timeout: float | None,
-                create: tuple[tuple[Any, ...], dict[str, Any]] | None) -> Any:
+                create: tuple[tuple[Any, ...], dict[str, Any]] | None,
+                 consistency: str | None = None) -> Any:
         """``invoke``; with ``create`` (constructor args, kwargs) the object is made first
         if it does not exist, in the same command (what proxies from accessors send)."""
         request = core.invoke_request(class_name, object_name, method, args, kwargs, timeout,
@@ -589,8 +590,9 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         seqs = self._seqs                     # this session's (a reopened one has others)
         request.seq = seqs.new()
         # a method its class declares read-only is served without a log entry, with this
-        # consistency (ignored for every other call)
-        request.read.CopyFrom(core.read_options(self._consistency, self._seen))
+        # consistency, the client's unless the call names one (ignored for other calls)
+        request.read.CopyFrom(core.read_options(
+            core.consistency_setting(consistency, self._consistency), self._seen))
         try:
             request.ack = seqs.ack()
 

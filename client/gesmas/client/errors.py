@@ -44,6 +44,7 @@ __all__ = [
     "Aborted",
     "AlreadyExists",
     "ApplicationError",
+    "Compacted",
     "GesmasError",
     "Internal",
     "InvalidArgument",
@@ -245,12 +246,16 @@ _PYTHON_BASES: dict[str, type[BaseException]] = {
         "AttributeError", "NotImplementedError", "AssertionError", "RecursionError")
 }
 _PYTHON_BASES.update({"LockNotOwned": RuntimeError,
-                      "BrokenBarrierError": threading.BrokenBarrierError})
+                      "BrokenBarrierError": threading.BrokenBarrierError,
+                      "Compacted": LookupError})
 REMOTE_CLASSES: dict[str, type[ApplicationError]] = {}
 for _name, _base in _PYTHON_BASES.items():
     _cls = type(f"Remote{_name}", (ApplicationError, _base),
                 {"__module__": __name__, "__doc__": f"A remote {_name}."})
     globals()[_cls.__name__] = REMOTE_CLASSES[_name] = _cls
+#: A Map's watch after a revision whose changes it no longer keeps (the message names the
+#: oldest revision a watch may start after).
+Compacted = REMOTE_CLASSES["Compacted"]
 
 
 def error_from_detail(detail: pb.ErrorDetail) -> GesmasError:

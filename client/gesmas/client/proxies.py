@@ -10,7 +10,7 @@ fence that ``with c.lock(name) as fence`` gives is an ``int`` that can tell the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +27,7 @@ __all__ = [
     "Hold",
     "LeaderElectionProxy",
     "LockProxy",
+    "MapProxy",
     "ObjectProxy",
     "QueueProxy",
     "ReadWriteLockProxy",
@@ -333,6 +334,105 @@ class LeaderElectionProxy(ObjectProxy):
         return self.invoke("watch", known_term, timeout=timeout)
 
 
+class MapProxy(ObjectProxy):
+    """A Map: a key-value map with versions, a map-wide revision, cas, transactions,
+    ephemeral entries and watches (objects/kvmap.py says what each call answers).
+
+    The reads (``get``, ``entry``, ``items``, ``keys``, ``size``, ``revision``, ``watch``)
+    take no log entry; each takes ``consistency=`` ("linearizable" or "sequential") to
+    override the client's. ``watch(prefix)`` without a revision waits for the next change
+    after now; ``watch_iter(prefix)`` yields every change, one event at a time, for ever.
+    As a dict: ``m[key]`` (KeyError when missing), ``m[key] = value``, ``del m[key]``
+    (KeyError when missing), ``key in m``, ``len(m)``: one call each."""
+
+    def _read(self, method: str, *args: Any, consistency: str | None = None,
+              timeout: float | None = None) -> Any:
+        return self.client._invoke(self.class_name, self.object_name, method, args, {},
+                                   timeout, self._create, consistency)
+
+    def get(self, key: str, default: Any = None, *, consistency: str | None = None) -> Any:
+        return self._read("get", key, default, consistency=consistency)
+
+    def entry(self, key: str, *, consistency: str | None = None) -> Any:
+        """{"value", "version", "create_revision", "mod_revision", "ephemeral"} or None."""
+        return self._read("entry", key, consistency=consistency)
+
+    def items(self, prefix: str = "", limit: int = 100, start_after: str = "", *,
+              consistency: str | None = None) -> Any:
+        """One page: {"items": [{"key", "value", "version", "mod_revision"}], "more",
+        "revision"}; the next page starts after the last key."""
+        return self._read("items", prefix, limit, start_after, consistency=consistency)
+
+    def keys(self, prefix: str = "", limit: int = 100, start_after: str = "", *,
+             consistency: str | None = None) -> Any:
+        return self._read("keys", prefix, limit, start_after, consistency=consistency)
+
+    def revision(self, *, consistency: str | None = None) -> int:
+        rev: int = self._read("revision", consistency=consistency)
+        return rev
+
+    def size(self, *, consistency: str | None = None) -> int:
+        n: int = self._read("size", consistency=consistency)
+        return n
+
+    def put(self, key: str, value: Any, ephemeral: bool = False) -> Any:
+        """{"revision", "version"}; ``ephemeral``: deleted when this client's session ends."""
+        return self.invoke("put", key, value, ephemeral)
+
+    def __getitem__(self, key: str) -> Any:
+        e = self.entry(key)
+        if e is None:
+            raise KeyError(key)
+        return e["value"]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if not self.delete(key):
+            raise KeyError(key)
+
+    def __contains__(self, key: str) -> bool:
+        return self.entry(key) is not None
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def delete(self, key: str) -> bool:
+        return bool(self.invoke("delete", key))
+
+    def cas(self, key: str, expect_version: int, value: Any) -> bool:
+        """Put if the key's version is ``expect_version`` (0: only if it does not exist)."""
+        return bool(self.invoke("cas", key, expect_version, value))
+
+    def txn(self, compares: Sequence[Any], success: Sequence[Any],
+            failure: Sequence[Any] = ()) -> Any:
+        """{"succeeded", "revision", "results"}: ``success`` if every compare holds, else
+        ``failure``; atomic, one log entry."""
+        return self.invoke("txn", list(compares), list(success), list(failure))
+
+    def watch(self, prefix: str = "", after_revision: int | None = None, *,
+              limit: int = 1000, timeout: float | None = None,
+              consistency: str | None = None) -> Any:
+        """{"revision", "events"}: the changes under ``prefix`` after ``after_revision``
+        (None: after now), waiting up to ``timeout`` while there is none (Timeout after
+        it). Watch again from the answer's "revision": nothing is missed or seen twice.
+        A revision older than the map keeps raises ``Compacted`` (a LookupError)."""
+        if after_revision is None:
+            after_revision = self.revision(consistency=consistency)
+        return self._read("watch", prefix, after_revision, limit, consistency=consistency,
+                          timeout=timeout)
+
+    def watch_iter(self, prefix: str = "", after_revision: int | None = None, *,
+                   timeout: float | None = None) -> Iterator[Any]:
+        """Every change under ``prefix`` after ``after_revision`` (None: now), one event at
+        a time, in order, for ever; ``timeout`` bounds each wait (Timeout)."""
+        while True:
+            got = self.watch(prefix, after_revision, timeout=timeout)
+            yield from got["events"]
+            after_revision = got["revision"]
+
+
 #: Standard class name -> proxy class that ``Client.object`` returns for it.
 PROXIES: dict[str, type[ObjectProxy]] = {
     "Queue": QueueProxy,
@@ -341,4 +441,5 @@ PROXIES: dict[str, type[ObjectProxy]] = {
     "Barrier": BarrierProxy,
     "ReadWriteLock": ReadWriteLockProxy,
     "LeaderElection": LeaderElectionProxy,
+    "Map": MapProxy,
 }

@@ -22,7 +22,7 @@ from __future__ import annotations
 from importlib import resources
 
 MODULES = ("queue", "lock", "semaphore", "barrier", "latch", "rwlock", "election", "counter",
-           "group")
+           "group", "kvmap")
 
 #: The class names the standard modules define. They are reserved: only the replicas register
 #: them (an upload that defines one is refused, so nobody can replace the standard Queue).
@@ -33,7 +33,7 @@ RESERVED_CLASSES = frozenset({
     "ReadWriteLock", "LeaderElection", "Counter",
     # names a future standard class may take (issue: Python-like objects, tooz groups)
     "BoundedSemaphore", "Condition", "Event", "Group", "Election",
-    "SharedLock"})
+    "SharedLock", "Map"})
 
 
 def standard_sources() -> list[tuple[str, str]]:

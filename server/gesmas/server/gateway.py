@@ -283,8 +283,8 @@ class Gateway(pb_grpc.GesmasServicer):
             try:
                 return (True, k.read(user, name, method, args, kwargs, request.class_name,
                                      ctor))
-            except NotYet:
-                return (False, None)
+            except NotYet as e:               # its topic, if it named one
+                return (False, e.topic)
 
         changes = self.node.reads.changes
         waiting = False
@@ -300,6 +300,7 @@ class Gateway(pb_grpc.GesmasServicer):
             _saw(index)
             if done:
                 return value
+            topic = value                # what it waits for (NotYet(topic)), else None
             waiting = True
             changed = None
             while changed is None:      # until an entry changes the object, or the deadline
@@ -308,7 +309,7 @@ class Gateway(pb_grpc.GesmasServicer):
                     raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out "
                                            "waiting", "Timeout"))
                 changed = await self._unless_stopping(
-                    changes.wait(name, index, self.node.applied_index, left))
+                    changes.wait(name, index, self.node.applied_index, left, topic))
             consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
 
     async def _unless_stopping(self, waiting: Any) -> Any:

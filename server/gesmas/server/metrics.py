@@ -8,6 +8,8 @@ increment when it fails.
     gesmas_raft_is_leader, gesmas_raft_term, gesmas_raft_commit_index,
     gesmas_raft_applied_index, gesmas_raft_peers_connected
     gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
+    gesmas_waiting_readers, gesmas_reader_wakes_total   (reads that wait on this replica: a
+        Map's watches, observe, ...; and how many times one was woken to run again)
     gesmas_checkpoint_index, gesmas_checkpoint_bytes, gesmas_rejoining
     gesmas_journal_bytes, gesmas_snapshot_bytes, gesmas_data_dir_bytes   (what the disk holds)
     gesmas_runaway_aborts_total, gesmas_held_entries   (README "A call that runs away")
@@ -62,6 +64,14 @@ class NodeCollector:
         peers = st.get("peers", {})
         yield gauge("gesmas_raft_peers_connected", "other members this replica reaches",
                     float(sum(1 for p in peers.values() if p.get("connected"))))
+        reads = getattr(node, "reads", None)        # a node still being made has none
+        if reads is not None:
+            yield gauge("gesmas_waiting_readers", "reads waiting on this replica for a change",
+                        float(reads.changes.waiting()))
+            wakes = CounterMetricFamily("gesmas_reader_wakes",
+                                        "waiting reads woken to run again")
+            wakes.add_metric([], float(reads.changes.wakes))
+            yield wakes
         k = node.kernel
         if k is not None:
             yield gauge("gesmas_sessions", "open sessions", float(len(k.sessions)))

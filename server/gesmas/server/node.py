@@ -160,7 +160,7 @@ class Node(Membership):
     def _applied(self, index: int, cmd: codec.Command, out: list[Completion], kernel: Kernel,
                  deliver: bool) -> None:
         self.leader_duties.applied(index, kernel, time.monotonic())
-        self.reads.changes.applied(index, kernel.touched)
+        self.reads.changes.applied(index, kernel.touched, kernel.topics)
         if deliver:
             self.backups.applied(index, cmd, kernel)
             self.calls.applied(out, cmd.tag, index)

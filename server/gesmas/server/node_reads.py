@@ -124,44 +124,74 @@ class ObjectChanges:
     reader runs again only after an entry that ran on its object, made it or removed it
     (Kernel.touched), not after every entry. The apply thread calls `applied` after each
     entry and `everything` when the state is replaced (a snapshot, a restore); readers wait
-    on the event loop with `wait`. Only the names some reader waits for are looked at."""
+    on the event loop with `wait`. Only the names some reader waits for are looked at.
+
+    A reader that waits for a topic (NotYet(topic): a Map's watch, for its prefix) sleeps
+    on through entries on its object whose code announced changed topics (Kernel.topics),
+    none of them starting with its own; an entry that announced none wakes it, as does a
+    replaced state. A change to one key of a map watched by a thousand readers on other
+    keys wakes the readers of that key only."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: dict[str, list[asyncio.Future[int]]] = {}   # event loop only
+        # event loop only: name -> topic ("" for every change) -> the readers' futures
+        self._waiters: dict[str, dict[str, list[asyncio.Future[int]]]] = {}
         self._names: frozenset[str] = frozenset()   # their names, read by the apply thread
+        self._count = 0                  # readers waiting (metrics read it from their thread)
+        self.wakes = 0                   # readers woken so far: each runs again (metrics)
 
-    def applied(self, index: int, touched: set[str]) -> None:
-        """The apply thread: entry `index` ran on, made or removed `touched`."""
+    def applied(self, index: int, touched: set[str],
+                topics: dict[str, list[str] | None] | None = None) -> None:
+        """The apply thread: entry `index` ran on, made or removed `touched`; its object
+        code announced `topics` changed (Kernel.topics: a dict the kernel does not reuse)."""
         names, loop = self._names, self._loop
         if not names or loop is None:
             return
         hit = names.intersection(touched)
         if hit:
-            loop.call_soon_threadsafe(self._wake, hit, index)
+            loop.call_soon_threadsafe(self._wake, hit, index, topics or {})
 
     def everything(self, index: int) -> None:
         """The apply thread: the whole state was replaced (at `index`)."""
         names, loop = self._names, self._loop
         if names and loop is not None:
-            loop.call_soon_threadsafe(self._wake, names, index)
+            loop.call_soon_threadsafe(self._wake, names, index, {})
 
-    def _wake(self, names: Any, index: int) -> None:
+    def _wake(self, names: Any, index: int, topics: dict[str, list[str] | None]) -> None:
         for name in names:
-            for fut in self._waiters.get(name, ()):
-                _set_once(fut, index)
+            by_topic = self._waiters.get(name)
+            if not by_topic:
+                continue
+            changed = topics.get(name)
+            if not changed:               # nothing announced (or too much): wake them all
+                for futs in by_topic.values():
+                    self._wake_all(futs, index)
+                continue
+            self._wake_all(by_topic.get("", ()), index)
+            for topic in _matching(by_topic, changed):
+                self._wake_all(by_topic[topic], index)
+
+    def _wake_all(self, futs: Any, index: int) -> None:
+        for fut in futs:
+            if not fut.done():
+                fut.set_result(index)
+                self.wakes += 1
 
     async def wait(self, name: str, after: int, applied: Callable[[], int],
-                   timeout: float | None) -> int | None:
-        """Wait for an entry after index `after` that changes `name`; its index, or None
-        when `timeout` (seconds) passed first. `applied()` is this replica's applied index:
-        an entry applied between the reader's run and this call may have changed the object
+                   timeout: float | None, topic: str | None = None) -> int | None:
+        """Wait for an entry after index `after` that changes `name` (and, with `topic`,
+        announced a changed topic starting with it, or none); its index, or None when
+        `timeout` (seconds) passed first. `applied()` is this replica's applied index: an
+        entry applied between the reader's run and this call may have changed the object
         unseen, so then the reader runs again at once (returns the applied index)."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         fut: asyncio.Future[int] = loop.create_future()
-        self._waiters.setdefault(name, []).append(fut)
+        key = topic or ""
+        by_topic = self._waiters.setdefault(name, {})
+        by_topic.setdefault(key, []).append(fut)
         self._names = frozenset(self._waiters)
+        self._count += 1
         try:
             now = applied()
             if now > after:               # maybe changed before we were watching
@@ -171,16 +201,40 @@ class ObjectChanges:
             except TimeoutError:
                 return None
         finally:
-            futs = self._waiters.get(name)
+            self._count -= 1
+            futs = by_topic.get(key)
             if futs is not None:
                 futs.remove(fut)
                 if not futs:
-                    del self._waiters[name]
-                    self._names = frozenset(self._waiters)
+                    del by_topic[key]
+            if not by_topic and self._waiters.get(name) is by_topic:
+                del self._waiters[name]
+                self._names = frozenset(self._waiters)
 
     def waiting(self) -> int:
-        """Readers waiting (tests, status)."""
-        return sum(len(f) for f in self._waiters.values())
+        """Readers waiting (tests, metrics)."""
+        return self._count
+
+
+#: Work bound of one entry's wake-ups on the event loop: past (changed topics) x (waited-for
+#: topics) comparisons every reader of the object is woken instead (each runs again once).
+MATCH_WORK = 200_000
+SHORT_TOPIC = 128
+
+
+def _matching(by_topic: dict[str, Any], changed: list[str]) -> Any:
+    """The waited-for topics (non-empty) that some changed topic starts with: a short changed
+    topic's prefixes looked up, else each waited-for topic tried; all of them past
+    MATCH_WORK (an uploaded class may announce many long topics)."""
+    if len(changed) * len(by_topic) > MATCH_WORK:
+        return list(by_topic)
+    out: set[str] = set()
+    for c in changed:
+        if len(c) <= SHORT_TOPIC and len(c) < len(by_topic):
+            out.update(c[:i] for i in range(1, len(c) + 1) if c[:i] in by_topic)
+        else:
+            out.update(t for t in by_topic if t and c.startswith(t))
+    return out
 
 
 def _set_once(fut: asyncio.Future[Any], result: Any) -> None:

@@ -46,6 +46,7 @@ from .sandbox import SPECIAL_METHODS
 from .sched import (  # noqa: F401
     Aborted,
     Interrupted,
+    NotYet,
     Semaphore,
     SessionEnded,
     Timeout,

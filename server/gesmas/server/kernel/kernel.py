@@ -145,6 +145,8 @@ class Kernel:
         out = self.runner.out = []
         if self.runner.touched:
             self.runner.touched = set()
+        if self.runner.topics:
+            self.runner.topics = {}         # a new dict: the host may hold the last one
         if self.state.session_changes:
             self.state.session_changes = []
         return out
@@ -239,6 +241,13 @@ class Kernel:
         """The objects the last entry applied ran on, made or removed (readers waiting on
         them may hold now)."""
         return self.runner.touched
+
+    @property
+    def topics(self) -> dict[str, list[str] | None]:
+        """What the last entry's object code announced it changed, per object
+        (Context.changed; None: too many to list). Readers waiting with NotYet(topic)
+        wake only for entries on their object whose topics match, or that named none."""
+        return self.runner.topics
 
     def state_digest(self, volatile: bool = True) -> str:
         """A hash of the whole state, waiters included: equal on replicas that applied the

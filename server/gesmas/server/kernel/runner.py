@@ -63,6 +63,8 @@ class Runner:
         self.out: list[Completion] = []  # completions of the command being applied
         self.pending: list[PendingCall] = []   # calls unwound by a checkpoint, to re-run
         self.touched: set[str] = set()   # objects run on by the command being applied
+        # ... and the topics their code announced (Context.changed; None: too many)
+        self.topics: dict[str, list[str] | None] = {}
         self.changed: set[str] = set()   # objects run on, made or removed since the last
         #                                  checkpoint taken or loaded (checkpoint.py)
         self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None

@@ -74,6 +74,8 @@ class Host(Protocol):
     @property
     def now(self) -> float: ...
 
+    topics: dict[str, list[str] | None]   # what objects announced they changed (changed())
+
     def block(self, request: Any, semaphore: Semaphore, timeout: float | None) -> bool: ...
 
     def wake(self, waiter: Waiter[Any]) -> None: ...
@@ -85,6 +87,7 @@ class Call(Protocol):
     index: int
     session: int
     draws: int
+    obj: str
     runner: Host
 
 
@@ -105,7 +108,17 @@ READING: list[str | None] = [None]
 
 class NotYet(Exception):
     """Raised by a reader whose condition does not hold yet: the replica runs it again
-    after the next entry that runs on its object (readers.py)."""
+    after the next entry that runs on its object (readers.py). `NotYet(topic)` narrows
+    that: after the next entry on the object that announced a changed topic starting with
+    `topic` (Context.changed), or that announced none."""
+
+    def __init__(self, topic: str | None = None) -> None:
+        super().__init__(topic)
+        self.topic = topic if type(topic) is str else None
+
+
+#: Topics one object may announce in one entry; past it the entry counts as changing all.
+MAX_TOPICS = 1000
 
 
 def _no_writes(what: str) -> None:
@@ -249,6 +262,9 @@ class Context:
     index       the log index of the command being applied right now (a lock grant's fence)
     now()       kernel time in seconds: command timestamps, made monotonic
     random()    a float in [0, 1), the same on every replica
+    changed(*topics)  announce what this entry changed in the object (strings: a Map's
+                keys), so that readers waiting with NotYet(prefix) for other topics sleep
+                on; an object that announces nothing wakes every waiting reader
     """
 
     __slots__ = ("_task",)
@@ -275,6 +291,22 @@ class Context:
         req = self._task.request
         req.draws += 1
         return _splitmix64((req.index << 20) + req.draws) / 18446744073709551616.0
+
+    def changed(self, *topics: str) -> None:
+        """Not part of the state: what the node wakes waiting readers for (runner.topics)."""
+        got = self._task.runner.topics
+        name = self._task.request.obj
+        have = got.get(name, [])
+        if have is None:
+            return
+        for t in topics:
+            if type(t) is not str:
+                raise TypeError(f"a changed topic must be a str, not {type(t).__name__}")
+        if len(have) + len(topics) > MAX_TOPICS:
+            got[name] = None                  # too many: the entry changed everything
+            return
+        have.extend(topics)
+        got[name] = have
 
 
 def context() -> Context:
