@@ -4,7 +4,7 @@ catch-up while a produce loop runs (issue "Scale without pauses").
 
     python bench/scale_bench.py                          # 10^5 objects, 1 run
     python bench/scale_bench.py --objects 1000000 --waiters 100000 --runs 3
-    python bench/scale_bench.py --quick                  # 2,000 objects (a smoke test)
+    python bench/scale_bench.py --quick                  # 1,000 objects (a smoke test)
 
 One run, on a fresh LocalCluster (fsync on, metrics on, GESMAS_CHECKPOINT_EVERY entries
 between checkpoints), with one client producing to a queue from start to end, one call at a
@@ -345,7 +345,8 @@ def one_run(a: argparse.Namespace) -> dict[str, Any]:
                 k: round((p["rss_mib"][k] - rss0[k]) * 1024 * 1024 / a.objects)
                 for k in p["rss_mib"]}
             out["phases"].append(p)
-            out["phases"].append(phase("idle", watch, prod, until_checkpoints, watch, 2, 300))
+            out["phases"].append(phase("idle", watch, prod, until_checkpoints, watch,
+                                       1 if a.quick else 2, 300))
             if a.waiters:
                 out["phases"].append(phase("waiters", watch, prod, waiters, cl, watch,
                                            a.waiters, holder))
@@ -408,11 +409,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=20_000,
                     help="entries between checkpoints (the server's default is 20,000)")
     ap.add_argument("--unsafe-no-fsync", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="2,000 objects, 50 waiters")
+    ap.add_argument("--quick", action="store_true",
+                    help="1,000 objects, 50 waiters, one checkpoint in the idle phase")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)
     if a.quick:
-        a.objects, a.waiters, a.checkpoint_every = 2000, 50, 500
+        a.objects, a.waiters, a.checkpoint_every = 1000, 50, 300
     if a.objects < 10:
         ap.error("--objects must be at least 10")
     runs = []

@@ -72,8 +72,8 @@ def test_scale_bench_quick(tmp_path: Path) -> None:
     assert [p["phase"] for p in run["phases"]] == ["create", "idle", "waiters", "restart",
                                                    "wipe", "list"]
     create, _, waiters, restart, wipe, listing = run["phases"]
-    assert create["objects"] == 2000 and len(create["rate_per_tenth"]) == 10
+    assert create["objects"] == 1000 and len(create["rate_per_tenth"]) == 10
     assert waiters["waiters"] == 50
     assert restart["caught_up_seconds"] > 0 and wipe["caught_up_seconds"] > 0
-    assert listing["listed"] >= 2000
+    assert listing["listed"] >= 1000
     assert "| restart: caught up after, s |" in out.stdout
