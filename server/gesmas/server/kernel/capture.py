@@ -31,16 +31,24 @@ the object stays as it is, marked changed for the next checkpoint to try again, 
 checkpoint has no blob (`PendingBlob.error`): no snapshot is taken from it. The replicas'
 states stay the same; only the log is not compacted until a checkpoint succeeds.
 
-Interface: `Capture(index, head, parts, slots, keep)`, owned by `Checkpoints`, which makes one
-at each checkpoint with deferred objects and drives it; this module never touches the kernel
-beyond the objects named in `slots`.
+Interface: `Deferred(state, runner, lifecycle, save, measure, captured)`, owned by
+`Checkpoints`, which opens a `Capture(index, head, parts, slots, keep)` at each checkpoint with
+deferred objects; `Deferred` saves its objects (`seal`, `capture_some`, `finish`), calls
+`captured(capture, blob or None)` when it ends, and applies the sizes it measured at the next
+checkpoint (`apply_sizes`).
 """
 from __future__ import annotations
 
+import logging
 import pickle
 from typing import Any, Callable
 
+from . import stack
+
 from .sched import SAVING
+
+
+log = logging.getLogger(__name__)
 
 
 class Slot:
@@ -134,3 +142,89 @@ def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str,
     if frames.get(name) is slot:
         frames[name] = frame
     return True
+
+
+class Deferred:
+    """The deferred captures of a kernel's checkpoints (module docstring): the open one, and
+    the sizes the last one measured, which the next checkpoint applies."""
+
+    def __init__(self, state: Any, runner: Any, lifecycle: Any,
+                 save: Callable[[Any], tuple[bytes, Any]], measure: Callable[[Any], int],
+                 captured: Callable[[Capture, bytes | None], None]) -> None:
+        self.state, self.runner, self.lifecycle = state, runner, lifecycle
+        self._save, self._measure, self._captured = save, measure, captured
+        self.capture: Capture | None = None
+        # sizes measured by the last capture, for the next checkpoint: name -> (its record
+        # then, size), in name order; and the index they were measured at
+        self.sizes_next: dict[str, tuple[Any, int] | None] = {}
+        self.sizes_at = 0
+
+    def seal(self, name: str, running: bool = False) -> None:
+        """Save `name` for the open capture now, if it is still to be saved: code is about to
+        run on it, or it is about to be removed. `running`: a waiter on it runs again, which
+        only a kept object's can (any other was saved before its waiter blocked)."""
+        cap = self.capture
+        if cap is None or name not in cap.slots:
+            return
+        assert not running or name in cap.keep, f"{name!r} runs again before it was saved"
+        with stack.relative():
+            self._save_one(cap, name)
+        if not cap.slots:
+            self._close()
+
+    def capture_some(self, limit: int) -> bool:
+        """Save up to `limit` objects of the open capture (the apply thread's idle slices);
+        whether some are left."""
+        cap = self.capture
+        if cap is None:
+            return False
+        todo = cap.todo
+        with stack.relative():
+            while todo and limit > 0:
+                name = todo.pop()
+                if name in cap.slots:
+                    self._save_one(cap, name)
+                    limit -= 1
+        if not cap.slots:
+            self._close()
+            return False
+        return True
+
+    def finish(self) -> None:
+        """Save every object the open capture has left, and assemble its blob."""
+        cap = self.capture
+        if cap is not None:
+            with stack.relative():
+                for name in list(cap.slots):
+                    self._save_one(cap, name)
+            self._close()
+
+    def _save_one(self, cap: Capture, name: str) -> None:
+        st = self.state
+        if not save_one(cap, name, st.objects, st.frames, self._save, self._measure):
+            log.error("checkpoint %d: object %r cannot be saved (%s); the checkpoint has no "
+                      "blob, the next one tries again", cap.index, name, cap.failed[name])
+            self.runner.changed.add(name)
+
+    def _close(self) -> None:
+        cap, self.capture = self.capture, None
+        assert cap is not None
+        blob = cap.assemble()
+        self.sizes_next, self.sizes_at = cap.sizes, cap.index
+        self._captured(cap, blob)
+
+    def apply_sizes(self) -> None:
+        """Apply the sizes the last capture measured, in name order: to the objects that were
+        not removed and not measured again since. An object whose size changes is saved again
+        by this checkpoint (its frame holds its size)."""
+        sizes, at = self.sizes_next, self.sizes_at
+        self.sizes_next = {}
+        objects = self.state.objects
+        for name, got in sizes.items():          # in name order (no sort: a dict made so)
+            if got is None:
+                continue                         # could not be saved
+            rec, size = got
+            if objects.get(name) is not rec or rec.measured_at > at or size == rec.size:
+                continue
+            self.lifecycle.set_size(rec, size)
+            self.runner.changed.add(name)

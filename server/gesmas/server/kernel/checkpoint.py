@@ -32,8 +32,6 @@ runner unwinds waiters and re-runs them, and `lifecycle` drops and measures obje
 """
 from __future__ import annotations
 
-import collections
-import logging
 import hashlib
 import io
 import pickle
@@ -44,7 +42,8 @@ import greenlet
 from . import codec, stack
 from .auth import AuthState
 from .budget import Budget
-from .capture import Capture, PendingBlob, Slot, save_one
+from .digests import tree_digest as _tree_digest
+from .capture import Capture, Deferred, PendingBlob, Slot
 from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
 from .measure import state_size
@@ -52,8 +51,6 @@ from .records import Completion, Config, ObjectRecord, PendingCall, Request, Ses
 from .registry import Registry, safe_str, type_name
 from .runner import Runner
 from .sched import SAVING, Interrupted
-
-log = logging.getLogger(__name__)
 
 FORMAT = 5            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
 #                       5: the deferred objects listed (capture.py), their sizes one late
@@ -87,13 +84,10 @@ class Checkpoints:
         self.restart = restart
         self.index: int | None = None     # the log index of the last checkpoint taken or loaded
         self.result: bytes | PendingBlob | None = None   # ... and its bytes (`blob`)
-        self.capture: Capture | None = None   # its objects still to save (capture.py)
         self.defer = True                 # defer (capture.py) when the Checkpoint asks to
-        # sizes measured by the last capture, applied by the next checkpoint: name -> (its
-        # record then, size); and the index they were measured at
-        self.sizes_next: dict[str, tuple[ObjectRecord, int] | None] = {}   # in name order
-        self.sizes_at = 0
-        runner.seal = self.seal
+        self.deferred = Deferred(state, runner, lifecycle, self._save_copy, self._measure,
+                                 self._captured)
+        runner.seal = self.deferred.seal
 
     @property
     def blob(self) -> bytes | None:
@@ -108,91 +102,35 @@ class Checkpoints:
 
     # -- deferred capture (capture.py) -----------------------------------------------------------
 
-    def seal(self, name: str, running: bool = False) -> None:
-        """Save `name` for the open capture now, if it is still to be saved: code is about to
-        run on it, or it is about to be removed. `running`: a waiter on it runs again, which
-        only a kept object's can (any other was saved before its waiter blocked)."""
-        cap = self.capture
-        if cap is None or name not in cap.slots:
-            return
-        assert not running or name in cap.keep, f"{name!r} runs again before it was saved"
-        with stack.relative():
-            self._save_deferred(cap, name)
-        if not cap.slots:
-            self._close()
+    @property
+    def capture(self) -> Capture | None:
+        return self.deferred.capture
 
     def capture_some(self, limit: int) -> bool:
-        """Save up to `limit` objects of the open capture (the apply thread's idle slices);
-        whether some are left."""
-        cap = self.capture
-        if cap is None:
-            return False
-        todo = cap.todo
-        with stack.relative():
-            while todo and limit > 0:
-                name = todo.pop()
-                if name in cap.slots:
-                    self._save_deferred(cap, name)
-                    limit -= 1
-        if not cap.slots:
-            self._close()
-            return False
-        return True
+        return self.deferred.capture_some(limit)
 
     def finish(self) -> None:
-        """Save every object the open capture has left, and assemble its blob."""
-        cap = self.capture
-        if cap is not None:
-            with stack.relative():
-                for name in list(cap.slots):
-                    self._save_deferred(cap, name)
-            self._close()
+        self.deferred.finish()
 
-    def _save_deferred(self, cap: Capture, name: str) -> None:
-        limit = self.config.max_object_bytes
+    def _save_copy(self, instance: Any) -> tuple[bytes, Any]:
+        """An object's state pickled as a checkpoint writes it, and the copy loaded back."""
+        self.budget.steps = 0
+        data = pickle_state(self.registry, instance)
+        self.budget.steps = 0
+        return data, unpickle_state(self.registry, data)
 
-        def save(instance: Any) -> tuple[bytes, Any]:
-            self.budget.steps = 0
-            data = pickle_state(self.registry, instance)
-            self.budget.steps = 0
-            return data, unpickle_state(self.registry, data)
+    def _measure(self, instance: Any) -> int:
+        self.budget.steps = 0
+        return state_size(instance, self.config.max_object_bytes)
 
-        def measure(instance: Any) -> int:
-            self.budget.steps = 0
-            return state_size(instance, limit)
-        if not save_one(cap, name, self.state.objects, self.state.frames, save, measure):
-            log.error("checkpoint %d: object %r cannot be saved (%s); the checkpoint has no "
-                      "blob, the next one tries again", cap.index, name, cap.failed[name])
-            self.runner.changed.add(name)
-
-    def _close(self) -> None:
-        cap, self.capture = self.capture, None
-        assert cap is not None
-        blob = cap.assemble()
-        self.sizes_next = cap.sizes
-        self.sizes_at = cap.index
+    def _captured(self, cap: Capture, blob: bytes | None) -> None:
+        """A capture ended: its checkpoint's blob (None if an object could not be saved)."""
         r = self.result
         if isinstance(r, PendingBlob) and r.index == cap.index:
             r.blob = blob
             if blob is None:
                 r.error = (f"checkpoint {cap.index} has no blob: objects could not be saved "
                            f"({'; '.join(f'{n!r}: {w}' for n, w in sorted(cap.failed.items()))})")
-
-    def _apply_sizes(self) -> None:
-        """Apply the sizes the last capture measured (capture.py), in name order: to the
-        objects that were not removed and not measured again since. An object whose size
-        changes is saved again by this checkpoint (its frame holds its size)."""
-        sizes, at = self.sizes_next, self.sizes_at
-        self.sizes_next = {}
-        objects = self.state.objects
-        for name, got in sizes.items():          # in name order (no sort: a dict made so)
-            if got is None:
-                continue                         # could not be saved (capture.py)
-            rec, size = got
-            if objects.get(name) is not rec or rec.measured_at > at or size == rec.size:
-                continue
-            self.lifecycle.set_size(rec, size)
-            self.runner.changed.add(name)
 
     # -- the saved form ------------------------------------------------------------------------
 
@@ -276,8 +214,8 @@ class Checkpoints:
             self.result = b"".join(parts)        # None (an object left unsaved) fails here
             return
         index = self.state.index
-        self.capture = Capture(index, buf.getvalue(), list(frames.values()), dict(deferred),
-                               keep)
+        self.deferred.capture = Capture(index, buf.getvalue(), list(frames.values()),
+                                        dict(deferred), keep)
         pending_blob = PendingBlob(index, self._blob_of_capture)
         self.result = pending_blob
 
@@ -335,8 +273,8 @@ class Checkpoints:
             rec = st.objects.get(name)
             if rec is not None:
                 self.budget.steps = 0
-                self.sizes_next[name] = (rec, state_size(rec.instance, limit))
-        self.sizes_at = st.index
+                self.deferred.sizes_next[name] = (rec, state_size(rec.instance, limit))
+        self.deferred.sizes_at = st.index
         self.runner.out = []
         self._rerun(pending)
 
@@ -443,7 +381,7 @@ class Checkpoints:
     def take(self, cmd: codec.Checkpoint) -> None:
         st, runner = self.state, self.runner
         self.finish()                        # the last checkpoint's capture, if still open
-        self._apply_sizes()                  # what it measured (capture.py)
+        self.deferred.apply_sizes()          # what it measured (capture.py)
         blocked = runner.blocked()
         keep = self._kept_objects(blocked)
         unwind = [r for r in blocked if r.obj not in keep]
@@ -536,65 +474,3 @@ class Checkpoints:
         if s is not None:
             s.inflight.pop(req.seq, None)
         self.runner.finish_error(req, error)
-
-
-def _described(v: Any) -> str:
-    """What the digest hashes of a value it cannot look into: its repr, unless that is the
-    default one (an address) or the value is code (a function, a generator, a method), which
-    is named by its kind and qualified name: the same on every replica."""
-    t = type(v)
-    name = getattr(v, "__qualname__", None)
-    if isinstance(name, str) and t.__repr__ is not type.__repr__:
-        return f"{t.__qualname__}:{name}"
-    if t.__repr__ is object.__repr__ or "0x" in (text := repr(v)):
-        return f"{t.__module__}.{t.__qualname__}"
-    return text
-
-
-def _tree_digest(obj: Any, persistent_id: Any) -> bytes:
-    """A hash of `obj` by content, the same however its equal parts happen to be shared
-    (pickle's memo is not), computed once per distinct object (so a structure that shares
-    sub-values is not walked exponentially); a container met again inside itself hashes as
-    a cycle marker. For parts too big to pickle without a memo."""
-    done: dict[int, bytes] = {}
-    on_path: set[int] = set()
-    keep: list[Any] = []                  # holds what `done` refers to by id while walking
-    todo: list[tuple[Any, bool]] = [(obj, False)]
-    while todo:
-        v, expanded = todo.pop()
-        key = id(v)
-        if key in done:
-            continue
-        t = type(v)
-        if t is str or t is bytes or t is int or t is float or t is bool or v is None:
-            raw = v.encode("utf-8", "surrogatepass") if t is str else \
-                v if t is bytes else repr(v).encode()
-            done[key] = hashlib.sha256(t.__name__.encode() + b":" + raw).digest()
-            keep.append(v)
-            continue
-        if isinstance(v, dict):
-            children: list[Any] = [x for kv in dict.items(v) for x in kv]
-        elif isinstance(v, (list, tuple, collections.deque)):
-            children = list(v)
-        elif isinstance(v, (set, frozenset)):
-            children = list(v)
-        elif hasattr(v, "__getstate__") and t.__module__.startswith("gesmas.server"):
-            children = [v.__getstate__()]
-        else:
-            d = getattr(v, "__dict__", None)
-            children = [dict(d)] if type(d) is dict else [_described(v)]
-        if not expanded:
-            on_path.add(key)
-            todo.append((v, True))
-            todo.extend((c, False) for c in reversed(children)
-                         if id(c) not in done and id(c) not in on_path)
-            keep.append(children)
-            continue
-        on_path.discard(key)
-        parts = [done.get(id(c), b"cycle") for c in children]
-        if isinstance(v, (set, frozenset)):
-            parts.sort()
-        head = f"{t.__module__}.{t.__qualname__}:{persistent_id(t)}:{len(parts)}:".encode()
-        done[key] = hashlib.sha256(head + b"".join(parts)).digest()
-        keep.append(v)
-    return done[id(obj)]
