@@ -90,6 +90,12 @@ class CallStream:
             if not self.finished.is_set():    # the replica stops: read no more calls, answer
                 reader.cancel()                 # those in flight (Node.serve fails them)
                 await finished
+        except asyncio.CancelledError:
+            # grpc cancels the RPC when its client goes away; a client told "Stopping" does
+            # so at once, and its retry elsewhere is the expected end, not an error (grpc
+            # logs a cancellation that leaves the servicer as an unhandled exception)
+            if not self.gateway.stopping.is_set():
+                raise
         finally:
             finished.cancel()
             stopping.cancel()
