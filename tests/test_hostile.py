@@ -778,13 +778,17 @@ def test_a_shared_tree_in_state_does_not_stall_the_digest_or_a_checkpoint():
     src = ("class B:\n    def __init__(self):\n        t = ()\n"
            "        for i in range(40):\n            t = (t, t)\n        self.t = t\n"
            "    def m(self):\n        return 1\n")
-    h = H()
+    # a measure walks such a tree up to max_object_bytes (tuples count at every reference):
+    # ~12 s at the default 64 MiB, so the test takes 1 MiB
+    config = Config(max_object_bytes=1 << 20)
+    h = H(config)
     s = h.open_session()
     assert h.register(src).error is None
     h.create("B", "b")
     h.kernel.state_digest()
     assert h.checkpoint().error is None
-    assert Kernel.restore(h.kernel.checkpoint_blob).state_digest() == h.kernel.state_digest()
+    assert Kernel.restore(h.kernel.checkpoint_blob, config).state_digest() == \
+        h.kernel.state_digest()
 
 
 @pytest.mark.parametrize("body", [

@@ -88,9 +88,17 @@ def test_a_call_that_runs_away_is_aborted_and_the_cluster_goes_on(supervised):
         assert c.counter("runaway").add(1) == 2
     serves(cluster, "runaway")          # each replica, the slowest too, is back and caught up
     agree(cluster)
-    assert all(m.proc.pid != pid for m, pid in zip(cluster.members, pids))   # killed, back
     logs = [log_text(m) for m in cluster.members]
-    assert all("CRITICAL" in t and "runaway limit" in t for t in logs)
+    # Each replica ran the entry and was killed by its watchdog (and is back), or had not
+    # applied it yet when the cluster's abort of it was committed, and so held it back and
+    # never ran it (applier.py: a replica starved of CPU by two others in the runaway lags
+    # that much on 2 cores; seen once in a full run). At least one ran it: its record made
+    # the abort.
+    killed = [m.proc.pid != pid and "CRITICAL" in t and "runaway limit" in t
+              for m, pid, t in zip(cluster.members, pids, logs)]
+    held = ["holding log entry" in t and "committed abort" in t for t in logs]
+    assert all(k or h for k, h in zip(killed, held)), (killed, held)
+    assert sum(killed) >= 1, killed
     assert all("aborted by the cluster" in t for t in logs)
     for m in cluster.members:
         assert not os.path.exists(os.path.join(m.data_dir, RECORD_NAME))
