@@ -24,7 +24,7 @@ class FaultCluster(LocalCluster):
     def _pairs(self) -> list[tuple[int, int]]:
         return [(i, j) for i in range(self.nodes) for j in range(i + 1, self.nodes)]
 
-    def _ports(self) -> tuple[list[int], list[int]]:
+    def _ports(self, free: Any) -> tuple[list[int], list[int]]:
         pairs = self._pairs()
         if self.base_port is None:
             ports = sorted(free_ports(2 * self.nodes + len(pairs)))
@@ -33,7 +33,7 @@ class FaultCluster(LocalCluster):
             proxy_ports, ports = ports[:len(pairs)], ports[len(pairs):]
             client, raft = ports[:self.nodes], ports[self.nodes:]
         else:
-            client, raft = super()._ports()
+            client, raft = super()._ports(free)
             proxy_ports = [self.base_port + 50 + k for k in range(len(pairs))]
         self._proxy_ports = dict(zip(pairs, proxy_ports))
         return client, raft

@@ -143,7 +143,11 @@ class LocalCluster:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(self.root_password + "\n")
-        client, raft = self._ports()
+        # every free port in one call: ports from two calls can be the same (the first
+        # call's are free again once it returns), which failed a start with "Address
+        # already in use" when the metrics port of one node was another's client port
+        free = iter(free_ports(3 * self.nodes))
+        client, raft = self._ports(free)
         for i in range(self.nodes):
             d = os.path.join(self.data_dir, f"node{i + 1}")
             self.members.append(Member(i + 1, f"127.0.0.1:{client[i]}", f"127.0.0.1:{raft[i]}",
@@ -152,19 +156,18 @@ class LocalCluster:
             for i, m in enumerate(self.members):
                 m.metrics_addr = f"127.0.0.1:{self.metrics_base + i + 1}"
         elif self.metrics or self.metrics_base == 0:
-            for m, port in zip(self.members, free_ports(len(self.members))):
-                m.metrics_addr = f"127.0.0.1:{port}"
+            for m in self.members:
+                m.metrics_addr = f"127.0.0.1:{next(free)}"
 
     @property
     def addresses(self) -> str:
         return ",".join(m.client_addr for m in self.members)
 
-    def _ports(self) -> tuple[list[int], list[int]]:
+    def _ports(self, free: Any) -> tuple[list[int], list[int]]:
         """The client and Raft ports of the replicas: node i (from 1) on base_port + i and
-        raft_base + i (without raft_base: base_port + 100 + i); free ports where no base is
-        given."""
+        raft_base + i (without raft_base: base_port + 100 + i); ports from `free` where no
+        base is given."""
         n = self.nodes
-        free = iter(free_ports(2 * n))
         client = ([self.base_port + i + 1 for i in range(n)] if self.base_port
                   else [next(free) for _ in range(n)])
         raft_base = self._raft_base()
