@@ -129,6 +129,81 @@ def _instance_dict(v: Any) -> Any:
         return None
 
 
+class _Done:
+    """Pushed under an immutable container's items: when it is popped, the walk of the items
+    under it is over (`state_size`)."""
+    __slots__ = ("v",)
+
+    def __init__(self, v: Any) -> None:
+        self.v = v
+
+
+def _atom_size(v: Any) -> int | None:
+    t = type(v)
+    if t is str or t is bytes or t is bytearray:
+        return 8 + len(v)
+    if t in _ATOMS:
+        return 8 + ((v.bit_length() >> 3) if t is int else 0)
+    return None
+
+
+def _shared_size(v: Any, memo: dict[int, int]) -> int:
+    """What a walk adds for the immutable container `v` (a tuple or frozenset) once every
+    mutable value under it is already counted: its slots, its atoms, and the same for the
+    immutable containers in it, at every reference. The same number whenever it is asked, so
+    it is kept in `memo` (by id: the whole state stays alive during a measure)."""
+    got = memo.get(id(v))
+    if got is not None:
+        return got
+    work: list[tuple[Any, bool]] = [(v, False)]
+    while work:
+        x, ready = work.pop()
+        if ready:
+            size = 8 + 8 * len(x)
+            for c in x:
+                tc = type(c)
+                if tc is tuple or tc is frozenset:
+                    size += memo[id(c)]
+                else:
+                    a = _atom_size(c)
+                    if a is not None:
+                        size += a
+            memo[id(x)] = size
+        elif id(x) not in memo:
+            work.append((x, True))
+            for c in x:
+                tc = type(c)
+                if (tc is tuple or tc is frozenset) and id(c) not in memo:
+                    work.append((c, False))
+    return memo[id(v)]
+
+
+def _descend(v: Any, total: int, limit: int, memo: dict[int, int]) -> int:
+    """`total` after walking the immutable container `v` again item by item, in the order of
+    `state_size`'s stack, until it passes `limit` (which the caller knows it does): the same
+    total, to the byte, as the walk without `memo` stops at."""
+    total += 8 + 8 * len(v)
+    if total > limit:
+        return total
+    for c in reversed(list(v)):          # the stack pops the last item first
+        tc = type(c)
+        if tc is tuple or tc is frozenset:
+            add = _shared_size(c, memo)
+            if total + add > limit:
+                return _descend(c, total, limit, memo)
+            total += add
+        else:
+            a = _atom_size(c)
+            if a is not None:
+                total += a
+                if total > limit:
+                    return total
+    return total
+
+
+_BASES = (list, tuple, set, frozenset, _deque)
+
+
 def state_size(obj: Any, limit: int, unfold: bool = False) -> int:
     """A logical size of `obj` in bytes, the same on every replica whatever the history of
     the process: strings and bytes count their length, numbers 8 (big integers their bytes),
@@ -137,9 +212,19 @@ def state_size(obj: Any, limit: int, unfold: bool = False) -> int:
     differs between a replica restored from a snapshot and one that was not). Stops as soon
     as the total passes `limit` (so its cost is bounded by the limit, not by the state).
     With `unfold`, every reference counts: the size the value has for an operation that
-    walks it without a memo (repr, hash, ==, a pickle without memo)."""
+    walks it without a memo (repr, hash, ==, a pickle without memo).
+
+    A tuple or frozenset met again once its first walk is over adds a number computed once
+    (`_shared_size`), not a walk: a tree of shared tuples (`t = (t, t)` forty times) has a
+    logical size of terabytes and ~120 distinct values, and is measured in the time of those.
+    The totals are those of walking every reference, to the byte, including where the walk
+    stops past the limit (`_descend`), so every version of gesmas measures the same."""
+    if unfold:
+        return _unfolded_size(obj, limit)
     total = 0
-    seen: set[int] = set()
+    seen: set[int] = set()           # mutable values counted
+    walked: dict[int, bool] = {}     # immutable containers: True once their first walk is over
+    memo: dict[int, int] = {}
     stack = [obj]
     while stack:
         v = stack.pop()
@@ -148,31 +233,89 @@ def state_size(obj: Any, limit: int, unfold: bool = False) -> int:
             total += 8 + len(v)
         elif t in _ATOMS:
             total += 8 + ((v.bit_length() >> 3) if t is int else 0)
+        elif t is _Done:
+            walked[id(v.v)] = True
+            continue
+        elif t is tuple or t is frozenset:
+            state = walked.get(id(v))
+            if state:
+                add = _shared_size(v, memo)
+                if total + add > limit:
+                    return _descend(v, total, limit, memo)
+                total += add
+                continue
+            if state is None:
+                walked[id(v)] = False
+                stack.append(_Done(v))
+            total += 8 + 8 * len(v)
+            stack.extend(v)
         else:
-            if not unfold and t is not tuple and t is not frozenset:
-                if id(v) in seen:
-                    continue
-                seen.add(id(v))
-            # the builtin methods themselves: a subclass's keys() or __iter__ is not called
-            if isinstance(v, dict):
-                total += 8 + 16 * dict.__len__(v)
-                stack.extend(dict.keys(v))
-                stack.extend(dict.values(v))
-            elif isinstance(v, (list, tuple, set, frozenset, _deque)):
-                base: Any = next(b for b in (list, tuple, set, frozenset, _deque)
-                                 if isinstance(v, b))
-                total += 8 + 8 * base.__len__(v)
-                stack.extend(base.__iter__(v))
-            elif t.__module__.startswith("gesmas.server"):
-                total += 64                      # a Semaphore, a context: fixed, opaque
-            else:
-                total += 16
-                d = _instance_dict(v)
-                if type(d) is dict:
-                    stack.append(d)
-                for slot in getattr(type(v), "__slots__", ()):
-                    if isinstance(slot, str) and hasattr(v, slot):
-                        stack.append(getattr(v, slot))
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            total += _expand(v, t, stack)
         if total > limit:
             break
     return total
+
+
+def _expand(v: Any, t: type, stack: list[Any]) -> int:
+    """The size of the mutable container or instance `v` itself; its items go on `stack`."""
+    # the builtin methods themselves: a subclass's keys() or __iter__ is not called
+    if isinstance(v, dict):
+        stack.extend(dict.keys(v))
+        stack.extend(dict.values(v))
+        return 8 + 16 * dict.__len__(v)
+    for base in _BASES:
+        if isinstance(v, base):
+            stack.extend(base.__iter__(v))
+            return 8 + 8 * base.__len__(v)
+    if t.__module__.startswith("gesmas.server"):
+        return 64                                # a Semaphore, a context: fixed, opaque
+    d = _instance_dict(v)
+    if type(d) is dict:
+        stack.append(d)
+    for slot in getattr(type(v), "__slots__", ()):
+        if isinstance(slot, str) and hasattr(v, slot):
+            stack.append(getattr(v, slot))
+    return 16
+
+
+def _unfolded_size(obj: Any, limit: int) -> int:
+    """`state_size(obj, limit, unfold=True)`: the size with every reference walked, computed
+    once per distinct value (a tree of shared values unfolds to terabytes from a few dozen);
+    a cycle unfolds without end. Past `limit` the number is only some number past it, found as
+    soon as it is known: at a cycle, or when the distinct values alone pass `limit` (so the
+    cost is bounded by the limit, not by the state)."""
+    over = limit + 1
+    a = _atom_size(obj)
+    if a is not None:
+        return a
+    memo: dict[int, int] = {}
+    open_: dict[int, tuple[int, list[Any]]] = {}   # expanded, items not all sized yet
+    distinct = 0
+    work: list[tuple[Any, bool]] = [(obj, False)]
+    while work:
+        x, ready = work.pop()
+        if ready:
+            size, items = open_.pop(id(x))
+            for c in items:
+                a = _atom_size(c)
+                size += memo[id(c)] if a is None else a
+            memo[id(x)] = min(size, over)
+            continue
+        if id(x) in memo:
+            continue
+        if id(x) in open_:               # met again under itself
+            return over
+        items: list[Any] = []
+        own = _expand(x, type(x), items)
+        distinct += own
+        if distinct > limit:
+            return over
+        open_[id(x)] = (own, items)
+        work.append((x, True))
+        for c in items:
+            if _atom_size(c) is None and id(c) not in memo:
+                work.append((c, False))
+    return memo[id(obj)]
