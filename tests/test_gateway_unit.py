@@ -63,3 +63,59 @@ def test_a_lagging_replica_proposes_nothing_for_a_caller_without_a_login():
     node = Node(auth_on_after_catch_up=False, catches_up=True)
     assert _user(node) == "" and node.catch_ups == 1     # auth off, and it knows it
     assert _user(node) == "" and node.catch_ups == 1     # current: no wait at all
+
+
+# -- identical reader calls at one state share a run (node_reads.ReadMemo) --------------------
+
+def _invoke_request(user_args=(1, "a"), kwargs=None, method="watch", name="m", ctor=None):
+    from gesmas.protocol import values
+    from gesmas.v1 import gesmas_pb2 as pb
+    req = pb.InvokeRequest(object_name=name, method=method, class_name="Map")
+    if ctor is not None:
+        req.create = True
+        req.ctor_args.extend(values.to_value(a, "arg") for a in ctor)
+    req.args.extend(values.to_value(a, "arg") for a in user_args)
+    for k, v in (kwargs or {}).items():
+        req.kwargs[k].CopyFrom(values.to_value(v, "kwarg"))
+    return req
+
+
+def test_the_read_key_names_everything_an_answer_depends_on():
+    from gesmas.server.gateway import _read_key
+    base = _read_key(_invoke_request(), "alice")
+    assert base == _read_key(_invoke_request(), "alice")
+    assert base != _read_key(_invoke_request(), "bob")                   # rights differ
+    assert base != _read_key(_invoke_request(user_args=(2, "a")), "alice")
+    assert base != _read_key(_invoke_request(user_args=(1, "a", 0)), "alice")
+    assert base != _read_key(_invoke_request(method="get"), "alice")
+    assert base != _read_key(_invoke_request(name="n"), "alice")
+    assert base != _read_key(_invoke_request(kwargs={"limit": 5}), "alice")
+    created = _read_key(_invoke_request(ctor=[100]), "alice")    # a get-or-create
+    assert created != base and created == _read_key(_invoke_request(ctor=[100]), "alice")
+    assert created != _read_key(_invoke_request(ctor=[200]), "alice")
+    a = _read_key(_invoke_request(kwargs={"x": 1, "y": {"b": 1, "a": 2}}), "alice")
+    assert a == _read_key(_invoke_request(kwargs={"y": {"a": 2, "b": 1}, "x": 1}), "alice")
+
+
+def test_the_read_memo_answers_at_the_state_it_was_filled_at_only():
+    from gesmas.server.node_reads import ReadMemo
+
+    class K:
+        index = 5
+    k, other = K(), K()
+    memo = ReadMemo()
+    assert memo.get(k, "key") is None
+    memo.put(k, "key", (True, {"v": 1}))
+    assert memo.get(k, "key") == (True, {"v": 1}) and memo.hits == 1
+    assert memo.get(other, "key") is None             # another kernel (a snapshot loaded)
+    assert memo.get(k, "other") is None
+    k.index = 6                                       # an entry applied since
+    assert memo.get(k, "key") is None
+    memo.put(k, "new", (False, "topic"))
+    k.index = 5
+    assert memo.get(k, "key") is None                 # the old state's answers are gone
+    k.index = 6
+    for i in range(ReadMemo.SIZE + 5):
+        memo.put(k, i, (True, i))
+    assert len(memo._answers) == ReadMemo.SIZE and memo.get(k, ReadMemo.SIZE + 4) == \
+        (True, ReadMemo.SIZE + 4)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -347,6 +348,43 @@ def test_a_put_wakes_only_the_watches_of_its_key(cluster):
         for t in threads:
             t.join(60)
         assert len(got) == 11
+
+
+def test_watchers_of_one_key_woken_by_one_put_share_one_run_of_the_reader(cluster):
+    """Eight watches of one key from one revision wait on one replica: a put wakes them all,
+    every one gets the same events, and the identical calls at that state are answered by
+    one run of the reader (gesmas_reader_memo_hits_total counts the others)."""
+    m0 = cluster.members[0]
+
+    def metric(name: str) -> float:
+        return value(scrape(m0.metrics_addr), name)
+
+    with Client(cluster.addresses) as w:
+        m = w.map("memo")
+        start = m.put("pop", 0)["revision"]
+        got: list[Any] = []
+        clients = [Client(m0.client_addr, route="replica", consistency="sequential")
+                   for _ in range(8)]
+        try:
+            threads = [threading.Thread(target=lambda c=c: got.append(
+                c.map("memo").watch("pop", start, timeout=60))) for c in clients]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            while metric("gesmas_waiting_readers") < 8:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            hits = metric("gesmas_reader_memo_hits_total")
+            rev = m.put("pop", 1)["revision"]
+            for t in threads:
+                t.join(60)
+        finally:
+            for c in clients:
+                c.close()
+        assert len(got) == 8
+        assert all(g == got[0] for g in got) and got[0]["revision"] == rev
+        assert [(e["key"], e["value"]) for e in got[0]["events"]] == [("pop", 1)]
+        assert metric("gesmas_reader_memo_hits_total") - hits >= 1
 
 
 def test_the_cli_holds_an_ephemeral_entry_until_interrupted(cluster):

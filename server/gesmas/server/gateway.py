@@ -68,6 +68,20 @@ _CONSISTENCY = {pb.CONSISTENCY_LINEARIZABLE: LINEARIZABLE, pb.CONSISTENCY_SEQUEN
 _reflects: contextvars.ContextVar[int] = contextvars.ContextVar("gesmas_reflects", default=0)
 
 
+def _read_key(request: Any, user: str) -> Any:
+    """What a reader's answer depends on besides the state (node_reads.ReadMemo): the user,
+    the object, the method, the arguments, and the constructor's (a get-or-create checks
+    them against the object's) as their deterministic encoding."""
+    return (user, request.object_name, request.method, request.class_name, request.create,
+            _encoded_args(request.args, request.kwargs),
+            _encoded_args(request.ctor_args, request.ctor_kwargs) if request.create else None)
+
+
+def _encoded_args(args: Any, kwargs: Any) -> Any:
+    return (tuple(a.SerializeToString(deterministic=True) for a in args),
+            tuple((k, kwargs[k].SerializeToString(deterministic=True)) for k in sorted(kwargs)))
+
+
 def _saw(index: int) -> None:
     if index > _reflects.get():
         _reflects.set(index)
@@ -116,6 +130,7 @@ class Gateway(pb_grpc.GesmasServicer):
         # checked for an unknown user too, so that the answer's timing does not tell
         self._no_user_hash = tokens.hash_password(os.urandom(16).hex())
         self.stream_calls = 0       # calls in flight on all Calls streams (streams.py)
+        self._last_encoded: tuple[Any, Any] | None = None    # _encoded's last answer
         self.stopping = asyncio.Event()     # the replica stops: Calls streams end (streams.py)
 
     # -- authentication ----------------------------------------------------------------------
@@ -279,12 +294,19 @@ class Gateway(pb_grpc.GesmasServicer):
         ctor = (values.from_values(request.ctor_args), values.from_value_map(
             request.ctor_kwargs)) if request.create else None    # once, not under the lock
 
+        memo, key = self.node.reads.memo, _read_key(request, user)
+
         def run(k: Any) -> Any:
-            try:
-                return (True, k.read(user, name, method, args, kwargs, request.class_name,
-                                     ctor))
-            except NotYet as e:               # its topic, if it named one
-                return (False, e.topic)
+            got = memo.get(k, key) if key is not None else None
+            if got is None:
+                try:
+                    got = (True, k.read(user, name, method, args, kwargs, request.class_name,
+                                        ctor))
+                except NotYet as e:           # its topic, if it named one
+                    got = (False, e.topic)
+                if key is not None:
+                    memo.put(k, key, got)
+            return got
 
         changes = self.node.reads.changes
         waiting = False
@@ -311,6 +333,16 @@ class Gateway(pb_grpc.GesmasServicer):
                 changed = await self._unless_stopping(
                     changes.wait(name, index, self.node.applied_index, left, topic))
             consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
+
+    def _encoded(self, value: Any) -> Any:
+        """`value` (a reader's answer) as a protobuf Value; encoded once for the readers that
+        share it (node_reads.ReadMemo), as long as it is the last one encoded."""
+        last = self._last_encoded
+        if last is not None and last[0] is value:
+            return last[1]
+        encoded = values.to_value(value, "result")
+        self._last_encoded = (value, encoded)
+        return encoded
 
     async def _unless_stopping(self, waiting: Any) -> Any:
         """Await `waiting` (a reader's wait, local to this replica: no call of the node's
@@ -399,7 +431,7 @@ class Gateway(pb_grpc.GesmasServicer):
             try:
                 value = await self._read_call(request, user, name, method, args, kwargs,
                                               timeout)
-                return pb.InvokeResponse(result=values.to_value(value, "result"),
+                return pb.InvokeResponse(result=self._encoded(value),
                                          applied_index=_reflects.get())
             except CallFailed as e:
                 if not (request.create and e.error.code == Code.NOT_FOUND):

@@ -10,6 +10,8 @@ increment when it fails.
     gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
     gesmas_waiting_readers, gesmas_reader_wakes_total   (reads that wait on this replica: a
         Map's watches, observe, ...; and how many times one was woken to run again)
+    gesmas_reader_memo_hits_total   (reader calls answered by an identical one's run at the
+        same state: node_reads.ReadMemo)
     gesmas_checkpoint_index, gesmas_checkpoint_bytes, gesmas_rejoining
     gesmas_journal_bytes, gesmas_snapshot_bytes, gesmas_data_dir_bytes   (what the disk holds)
     gesmas_runaway_aborts_total, gesmas_held_entries   (README "A call that runs away")
@@ -72,6 +74,10 @@ class NodeCollector:
                                         "waiting reads woken to run again")
             wakes.add_metric([], float(reads.changes.wakes))
             yield wakes
+            hits = CounterMetricFamily("gesmas_reader_memo_hits",
+                                       "reader calls answered by an identical call's run")
+            hits.add_metric([], float(reads.memo.hits))
+            yield hits
         k = node.kernel
         if k is not None:
             yield gauge("gesmas_sessions", "open sessions", float(len(k.sessions)))

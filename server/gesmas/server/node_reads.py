@@ -32,6 +32,7 @@ class NodeReads:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.changes = ObjectChanges()     # waiting readers: which objects entries change
+        self.memo = ReadMemo()             # identical reader calls at one index share a run
 
     async def read(self, fn: Callable[[Kernel], Any], consistency: str = LINEARIZABLE,
                    min_index: int = 0, wait: float = READ_WAIT) -> tuple[Any, int]:
@@ -214,6 +215,42 @@ class ObjectChanges:
     def waiting(self) -> int:
         """Readers waiting (tests, metrics)."""
         return self._count
+
+
+class ReadMemo:
+    """The answers of declared readers at the state of one applied index, for identical
+    calls that come at that index: a change to a key watched by a hundred readers wakes a
+    hundred identical `watch` calls, which then run once, and their re-arming calls too.
+    A reader's answer depends on the state, the caller's user (its rights), the object, the
+    method and the arguments, nothing else (sched.READING refuses context() in a reader), so
+    calls equal in all of these get the same answer. Runs only under the apply lock (where
+    readers run), so one thread at a time; holds the answers of one state, at most SIZE."""
+
+    SIZE = 32
+
+    def __init__(self) -> None:
+        self._state: tuple[Any, int] = (None, -1)      # the kernel and its index
+        self._answers: dict[Any, Any] = {}
+        self.hits = 0                    # calls answered from the memo (tests, metrics)
+
+    def get(self, kernel: Kernel, key: Any) -> Any:
+        """The answer memoized for `key` at `kernel`'s current state, or None."""
+        st = self._state
+        if st[0] is not kernel or st[1] != kernel.index:
+            return None
+        got = self._answers.get(key)
+        if got is not None:
+            self.hits += 1
+        return got
+
+    def put(self, kernel: Kernel, key: Any, answer: Any) -> None:
+        st = self._state
+        if st[0] is not kernel or st[1] != kernel.index:
+            self._state = (kernel, kernel.index)
+            self._answers = {}
+        elif len(self._answers) >= self.SIZE:
+            del self._answers[next(iter(self._answers))]
+        self._answers[key] = answer
 
 
 #: Work bound of one entry's wake-ups on the event loop: past (changed topics) x (waited-for
