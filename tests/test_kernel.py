@@ -1118,6 +1118,76 @@ class Two:
     assert runs[1] == runs[0]
 
 
+def test_a_trusted_call_waiting_for_the_second_time_is_not_kept_by_a_checkpoint():
+    """A class the replicas trust (a reserved name) lists `take2` as restartable, but a call
+    woken once and waiting again has its first wait behind it: a checkpoint must unwind and
+    re-run it, as a replica restored from that checkpoint does. Kept waiting in place, the
+    live replica and the restored one would answer the next `give` differently."""
+    from gesmas.server.kernel import RegisterClass
+    from gesmas.server.kernel.auth import SYSTEM
+    src = '''
+class Two:
+    _restartable = ("take2",)
+    def __init__(self):
+        self.s = Semaphore(0)
+        self.gives = 0
+    def take2(self):
+        self.s.acquire()
+        self.s.acquire()
+        return "got 2"
+    def give(self):
+        self.gives += 1
+        self.s.release()
+'''
+    h = H(Config(reserved_classes=frozenset({"Two"})))
+    assert h.run(RegisterClass(ts=h.ts, source=src, user=SYSTEM)).error is None
+    s = h.open_session()
+    assert h.create("Two", "o").error is None
+    t = h.call(s, "o", "take2")
+    h.call(s, "o", "give")                     # woken, waits again at the second acquire
+    assert not h.done(t)
+    h.checkpoint()
+    restored = H(kernel=Kernel.restore(h.kernel.checkpoint_blob, h.kernel.config))
+    assert restored.kernel.state_digest() == h.kernel.state_digest()
+    restored.seqs, restored._tags = dict(h.seqs), h._tags
+    for k in (h, restored):
+        k.call(s, "o", "give", tag="g")
+    assert h.results.get(t) == restored.results.get(t)
+    assert restored.kernel.state_digest() == h.kernel.state_digest()
+
+
+def test_a_kept_waiter_retried_between_checkpoints_is_saved_with_every_tag():
+    """A kept waiter's saved form is made once (checkpoint._saved); a retry that attaches a
+    second tag to it after one checkpoint must be in the next one: a replica restored from
+    it answers both tags."""
+    from gesmas.server.kernel import RegisterClass
+    from gesmas.server.kernel.auth import SYSTEM
+    src = '''
+class Box:
+    _restartable = ("take",)
+    def __init__(self):
+        self.s = Semaphore(0)
+    def take(self):
+        self.s.acquire()
+        return "taken"
+    def give(self):
+        self.s.release()
+'''
+    h = H(Config(reserved_classes=frozenset({"Box"})))
+    assert h.run(RegisterClass(ts=h.ts, source=src, user=SYSTEM)).error is None
+    s = h.open_session()
+    assert h.create("Box", "b").error is None
+    first = h.call(s, "b", "take")
+    h.checkpoint()                                # saves the waiter with its one tag
+    retry = h.call(s, "b", "take", seq=h.seqs[s])  # the same call again: a second tag
+    h.checkpoint()
+    restored = H(kernel=Kernel.restore(h.kernel.checkpoint_blob, h.kernel.config))
+    restored.seqs, restored._tags = dict(h.seqs), h._tags
+    for k in (h, restored):
+        k.call(s, "b", "give", tag="g")
+        assert k.value(first) == "taken" and k.value(retry) == "taken"
+
+
 def test_checkpoint_of_method_that_waits_again_does_not_crash_the_kernel():
     """A class that swallows Interrupted and waits again is broken, but it must not make
     every replica's apply() raise at the checkpoint."""

@@ -383,8 +383,9 @@ class Checkpoints:
         self.finish()                        # the last checkpoint's capture, if still open
         self.deferred.apply_sizes()          # what it measured (capture.py)
         blocked = runner.blocked()
-        keep = self._kept_objects(blocked)
-        unwind = [r for r in blocked if r.obj not in keep]
+        keep = self._kept_objects()
+        unwind = [] if len(keep) == len(runner.blocked_methods) else \
+            [r for r in blocked if r.obj not in keep]
         for req in unwind:                   # detach first: no handler can wake another waiter
             runner.detach(req)
         runner.pending = []
@@ -397,9 +398,9 @@ class Checkpoints:
         runner.pending = []
         # Every waiting call in block order, as PendingCall.saved() writes it: a restore
         # re-runs them in this order, and so does the loop below for the interrupted ones.
-        pending = [(r.index, r.raw if r.raw is not None else r.cmd, tuple(r.tags), r.deadline,
-                    tuple(r.deadlines)) if r.obj in keep else interrupted[r.index].saved()
-                   for r in blocked if r.obj in keep or r.index in interrupted]
+        pending = [_saved(r) for r in blocked] if not unwind else \
+            [_saved(r) if r.obj in keep else interrupted[r.index].saved()
+             for r in blocked if r.obj in keep or r.index in interrupted]
         saving = SAVING.set(True)
         try:
             # drops what cannot be saved: never fails
@@ -409,6 +410,9 @@ class Checkpoints:
         finally:
             SAVING.reset(saving)
         renumber = bool(interrupted)
+        if not renumber and all(name in st.objects for name in keep):
+            runner.complete(cmd.tag, st.index)   # nothing below to do for any waiter
+            return
         for req in blocked:
             if req.obj in keep:
                 if req.obj not in st.objects:    # dropped just now: as its re-run would fail
@@ -421,7 +425,7 @@ class Checkpoints:
             runner.reorder_deadlines()       # the kept waiters' numbers changed
         runner.complete(cmd.tag, st.index)
 
-    def _kept_objects(self, blocked: list[Request]) -> set[str]:
+    def _kept_objects(self) -> set[str]:
         """The objects whose waiters a checkpoint leaves waiting instead of interrupting them.
 
         Running such a call again from its start, in the state of the checkpoint, must end in
@@ -431,20 +435,22 @@ class Checkpoints:
         in the class's `_restartable` block before they change anything, and while they wait,
         what made them wait still holds. A call waiting for the second time (woken and blocked
         again) is not kept: its first wait is behind it. One object's waiters are kept all or
-        none, so that an interrupted call's handler can never wake a kept waiter."""
-        listed: dict[str, tuple[str, ...]] = {}      # object -> its class's _restartable
-        unwind: set[str] = set()
+        none, so that an interrupted call's handler can never wake a kept waiter.
+
+        The runner counts the waiters of each object by method as they block (None: waiting
+        again, or no command), so this looks at the objects, not at every waiter."""
+        kept: set[str] = set()
         reserved = self.config.reserved_classes
-        for r in blocked:
-            name = r.obj
-            names = listed.get(name)
-            if names is None:
-                rec = self.state.objects.get(name)
-                names = listed[name] = tuple(getattr(rec.cls.cls, "_restartable", ())) \
-                    if rec is not None and rec.cls.name in reserved else ()
-            if len(r.deadlines) != 1 or r.cmd is None or r.cmd.method not in names:
-                unwind.add(name)
-        return listed.keys() - unwind
+        for name, methods in self.runner.blocked_methods.items():
+            if None in methods:
+                continue
+            rec = self.state.objects.get(name)
+            if rec is None or rec.cls.name not in reserved:
+                continue
+            names = tuple(getattr(rec.cls.cls, "_restartable", ()))
+            if all(m in names for m in methods):
+                kept.add(name)
+        return kept
 
     def _abandon(self, req: Request) -> None:
         """A kept waiter whose object the checkpoint dropped: end it with the error its re-run
@@ -474,3 +480,13 @@ class Checkpoints:
         if s is not None:
             s.inflight.pop(req.seq, None)
         self.runner.finish_error(req, error)
+
+
+def _saved(r: Request) -> tuple[Any, ...]:
+    """PendingCall.saved() of the waiting call `r`: what a checkpoint writes for it, made once
+    and kept while it waits (Request.saved; its tags changing or a new wait clears it)."""
+    saved = r.saved
+    if saved is None:
+        saved = r.saved = (r.index, r.raw if r.raw is not None else r.cmd, tuple(r.tags),
+                           r.deadline, tuple(r.deadlines))
+    return saved

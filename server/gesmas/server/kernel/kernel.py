@@ -263,6 +263,7 @@ class Kernel:
         req = s.inflight.get(cmd.seq) if s is not None else None
         if req is not None and cmd.call_tag in req.tags:
             req.tags.remove(cmd.call_tag)
+            req.saved = None
         if s is not None and req is not None and req.waiter is not None and not req.tags:
             self.runner.abort(req, Aborted("cancelled by the caller"))
             self.runner.drain()
@@ -291,6 +292,7 @@ class Kernel:
         if req is not None:                           # a retry of a call still waiting
             if cmd.tag:
                 req.tags.append(cmd.tag)
+                req.saved = None
             return
         if seq <= s.acked:
             raise KernelError(Code.INVALID_ARGUMENT,

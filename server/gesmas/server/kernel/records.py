@@ -280,7 +280,7 @@ class Request:
 
     __slots__ = ("runner", "kind", "index", "session", "seq", "tags", "task", "deadline",
                  "deadlines", "replay", "draws", "waiter", "obj", "cmd", "nowait", "label",
-                 "outcome", "interrupting", "user", "raw")
+                 "outcome", "interrupting", "user", "raw", "counted", "saved")
 
     def __init__(self, runner: Host, kind: Kind, index: int, session: int, label: str,
                  obj: str) -> None:
@@ -304,3 +304,6 @@ class Request:
         self.outcome: Any = None
         self.interrupting = False  # the kernel is throwing a checkpoint's Interrupted into it
         self.user = ""             # the user of its session (quotas)
+        self.counted: str | None = None    # while it waits: its method, None if it cannot be
+        #                                    kept by a checkpoint (Runner.blocked_methods)
+        self.saved: tuple[Any, ...] | None = None   # PendingCall.saved() of it, once asked

@@ -47,6 +47,10 @@ log = logging.getLogger("gesmas.server.kernel.kernel")
 INTERRUPTED = object()          # a request's outcome: interrupted by a checkpoint
 
 
+def _ANY(r: Request) -> bool:
+    return True
+
+
 class Runner:
     def __init__(self, state: State, config: Config, budget: Budget,
                  grown: Callable[[ObjectRecord], None]) -> None:
@@ -58,6 +62,11 @@ class Runner:
         self.order = 0                   # block sequence number
         self.waiting = 0                 # live waiters
         self.waiting_on: dict[str, int] = {}   # ... per object (listings), none if 0
+        # the waiting requests by block number, oldest first (blocked(): no sort, no scan)
+        self.by_order: dict[int, Request] = {}
+        # per object with waiters: how many wait in each method, under None those that a
+        # checkpoint cannot keep waiting whatever their class (checkpoint._kept_objects)
+        self.blocked_methods: dict[str, dict[str | None, int]] = {}
         self.deadlines: list[tuple[float, int, Waiter[Request]]] = []
         self.ready: deque[tuple[Request, BaseException | None]] = deque()
         self.out: list[Completion] = []  # completions of the command being applied
@@ -267,12 +276,22 @@ class Runner:
                                   f"too many waiting requests ({self.waiting})")
             self.state.within(req.user, "waiters")
         req.deadlines.append(deadline)
+        req.saved = None
         self.order += 1
         w = Waiter(req, sem, deadline, self.order)
         sem._enqueue(w)
         req.waiter = w
         self.waiting += 1
         self.waiting_on[req.obj] = self.waiting_on.get(req.obj, 0) + 1
+        self.by_order[w.order] = req
+        # a call waiting for the first time can be kept by a checkpoint, if its method is
+        # one its class lists in _restartable (checked at the checkpoint)
+        counted = req.counted = req.cmd.method if len(req.deadlines) == 1 and \
+            req.cmd is not None else None
+        methods = self.blocked_methods.get(req.obj)
+        if methods is None:
+            methods = self.blocked_methods[req.obj] = {}
+        methods[counted] = methods.get(counted, 0) + 1
         self.state.usage.add(req.user, "waiters", 1)
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, w.order, w))
@@ -297,7 +316,7 @@ class Runner:
         """Semaphore.release handed a permit to `w`: run it after the current request."""
         req = w.request
         req.waiter = None
-        self._unwait(req)
+        self._unwait(req, w.order)
         self.state.usage.add(req.user, "waiters", -1)
         self.ready.append((req, None))
 
@@ -307,7 +326,7 @@ class Runner:
         if w is not None and w.live:
             w.semaphore._drop(w)
             req.waiter = None
-            self._unwait(req)
+            self._unwait(req, w.order)
             self.state.usage.add(req.user, "waiters", -1)
             self.ready.append((req, exc))
 
@@ -316,18 +335,28 @@ class Runner:
         w = req.waiter
         if w is not None and w.live:
             w.semaphore._drop(w)
-            self._unwait(req)
+            self._unwait(req, w.order)
             self.state.usage.add(req.user, "waiters", -1)
         req.waiter = None
 
-    def _unwait(self, req: Request) -> None:
-        """Count `req` out of the waiters (its waiter left its semaphore)."""
+    def _unwait(self, req: Request, order: int) -> None:
+        """Count `req` out of the waiters (its waiter, of block number `order`, left its
+        semaphore)."""
         self.waiting -= 1
         n = self.waiting_on[req.obj] - 1
         if n:
             self.waiting_on[req.obj] = n
         else:
             del self.waiting_on[req.obj]
+        del self.by_order[order]
+        methods = self.blocked_methods[req.obj]
+        n = methods[req.counted] - 1
+        if n:
+            methods[req.counted] = n
+        elif len(methods) > 1:
+            del methods[req.counted]
+        else:
+            del self.blocked_methods[req.obj]
 
     def expire_due(self) -> None:
         """Time out the waits whose deadline is not after kernel time."""
@@ -356,7 +385,9 @@ class Runner:
         after: the deadline heap is ordered by these numbers."""
         assert req.waiter is not None
         self.order += 1
+        del self.by_order[req.waiter.order]
         req.waiter.order = self.order
+        self.by_order[self.order] = req
         inflight = self.state.sessions[req.session].inflight
         inflight[req.seq] = inflight.pop(req.seq)
 
@@ -372,9 +403,8 @@ class Runner:
             req, exc = ready.popleft()
             self.run(req, exc, woken=exc is None)
 
-    def blocked(self, pred: Callable[[Request], bool] = lambda r: True) -> list[Request]:
-        """Requests in flight that satisfy `pred`, oldest block first."""
-        reqs = [r for s in self.state.sessions.values() for r in s.inflight.values()
-                if r.waiter is not None and pred(r)]
-        reqs.sort(key=lambda r: r.waiter.order)  # type: ignore[union-attr]
-        return reqs
+    def blocked(self, pred: Callable[[Request], bool] = _ANY) -> list[Request]:
+        """Requests waiting that satisfy `pred`, oldest block first."""
+        if pred is _ANY:
+            return list(self.by_order.values())
+        return [r for r in self.by_order.values() if pred(r)]
