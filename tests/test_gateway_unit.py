@@ -81,7 +81,7 @@ def _invoke_request(user_args=(1, "a"), kwargs=None, method="watch", name="m", c
 
 
 def test_the_read_key_names_everything_an_answer_depends_on():
-    from gesmas.server.gateway import _read_key
+    from gesmas.server.reader_calls import read_key as _read_key
     base = _read_key(_invoke_request(), "alice")
     assert base == _read_key(_invoke_request(), "alice")
     assert base != _read_key(_invoke_request(), "bob")                   # rights differ

@@ -8,6 +8,7 @@ answers it. An RPC that only reads (ListObjects, ListClasses, GetClass, Status) 
 entry: `_read` runs a function of the kernel on this replica's applied state through
 `Node.read`, with the consistency the request asks for (README "Reads"). Every successful
 answer carries the log index of the state it reflects (`applied_index`; `_reflects`).
+A declared reader (a Map's get or watch...) runs the same way, in reader_calls.py.
 
 Authentication happens here, authorization in the kernel: `_caller` reads the caller's token
 ("authorization: Bearer ...", tokens.py) or, under mutual TLS, its certificate's common name,
@@ -34,7 +35,6 @@ without a login commits nothing:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import os
 import time
@@ -47,12 +47,14 @@ from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
 from . import backup, streams, tokens, wire
-from .calls import STOPPING, CallFailed
+from .calls import CallFailed
 from .config import MAX_MESSAGE
 from .kernel import auth, codec, queries
 from .kernel.errors import Code, Error, KernelError
-from .kernel.sched import NotYet
-from .replication.reads import LINEARIZABLE, SEQUENTIAL
+from .reader_calls import ReaderCalls
+from .reader_calls import read_options as _read_options
+from .reader_calls import reflects as _reflects
+from .reader_calls import saw as _saw
 
 if TYPE_CHECKING:  # pragma: no cover
     from .node import Node
@@ -60,44 +62,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 MAX_NAME = 256
-_CONSISTENCY = {pb.CONSISTENCY_LINEARIZABLE: LINEARIZABLE, pb.CONSISTENCY_SEQUENTIAL: SEQUENTIAL}
-
-#: The highest log index that the answer of the request being served reflects: raised by
-#: `_answer` and `_read`, written into the response's applied_index by `_guard` (and by
-#: `_invoke`, which the Calls stream runs without `_guard`). One value per asyncio task.
-_reflects: contextvars.ContextVar[int] = contextvars.ContextVar("gesmas_reflects", default=0)
-
-
-def _read_key(request: Any, user: str) -> Any:
-    """What a reader's answer depends on besides the state (node_reads.ReadMemo): the user,
-    the object, the method, the arguments, and the constructor's (a get-or-create checks
-    them against the object's) as their deterministic encoding."""
-    return (user, request.object_name, request.method, request.class_name, request.create,
-            _encoded_args(request.args, request.kwargs),
-            _encoded_args(request.ctor_args, request.ctor_kwargs) if request.create else None)
-
-
-def _encoded_args(args: Any, kwargs: Any) -> Any:
-    return (tuple(a.SerializeToString(deterministic=True) for a in args),
-            tuple((k, kwargs[k].SerializeToString(deterministic=True)) for k in sorted(kwargs)))
-
-
-def _saw(index: int) -> None:
-    if index > _reflects.get():
-        _reflects.set(index)
-
-
-def _read_options(request: Any) -> tuple[str, int]:
-    """(consistency, min_index) of a read request's ReadOptions, checked."""
-    opts = request.read
-    consistency = _CONSISTENCY.get(opts.consistency)
-    if consistency is None:
-        raise _invalid(f"read.consistency must be CONSISTENCY_LINEARIZABLE (0) or "
-                       f"CONSISTENCY_SEQUENTIAL (1), not {opts.consistency}")
-    if opts.min_index < 0:
-        raise _invalid(f"read.min_index must be >= 0, not {opts.min_index}")
-    return consistency, opts.min_index
-
 
 def _invalid(message: str) -> CallFailed:
     return CallFailed(Error(Code.INVALID_ARGUMENT, message))
@@ -130,8 +94,8 @@ class Gateway(pb_grpc.GesmasServicer):
         # checked for an unknown user too, so that the answer's timing does not tell
         self._no_user_hash = tokens.hash_password(os.urandom(16).hex())
         self.stream_calls = 0       # calls in flight on all Calls streams (streams.py)
-        self._last_encoded: tuple[Any, Any] | None = None    # _encoded's last answer
         self.stopping = asyncio.Event()     # the replica stops: Calls streams end (streams.py)
+        self.readers = ReaderCalls(node, self.stopping)    # declared readers, off the log
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -282,84 +246,6 @@ class Gateway(pb_grpc.GesmasServicer):
         _saw(index)
         return value
 
-    async def _read_call(self, request: Any, user: str, name: str, method: str, args: Any,
-                         kwargs: Any, timeout: float | None) -> Any:
-        """A declared reader, run by this replica without a log entry (kernel/readers.py).
-        One that raises NotYet runs again each time this replica has applied an entry that
-        changed its object (node_reads.ObjectChanges), until it answers or `timeout`
-        (seconds; None: no limit) has passed (TIMEOUT)."""
-        consistency, min_index = _read_options(request)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        ctor = (values.from_values(request.ctor_args), values.from_value_map(
-            request.ctor_kwargs)) if request.create else None    # once, not under the lock
-
-        memo, key = self.node.reads.memo, _read_key(request, user)
-
-        def run(k: Any) -> Any:
-            got = memo.get(k, key) if key is not None else None
-            if got is None:
-                try:
-                    got = (True, k.read(user, name, method, args, kwargs, request.class_name,
-                                        ctor))
-                except NotYet as e:           # its topic, if it named one
-                    got = (False, e.topic)
-                if key is not None:
-                    memo.put(k, key, got)
-            return got
-
-        changes = self.node.reads.changes
-        waiting = False
-        while True:
-            try:
-                (done, value), index = await self.node.read(
-                    run, consistency, min_index, **({"wait": 5.0} if waiting else {}))
-            except CallFailed as e:     # waiting: this replica fell behind for a while
-                if waiting and e.error.code == Code.UNAVAILABLE and \
-                        (deadline is None or loop.time() < deadline):
-                    continue
-                raise
-            _saw(index)
-            if done:
-                return value
-            topic = value                # what it waits for (NotYet(topic)), else None
-            waiting = True
-            changed = None
-            while changed is None:      # until an entry changes the object, or the deadline
-                left = None if deadline is None else deadline - loop.time()
-                if left is not None and left <= 0:
-                    raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out "
-                                           "waiting", "Timeout"))
-                changed = await self._unless_stopping(
-                    changes.wait(name, index, self.node.applied_index, left, topic))
-            consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
-
-    def _encoded(self, value: Any) -> Any:
-        """`value` (a reader's answer) as a protobuf Value; encoded once for the readers that
-        share it (node_reads.ReadMemo), as long as it is the last one encoded."""
-        last = self._last_encoded
-        if last is not None and last[0] is value:
-            return last[1]
-        encoded = values.to_value(value, "result")
-        self._last_encoded = (value, encoded)
-        return encoded
-
-    async def _unless_stopping(self, waiting: Any) -> Any:
-        """Await `waiting` (a reader's wait, local to this replica: no call of the node's
-        table), or fail it UNAVAILABLE "Stopping" when the replica stops, as Node.serve fails
-        the calls (the client retries elsewhere)."""
-        task = asyncio.ensure_future(waiting)
-        stop = asyncio.ensure_future(self.stopping.wait())
-        try:
-            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not task.done():
-                task.cancel()
-        if not task.done() or task.cancelled():
-            raise CallFailed(STOPPING)
-        return task.result()
-
     async def _abort(self, context: grpc.aio.ServicerContext, error: Error,
                      leader_hint: str = "", request: Any = None) -> None:
         if log.isEnabledFor(logging.INFO):
@@ -429,10 +315,9 @@ class Gateway(pb_grpc.GesmasServicer):
             args = values.from_values(request.args)
             kwargs = values.from_value_map(request.kwargs)
             try:
-                value = await self._read_call(request, user, name, method, args, kwargs,
-                                              timeout)
-                return pb.InvokeResponse(result=self._encoded(value),
-                                         applied_index=_reflects.get())
+                result = await self.readers.answer(request, user, name, method, args,
+                                                   kwargs, timeout)
+                return pb.InvokeResponse(result=result, applied_index=_reflects.get())
             except CallFailed as e:
                 if not (request.create and e.error.code == Code.NOT_FOUND):
                     raise                        # gone since: get-or-create through the log

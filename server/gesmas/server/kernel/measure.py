@@ -268,8 +268,9 @@ def _expand(v: Any, t: type, stack: list[Any]) -> int:
         return 8 + 16 * dict.__len__(v)
     for base in _BASES:
         if isinstance(v, base):
-            stack.extend(base.__iter__(v))
-            return 8 + 8 * base.__len__(v)
+            b: Any = base
+            stack.extend(b.__iter__(v))
+            return 8 + 8 * b.__len__(v)
     if t.__module__.startswith("gesmas.server"):
         return 64                                # a Semaphore, a context: fixed, opaque
     d = _instance_dict(v)
@@ -298,8 +299,8 @@ def _unfolded_size(obj: Any, limit: int) -> int:
     while work:
         x, ready = work.pop()
         if ready:
-            size, items = open_.pop(id(x))
-            for c in items:
+            size, kids = open_.pop(id(x))
+            for c in kids:
                 a = _atom_size(c)
                 size += memo[id(c)] if a is None else a
             memo[id(x)] = min(size, over)

@@ -1,0 +1,155 @@
+"""Declared readers served by a replica without a log entry (kernel/readers.py), for the
+gateway: run on the applied state as the request's ReadOptions ask, again after each entry
+that changes the object while the reader says NotYet (a wait off the log: a Map's watch,
+observe), until it answers, its timeout passes, or the replica stops.
+
+Identical calls at one state share one run and one encoding (node_reads.ReadMemo): a change
+to a key that a hundred watches wait for runs the watch reader once on this replica, and the
+hundred re-armed watches that follow once more.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any
+
+from gesmas.protocol import values
+from gesmas.v1 import gesmas_pb2 as pb
+
+from .calls import STOPPING, CallFailed
+from .kernel.errors import Code, Error
+from .kernel.sched import NotYet
+from .replication.reads import LINEARIZABLE, SEQUENTIAL
+
+_CONSISTENCY = {pb.CONSISTENCY_LINEARIZABLE: LINEARIZABLE, pb.CONSISTENCY_SEQUENTIAL: SEQUENTIAL}
+
+#: The highest log index that the answer of the request being served reflects: raised by
+#: the gateway's `_answer` and `_read`, written into the response's applied_index by `Gateway._guard` (and by
+#: `Gateway._invoke`, which the Calls stream runs without `_guard`). One value per asyncio task.
+reflects: contextvars.ContextVar[int] = contextvars.ContextVar("gesmas_reflects", default=0)
+
+
+def read_key(request: Any, user: str) -> Any:
+    """What a reader's answer depends on besides the state (node_reads.ReadMemo): the user,
+    the object, the method, the arguments, and the constructor's (a get-or-create checks
+    them against the object's) as their deterministic encoding."""
+    return (user, request.object_name, request.method, request.class_name, request.create,
+            _encoded_args(request.args, request.kwargs),
+            _encoded_args(request.ctor_args, request.ctor_kwargs) if request.create else None)
+
+
+def _encoded_args(args: Any, kwargs: Any) -> Any:
+    return (tuple(a.SerializeToString(deterministic=True) for a in args),
+            tuple((k, kwargs[k].SerializeToString(deterministic=True)) for k in sorted(kwargs)))
+
+
+def saw(index: int) -> None:
+    if index > reflects.get():
+        reflects.set(index)
+
+
+def read_options(request: Any) -> tuple[str, int]:
+    """(consistency, min_index) of a read request's ReadOptions, checked."""
+    opts = request.read
+    consistency = _CONSISTENCY.get(opts.consistency)
+    if consistency is None:
+        raise _invalid(f"read.consistency must be CONSISTENCY_LINEARIZABLE (0) or "
+                       f"CONSISTENCY_SEQUENTIAL (1), not {opts.consistency}")
+    if opts.min_index < 0:
+        raise _invalid(f"read.min_index must be >= 0, not {opts.min_index}")
+    return consistency, opts.min_index
+
+
+def _invalid(message: str) -> CallFailed:
+    return CallFailed(Error(Code.INVALID_ARGUMENT, message))
+
+
+class ReaderCalls:
+    def __init__(self, node: Any, stopping: asyncio.Event) -> None:
+        self.node = node
+        self.stopping = stopping             # the replica stops: waiting readers fail
+        self._last_encoded: tuple[Any, Any] | None = None    # _encoded's last answer
+
+    async def answer(self, request: Any, user: str, name: str, method: str, args: Any,
+                     kwargs: Any, timeout: float | None) -> Any:
+        """The reader's answer as a protobuf Value, or CallFailed."""
+        return self._encoded(await self._run(request, user, name, method, args, kwargs,
+                                             timeout))
+
+    async def _run(self, request: Any, user: str, name: str, method: str, args: Any,
+                         kwargs: Any, timeout: float | None) -> Any:
+        """A declared reader, run by this replica without a log entry (kernel/readers.py).
+        One that raises NotYet runs again each time this replica has applied an entry that
+        changed its object (node_reads.ObjectChanges), until it answers or `timeout`
+        (seconds; None: no limit) has passed (TIMEOUT)."""
+        consistency, min_index = read_options(request)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        ctor = (values.from_values(request.ctor_args), values.from_value_map(
+            request.ctor_kwargs)) if request.create else None    # once, not under the lock
+
+        memo, key = self.node.reads.memo, read_key(request, user)
+
+        def run(k: Any) -> Any:
+            got = memo.get(k, key) if key is not None else None
+            if got is None:
+                try:
+                    got = (True, k.read(user, name, method, args, kwargs, request.class_name,
+                                        ctor))
+                except NotYet as e:           # its topic, if it named one
+                    got = (False, e.topic)
+                if key is not None:
+                    memo.put(k, key, got)
+            return got
+
+        changes = self.node.reads.changes
+        waiting = False
+        while True:
+            try:
+                (done, value), index = await self.node.read(
+                    run, consistency, min_index, **({"wait": 5.0} if waiting else {}))
+            except CallFailed as e:     # waiting: this replica fell behind for a while
+                if waiting and e.error.code == Code.UNAVAILABLE and \
+                        (deadline is None or loop.time() < deadline):
+                    continue
+                raise
+            saw(index)
+            if done:
+                return value
+            topic = value                # what it waits for (NotYet(topic)), else None
+            waiting = True
+            changed = None
+            while changed is None:      # until an entry changes the object, or the deadline
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out "
+                                           "waiting", "Timeout"))
+                changed = await self._unless_stopping(
+                    changes.wait(name, index, self.node.applied_index, left, topic))
+            consistency, min_index = SEQUENTIAL, changed    # the entry that changed it
+
+    def _encoded(self, value: Any) -> Any:
+        """`value` (a reader's answer) as a protobuf Value; encoded once for the readers that
+        share it (node_reads.ReadMemo), as long as it is the last one encoded."""
+        last = self._last_encoded
+        if last is not None and last[0] is value:
+            return last[1]
+        encoded = values.to_value(value, "result")
+        self._last_encoded = (value, encoded)
+        return encoded
+
+    async def _unless_stopping(self, waiting: Any) -> Any:
+        """Await `waiting` (a reader's wait, local to this replica: no call of the node's
+        table), or fail it UNAVAILABLE "Stopping" when the replica stops, as Node.serve fails
+        the calls (the client retries elsewhere)."""
+        task = asyncio.ensure_future(waiting)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            raise CallFailed(STOPPING)
+        return task.result()
