@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -44,7 +45,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
 
 from gesmas.aio import Client as AioClient  # noqa: E402
-from gesmas.client import Client  # noqa: E402
+from gesmas.client import Client, SessionExpired  # noqa: E402
 from gesmas.server.cluster import LocalCluster, Member  # noqa: E402
 
 THREADS = 16
@@ -144,6 +145,8 @@ class Producer:
         self.calls: list[tuple[float, float]] = []     # (start, ms)
         self.errors: list[str] = []
         self.stop = threading.Event()
+        self.addresses = cl.addresses
+        self.sessions_lost = 0
         self.client = Client(cl.addresses, retry_timeout=60)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -160,6 +163,11 @@ class Producer:
             except Exception as e:         # reported, the loop goes on
                 self.errors.append(repr(e))
                 self.calls.append((t0, (time.monotonic() - t0) * 1e3))
+                if isinstance(e, SessionExpired):   # a new session, counted as an error
+                    self.sessions_lost += 1
+                    self.client.close()
+                    self.client = Client(self.addresses, retry_timeout=60)
+                    q = self.client.queue("scale-produce")
             n += 1
 
     def longest(self, start: float, end: float) -> float:
@@ -249,48 +257,95 @@ def until_checkpoints(watch: Watch, count: int, limit: float) -> dict[str, Any]:
     return {}
 
 
-def hold_waiters(cl: LocalCluster, n: int, ready: threading.Event, stop: threading.Event,
-                 errors: list[str]) -> None:
+WAITERS_PER_PROCESS = 20_000     # each holder process: a client's waiting calls cost it too
+
+
+def hold_waiters_child(addresses: str, n: int) -> None:
+    """`--hold-waiters N` (a child process): N consume calls waiting on one queue through
+    asyncio clients; prints its RSS growth per waiting call once all are sent, holds them
+    until its stdin closes, then cancels them and closes its sessions."""
     async def main() -> None:
-        clients = [AioClient(cl.addresses, session_ttl=600) for _ in range(max(1, n // 10000))]
+        loop = asyncio.get_running_loop()
+        stop = loop.create_future()
+        threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(
+            lambda: stop.done() or stop.set_result(None))), daemon=True).start()
+        before = _own_rss()
+        clients = [AioClient(addresses, session_ttl=600) for _ in range(max(1, n // 10000))]
         for c in clients:
             await c.__aenter__()
         try:
             tasks = [asyncio.create_task(clients[i % len(clients)].queue("scale-waiters")
-                                         .consume(timeout=1200)) for i in range(n)]
-            ready.set()
-            while not stop.is_set():
-                await asyncio.sleep(0.1)
+                                         .consume(timeout=3600)) for i in range(n)]
+            await asyncio.sleep(5)
+            print(json.dumps({"client_rss_bytes_per_call": round(
+                (_own_rss() - before) / max(1, n))}), flush=True)
+            await stop
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             for c in clients:
                 await c.__aexit__(None, None, None)
-    try:
-        asyncio.run(main())
-    except BaseException as e:
-        errors.append(repr(e))
-        ready.set()
+    asyncio.run(main())
+
+
+def _own_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class Holders:
+    """The waiting calls, held by child processes of at most WAITERS_PER_PROCESS each (one
+    process holding 10^5 calls saturated its own CPU: its clients' keep-alives starved)."""
+
+    def __init__(self, cl: LocalCluster, n: int) -> None:
+        self.procs = []
+        left = n
+        while left > 0:
+            k = min(left, WAITERS_PER_PROCESS)
+            self.procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--hold-waiters", str(k),
+                 "--cluster", cl.addresses], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True))
+            left -= k
+
+    def client_rss_per_call(self) -> list[int]:
+        out = []
+        for p in self.procs:
+            line = p.stdout.readline() if p.stdout else ""
+            if line:
+                out.append(json.loads(line)["client_rss_bytes_per_call"])
+        return out
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.stdin:
+                p.stdin.close()
+        for p in self.procs:
+            try:
+                p.wait(120)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def waiters(cl: LocalCluster, watch: Watch, n: int, holder: dict[str, Any]) -> dict[str, Any]:
     before = {m.node_id: rss_mib(m) for m in cl.members}
-    ready, stop, errors = threading.Event(), threading.Event(), []
-    t = threading.Thread(target=hold_waiters, args=(cl, n, ready, stop, errors), daemon=True)
-    t.start()
-    holder.update(stop=stop, thread=t)
-    ready.wait(PHASE_LIMIT)
+    holders = holder["holders"] = Holders(cl, n)
+    client_rss = holders.client_rss_per_call()
     deadline = time.monotonic() + PHASE_LIMIT
     with Client(cl.addresses) as c:
         while c.status()["waiter_count"] < n:
-            if errors or time.monotonic() > deadline:
-                raise SystemExit(f"the waiters did not all wait: {errors}")
+            if time.monotonic() > deadline or any(p.poll() is not None for p in holders.procs):
+                raise SystemExit("the waiters did not all wait")
             time.sleep(0.5)
     after = {m.node_id: rss_mib(m) for m in cl.members}
     per = {k: round((after[k] - before[k]) * 1024 * 1024 / n) for k in after}
     until_checkpoints(watch, 1, 120)
-    return {"waiters": n, "rss_bytes_per_waiter": per}
+    return {"waiters": n, "rss_bytes_per_waiter": per,
+            "client_rss_bytes_per_waiting_call": client_rss}
 
 
 def caught_up(cl: LocalCluster, m: Member, limit: float) -> float:
@@ -354,14 +409,14 @@ def one_run(a: argparse.Namespace) -> dict[str, Any]:
             out["phases"].append(phase("wipe", watch, prod, restart, cl, watch, True))
             out["phases"].append(phase("list", watch, prod, listing, cl))
             out["produce_errors"] = prod.errors[:5]
+            out["produce_sessions_lost"] = prod.sessions_lost
             with watch.lock:
                 out["checkpoint_seconds"] = [c["seconds"] for c in watch.checkpoints]
                 out["elections"] = len({t for _, _, t in watch.terms}) - 1
             return out
         finally:
             if holder:
-                holder["stop"].set()
-                holder["thread"].join(120)
+                holder["holders"].stop()
             prod.close()
             watch.close()
 
@@ -397,6 +452,8 @@ def summary(runs: list[dict[str, Any]]) -> None:
         if name == "waiters":
             print(f"| waiters: RSS bytes per waiter (first run) | "
                   f"{ps[0]['rss_bytes_per_waiter']} |")
+            print(f"| waiters: client RSS bytes per waiting call (first run, per holder) | "
+                  f"{ps[0].get('client_rss_bytes_per_waiting_call')} |")
         if name == "list":
             print(f"| list: ms per call | {spread([x for p in ps for x in p['list_ms']])} |")
 
@@ -412,7 +469,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="1,000 objects, 50 waiters, one checkpoint in the idle phase")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--phase-limit", type=float, default=PHASE_LIMIT,
+                    help="seconds any phase may take (default %(default)s)")
+    ap.add_argument("--hold-waiters", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--cluster", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.hold_waiters:
+        hold_waiters_child(a.cluster, a.hold_waiters)
+        return 0
+    globals()["PHASE_LIMIT"] = a.phase_limit
     if a.quick:
         a.objects, a.waiters, a.checkpoint_every = 1000, 50, 300
     if a.objects < 10:

@@ -49,6 +49,9 @@ class PendingCalls:
     prefix: str                        # this run's tag prefix: "node.random:"
     loop: asyncio.AbstractEventLoop | None = None
     _table: dict[str, Pending] = field(default_factory=dict)
+    # the calls whose command is not applied here yet, in the order they were proposed:
+    # fail_stale looks at these only, oldest first, not at every call waiting here
+    _unapplied: dict[str, Pending] = field(default_factory=dict)
     _tags: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
     _ready: list[tuple[list[Completion], str, int]] = field(default_factory=list)
@@ -90,6 +93,7 @@ class PendingCalls:
             p = self._table.get(tag)
             if p is not None:
                 p.applied = True
+                self._unapplied.pop(tag, None)
             for c in out:
                 p = self._table.get(c.tag)
                 if p is not None and not p.future.done():
@@ -99,18 +103,25 @@ class PendingCalls:
         """Start waiting for the call `tag`, proposed at monotonic time `now`."""
         assert self.loop is not None
         fut: asyncio.Future[tuple[Completion, int]] = self.loop.create_future()
-        self._table[tag] = Pending(fut, now)
+        self._table[tag] = self._unapplied[tag] = Pending(fut, now)
         return fut
 
     def close(self, tag: str) -> None:
         self._table.pop(tag, None)
+        self._unapplied.pop(tag, None)
 
     def fail_stale(self, now: float, timeout: float) -> None:
         """Fail the calls whose command was not applied within `timeout` seconds (lost in a
         leader change): the client retries with the same (session, seq)."""
         limit = now - timeout
-        for tag, p in list(self._table.items()):
-            if not p.applied and p.proposed_at < limit and not p.future.done():
+        unapplied = self._unapplied
+        while unapplied:
+            tag = next(iter(unapplied))
+            p = unapplied[tag]
+            if p.proposed_at >= limit:       # the rest were proposed later
+                break
+            del unapplied[tag]
+            if not p.applied and not p.future.done():
                 p.future.set_result((Completion(tag, None, Error(
                     Code.UNAVAILABLE, "the command was not committed in time; retry",
                     "NotCommitted")), 0))
