@@ -28,8 +28,9 @@ class FakeContext:
 
 
 class FakeGateway:
-    def __init__(self):
+    def __init__(self, max_stream_calls=100_000):
         self.stream_calls = 0
+        self.max_stream_calls = max_stream_calls
         self.node = SimpleNamespace(metrics=None)
         self.release = asyncio.Event()
         self.stopping = asyncio.Event()
@@ -49,9 +50,9 @@ def call(i, method="wait"):
     return pb.Call(id=i, invoke=pb.InvokeRequest(seq=i, object_name="o", method=method))
 
 
-def run(messages, release_after=None):
+def run(messages, release_after=None, max_stream_calls=100_000):
     async def main():
-        gw = FakeGateway()
+        gw = FakeGateway(max_stream_calls)
         ctx = FakeContext(messages)
         cs = streams.CallStream(gw, ctx, 1 << 20)
         if release_after is not None:
@@ -73,6 +74,16 @@ def test_refused_and_finished_calls_are_counted_once():
     gw, ctx, cs = run([call(1), call(1), pb.Call(id=3), call(4, "fail")], release_after=0.05)
     assert sorted(a.id for a in ctx.written) == [1, 1, 3, 4]
     assert cs.in_flight == 0 and gw.stream_calls == 0 and not cs.tasks and not cs.sending
+
+
+def test_calls_over_the_replicas_limit_are_refused_at_once_and_named():
+    """--max-stream-calls 2: the third call in flight is answered TooManyCalls, naming the
+    flag; the two before it run."""
+    gw, ctx, cs = run([call(1), call(2), call(3)], release_after=0.05, max_stream_calls=2)
+    by_id = {a.id: a for a in ctx.written}
+    assert by_id[3].error.type == "TooManyCalls" and "--max-stream-calls" in by_id[3].error.message
+    assert by_id[1].error.type == "" and by_id[2].error.type == "" and 3 not in gw.started
+    assert cs.in_flight == 0 and gw.stream_calls == 0
 
 
 class OpenContext(FakeContext):

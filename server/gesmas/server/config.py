@@ -22,7 +22,8 @@ MAX_MESSAGE = 16 * 1024 * 1024      # gRPC message size limit, both directions
 KEYS = ("id", "client_addr", "raft_addr", "peers", "data_dir", "secret", "unsafe_no_fsync",
         "skip_entries", "checkpoint_every", "tls_cert", "tls_key", "tls_client_ca",
         "root_password_file", "insecure", "metrics_addr", "secret_file", "log_format",
-        "new_cluster", "runaway_limit", "snapshot_every", "restore")
+        "new_cluster", "runaway_limit", "snapshot_every", "restore",
+        "max_stream_calls")
 
 
 class ConfigError(ValueError):
@@ -42,6 +43,7 @@ class NodeConfig:
     commit_timeout: float = 5.0            # a proposal not applied by then fails UNAVAILABLE
     checkpoint_every: int = 20_000         # commands between checkpoints
     snapshot_every: int = 10_000           # log entries between snapshots (log compaction)
+    max_stream_calls: int = 100_000        # calls in flight on all Calls streams (streams.py)
     duty_period: float = 0.05              # seconds between two rounds of leader duties
     skip_entries: frozenset[int] = frozenset()   # poison log entries (README), all replicas
     tls_cert: str | None = None            # PEM files of the client port's certificate...
@@ -223,6 +225,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         fsync=not flag("unsafe_no_fsync"),
         checkpoint_every=_int("checkpoint_every", pick("checkpoint_every", 20_000)),
         snapshot_every=_at_least("snapshot_every", pick("snapshot_every", 10_000), 100),
+        max_stream_calls=_at_least("max_stream_calls", pick("max_stream_calls", 100_000), 1),
         skip_entries=frozenset(_int("skip_entries", i) for i in skip),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
         root_password=root_password, insecure=insecure,

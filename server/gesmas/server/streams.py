@@ -28,8 +28,9 @@ Theory of operation. One `CallStream` per RPC, all on the event loop:
   UNAVAILABLE "Stopping" (`Node.serve`; the client retries them elsewhere, where they join
   their waits), then the RPC ends, before grpc's grace runs out.
 
-Calls of all streams of the replica count together against `MAX_STREAM_CALLS`
-(`Gateway.stream_calls`): over it a call is answered RESOURCE_EXHAUSTED at once. A call on
+Calls of all streams of the replica count together against `--max-stream-calls`
+(`NodeConfig.max_stream_calls`, 100,000 by default: as many as the default quota of waiting
+calls; `Gateway.stream_calls`): over it a call is answered RESOURCE_EXHAUSTED at once. A call on
 a stream costs the replica less than a unary call (no core call object): ~5 KB against ~20.
 """
 from __future__ import annotations
@@ -55,9 +56,6 @@ log = logging.getLogger(__name__)
 
 #: Calls of one stream that may be unanswered at once; the reader waits below it.
 MAX_IN_FLIGHT = grpclimits.MAX_CONCURRENT_STREAMS
-#: Calls in flight on all the streams of one replica (unary calls have their own bound,
-#: grpclimits.MAXIMUM_CONCURRENT_RPCS).
-MAX_STREAM_CALLS = 30_000
 CANCELLED = Error(Code.ABORTED, "cancelled by the caller", "Cancelled")
 #: A deadline beyond this many seconds is refused (it would overflow timers).
 MAX_DEADLINE = 10.0 ** 8
@@ -149,9 +147,10 @@ class CallStream:
         elif not 0 <= msg.deadline <= MAX_DEADLINE:
             problem = Error(Code.INVALID_ARGUMENT, f"deadline must be 0 (none) to "
                             f"{MAX_DEADLINE:g} seconds, not {msg.deadline}")
-        elif self.gateway.stream_calls > MAX_STREAM_CALLS:
-            problem = Error(Code.RESOURCE_EXHAUSTED, f"this replica serves {MAX_STREAM_CALLS} "
-                            "stream calls at once: retry later", "TooManyCalls")
+        elif self.gateway.stream_calls > self.gateway.max_stream_calls:
+            problem = Error(Code.RESOURCE_EXHAUSTED, f"this replica serves "
+                            f"{self.gateway.max_stream_calls} stream calls at once "
+                            "(--max-stream-calls): retry later", "TooManyCalls")
         if problem is not None:
             task = asyncio.create_task(self._send(self._failure(msg, problem)))
             self.senders.add(task)
