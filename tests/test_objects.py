@@ -1488,6 +1488,32 @@ def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restor
     assert r.kernel.state_digest() == h.kernel.state_digest()
 
 
+@pytest.mark.parametrize("changed", [0, 3])
+def test_idle_slices_join_the_frames_in_chunks_into_the_same_blob(monkeypatch, changed):
+    """After its objects are saved, a capture's frames are joined a slice at a time (a join of
+    a million frames at once held the GIL for ~0.25 s); with three frames a slice the blob is
+    the bytes of a kernel that assembles it at once, with objects to save or none."""
+    from gesmas.server.kernel import capture
+    twins = [OH(), OH()]
+    for h in twins:
+        s = h.open_session()
+        for i in range(40):
+            h.make("Counter", f"c{i:02d}")
+        h.checkpoint()
+        h.kernel.checkpoint_blob
+        for i in range(changed):
+            h.ok(s, f"c{i:02d}", "add", 1)
+        h.checkpoint()
+    slow, fast = twins
+    monkeypatch.setattr(capture, "JOIN_SLICE", 3)
+    slices = 0
+    while slow.kernel.capture_some(1):
+        slices += 1
+        assert slow.kernel.capturing                     # open while frames are left
+    assert slices >= 40 // 3 and not slow.kernel.capturing
+    assert slow.kernel.checkpoint_blob == fast.kernel.checkpoint_blob
+
+
 def test_a_deferred_object_that_cannot_be_saved_is_kept_and_saved_by_the_next_checkpoint(
         monkeypatch, caplog):
     """capture.py: nothing is dropped (each replica would drop it at another moment); that

@@ -209,10 +209,11 @@ class Checkpoints:
         else:                                 # as format 4 wrote it, byte for byte
             state["format"] = 4
             pickle.dump((state, pending, len(frames)), buf, protocol=5)
-        if not deferred:
+        if not deferred and not defer:        # as format 4 did: joined at the entry
             parts: list[Any] = [buf.getvalue(), *frames.values()]
             self.result = b"".join(parts)        # None (an object left unsaved) fails here
             return
+        # deferred (even with no object to save): the frames are joined by the idle slices
         index = self.state.index
         self.deferred.capture = Capture(index, buf.getvalue(), list(frames.values()),
                                         dict(deferred), keep)
