@@ -337,9 +337,9 @@ def waiters(cl: LocalCluster, watch: Watch, n: int, holder: dict[str, Any]) -> d
     client_rss = holders.client_rss_per_call()
     deadline = time.monotonic() + PHASE_LIMIT
     with Client(cl.addresses) as c:
-        while c.status()["waiter_count"] < n:
+        while (got := c.status()["waiter_count"]) < n:
             if time.monotonic() > deadline or any(p.poll() is not None for p in holders.procs):
-                raise SystemExit("the waiters did not all wait")
+                raise SystemExit(f"the waiters did not all wait: {got} of {n}")
             time.sleep(0.5)
     after = {m.node_id: rss_mib(m) for m in cl.members}
     per = {k: round((after[k] - before[k]) * 1024 * 1024 / n) for k in after}

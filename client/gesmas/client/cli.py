@@ -631,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-stream-calls", type=int, metavar="CALLS",
                    help="calls this replica keeps in flight on its clients' call streams, "
                         "blocked ones included; past it a call fails RESOURCE_EXHAUSTED "
-                        "(TooManyCalls) at once. Each costs the replica ~5 KB (default 100000; "
+                        "(TooManyCalls) at once. Each costs the replica ~5 KB (default 150000; "
                         "env GESMAS_MAX_STREAM_CALLS)")
     p.add_argument("--runaway-limit", type=float, metavar="SECONDS",
                    help="CPU seconds one log entry may burn on the apply thread before the "

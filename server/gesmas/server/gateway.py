@@ -95,7 +95,7 @@ class Gateway(pb_grpc.GesmasServicer):
         self._no_user_hash = tokens.hash_password(os.urandom(16).hex())
         self.stream_calls = 0       # calls in flight on all Calls streams (streams.py)
         # ... at most this many (unary calls have their own bound, grpclimits)
-        self.max_stream_calls = getattr(node.config, "max_stream_calls", 100_000)
+        self.max_stream_calls = getattr(node.config, "max_stream_calls", 150_000)
         self.stopping = asyncio.Event()     # the replica stops: Calls streams end (streams.py)
         self.readers = ReaderCalls(node, self.stopping)    # declared readers, off the log
 

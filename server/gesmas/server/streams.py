@@ -29,8 +29,8 @@ Theory of operation. One `CallStream` per RPC, all on the event loop:
   their waits), then the RPC ends, before grpc's grace runs out.
 
 Calls of all streams of the replica count together against `--max-stream-calls`
-(`NodeConfig.max_stream_calls`, 100,000 by default: as many as the default quota of waiting
-calls; `Gateway.stream_calls`): over it a call is answered RESOURCE_EXHAUSTED at once. A call on
+(`NodeConfig.max_stream_calls`, 150,000 by default: the default quota of waiting calls,
+100,000, and room for the calls that do not wait; `Gateway.stream_calls`): over it a call is answered RESOURCE_EXHAUSTED at once. A call on
 a stream costs the replica less than a unary call (no core call object): ~5 KB against ~20.
 """
 from __future__ import annotations
