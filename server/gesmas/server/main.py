@@ -21,16 +21,65 @@ def ensure_hash_seed() -> None:
                   [sys.executable, "-m", "gesmas.client.cli", *sys.argv[1:]], env)
 
 
+#: young-generation thresholds of the collector (see tune_gc)
+GC_THRESHOLDS = (20_000, 2, 10)
+
+
 def tune_gc() -> None:
-    """Keep the garbage collector's full passes rare. A full pass walks every live container
-    object and stops every thread meanwhile: with 10^4 waiting calls a leader holds ~5 x 10^5
-    of them and a pass took ~0.2 s. With CPython's default young threshold (700) the objects
-    of calls in flight outlive young passes often enough to start a full pass every ~1.3 s
-    under load (bench/checkpoint_bench.py); with 50,000 they are freed before a young pass
-    sees them, and what start-up made (modules, classes: never garbage) is frozen out of
-    every pass. Cyclic garbage is still collected, by young passes of up to 50,000 objects."""
+    """Keep the garbage collector's pauses short however large the state grows. Every pass
+    stops all threads, Raft's included: a pause longer than the election timeout on the
+    leader starts an election.
+
+    - CPython's default young threshold (700) let the objects of calls in flight outlive young
+      passes and start a full pass every ~1.3 s under load (bench/checkpoint_bench.py): the
+      first threshold is 20,000.
+    - A full pass walks every live container object: ~1 s at 10^6 (a replica holds ~4 per
+      object, ~10 per waiting call). And the middle generation grew to a million objects
+      while 10^5 waiting calls were made: passes of 0.6-0.8 s on every replica, and two
+      elections (bench/scale_bench.py). So what survives a middle pass (objects that lived
+      through at least two young passes: the state, waiting calls) is frozen out of every
+      later pass (`gc.freeze`, in a callback at the end of the pass), and the middle
+      generation is collected every 2 young passes: no pass walks more than the objects made
+      since the last middle pass (10^5 waiting calls in-process: longest pass 775 ms ->
+      66 ms, no full pass).
+    - The price: a cycle of frozen objects that becomes garbage is never collected (plain
+      references are still freed by reference counting). The kernel breaks its cycles when a
+      wait ends (tests/test_gc.py: none left by waits granted, timed out, cancelled, expired,
+      interrupted or deleted). What grpc keeps per RPC is cyclic: a replica that ran 3,000
+      waiting calls, 1,000 cancelled ones, 3 s of lock traffic and 40 watchers had 4,000-
+      6,000 such objects at exit (~36 per RPC alive during a middle pass, a few KB; the calls
+      on a client's stream are one RPC), docs/performance.md.
+      GESMAS_GC_FREEZE=0 turns the freezing off; GESMAS_GC_LEAK_REPORT=1 makes the process
+      count, as it exits, the unreachable objects that freezing kept (a check of the price).
+    What start-up made (modules, classes: never garbage) is frozen here."""
     gc.freeze()
-    gc.set_threshold(50_000, 20, 10)
+    gc.set_threshold(*GC_THRESHOLDS)
+    if os.environ.get("GESMAS_GC_FREEZE", "1").strip().lower() not in ("0", "no", "false"):
+        gc.callbacks.append(_freeze_survivors)
+    if os.environ.get("GESMAS_GC_LEAK_REPORT", "").strip() in ("1", "yes", "true"):
+        import atexit
+        atexit.register(_leak_report)
+
+
+def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
+    if phase == "stop" and info.get("generation", 0) >= 1:
+        gc.freeze()
+
+
+def _leak_report() -> None:
+    """What freezing kept: unreachable objects a full pass over everything finds now."""
+    import collections
+    if _freeze_survivors in gc.callbacks:
+        gc.callbacks.remove(_freeze_survivors)
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    found = gc.collect()
+    kinds = collections.Counter(type(o).__name__ for o in gc.garbage).most_common(8)
+    print(f"gesmas gc leak report: {found} unreachable objects among {frozen} frozen; "
+          f"{kinds}", file=sys.stderr, flush=True)
+    gc.garbage.clear()
+    gc.set_debug(0)
 
 
 def _setup_logging(node_id: int = 0, fmt: str | None = None) -> None:

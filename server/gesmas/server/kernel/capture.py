@@ -112,7 +112,8 @@ class Capture:
         chunks of a few MB are joined at the end at the speed of a memory copy."""
         parts, i = self.parts, self.joined
         j = min(len(parts), i + n)
-        self.chunks.append(b"".join([p.frame if type(p) is Slot else p for p in parts[i:j]]))
+        frames: list[Any] = [p.frame if type(p) is Slot else p for p in parts[i:j]]
+        self.chunks.append(b"".join(frames))
         self.joined = j
         return j < len(parts)
 

@@ -315,6 +315,7 @@ class Runner:
     def wake(self, w: Waiter[Request]) -> None:
         """Semaphore.release handed a permit to `w`: run it after the current request."""
         req = w.request
+        w.forget()
         req.waiter = None
         self._unwait(req, w.order)
         self.state.usage.add(req.user, "waiters", -1)

@@ -148,6 +148,13 @@ class Waiter(Generic[R]):
         self.order = order      # kernel-wide block sequence number: who blocked first
         self.live = True
 
+    def forget(self) -> None:
+        """The wait is over: drop what it points to. A dead waiter may stay in its
+        semaphore's queue (removed lazily) and in the deadline heap; pointing back at the
+        semaphore it would make a cycle, which a replica's collector may never look at again
+        once frozen (server/main.py tune_gc)."""
+        self.request = self.semaphore = None    # type: ignore[assignment]
+
     def __lt__(self, other: Waiter[Any]) -> bool:  # deadline-heap tie-break
         return self.order < other.order
 
@@ -227,6 +234,7 @@ class Semaphore:
         """Remove a live waiter that leaves without a permit (timeout, abort, interrupt)."""
         w.live = False
         self._live -= 1
+        w.forget()
         if len(self._queue) > 32 and len(self._queue) > 2 * self._live:
             self._queue = deque(x for x in self._queue if x.live)
 
