@@ -77,7 +77,7 @@ class ReaderCalls:
                                              timeout))
 
     async def _run(self, request: Any, user: str, name: str, method: str, args: Any,
-                         kwargs: Any, timeout: float | None) -> Any:
+                   kwargs: Any, timeout: float | None) -> Any:
         """A declared reader, run by this replica without a log entry (kernel/readers.py).
         One that raises NotYet runs again each time this replica has applied an entry that
         changed its object (node_reads.ObjectChanges), until it answers or `timeout`
@@ -89,17 +89,15 @@ class ReaderCalls:
             request.ctor_kwargs)) if request.create else None    # once, not under the lock
 
         memo, key = self.node.reads.memo, read_key(request, user)
-
         def run(k: Any) -> Any:
-            got = memo.get(k, key) if key is not None else None
+            got = memo.get(k, key)
             if got is None:
                 try:
                     got = (True, k.read(user, name, method, args, kwargs, request.class_name,
                                         ctor))
                 except NotYet as e:           # its topic, if it named one
                     got = (False, e.topic)
-                if key is not None:
-                    memo.put(k, key, got)
+                memo.put(k, key, got)         # not an error: it is raised afresh each time
             return got
 
         changes = self.node.reads.changes
