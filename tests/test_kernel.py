@@ -1118,13 +1118,21 @@ class Two:
     assert runs[1] == runs[0]
 
 
+def trusted(src: str, name: str) -> H:
+    """A kernel where the class `name` of `src` is registered by the replicas under a reserved
+    name, as a standard class is (its `_restartable` waits are trusted)."""
+    from gesmas.server.kernel import RegisterClass
+    from gesmas.server.kernel.auth import SYSTEM
+    h = H(Config(reserved_classes=frozenset({name})))
+    assert h.run(RegisterClass(ts=h.ts, source=src, user=SYSTEM)).error is None
+    return h
+
+
 def test_a_trusted_call_waiting_for_the_second_time_is_not_kept_by_a_checkpoint():
     """A class the replicas trust (a reserved name) lists `take2` as restartable, but a call
     woken once and waiting again has its first wait behind it: a checkpoint must unwind and
     re-run it, as a replica restored from that checkpoint does. Kept waiting in place, the
     live replica and the restored one would answer the next `give` differently."""
-    from gesmas.server.kernel import RegisterClass
-    from gesmas.server.kernel.auth import SYSTEM
     src = '''
 class Two:
     _restartable = ("take2",)
@@ -1139,8 +1147,7 @@ class Two:
         self.gives += 1
         self.s.release()
 '''
-    h = H(Config(reserved_classes=frozenset({"Two"})))
-    assert h.run(RegisterClass(ts=h.ts, source=src, user=SYSTEM)).error is None
+    h = trusted(src, "Two")
     s = h.open_session()
     assert h.create("Two", "o").error is None
     t = h.call(s, "o", "take2")
@@ -1160,8 +1167,6 @@ def test_a_kept_waiter_retried_between_checkpoints_is_saved_with_every_tag():
     """A kept waiter's saved form is made once (checkpoint._saved); a retry that attaches a
     second tag to it after one checkpoint must be in the next one: a replica restored from
     it answers both tags."""
-    from gesmas.server.kernel import RegisterClass
-    from gesmas.server.kernel.auth import SYSTEM
     src = '''
 class Box:
     _restartable = ("take",)
@@ -1173,8 +1178,7 @@ class Box:
     def give(self):
         self.s.release()
 '''
-    h = H(Config(reserved_classes=frozenset({"Box"})))
-    assert h.run(RegisterClass(ts=h.ts, source=src, user=SYSTEM)).error is None
+    h = trusted(src, "Box")
     s = h.open_session()
     assert h.create("Box", "b").error is None
     first = h.call(s, "b", "take")

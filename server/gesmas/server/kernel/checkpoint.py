@@ -32,7 +32,6 @@ runner unwinds waiters and re-runs them, and `lifecycle` drops and measures obje
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 from typing import Any, Callable
@@ -42,7 +41,7 @@ import greenlet
 from . import codec, stack
 from .auth import AuthState
 from .budget import Budget
-from .digests import tree_digest as _tree_digest
+from .digests import part_bytes, state_digest
 from .capture import Capture, Deferred, PendingBlob, Slot
 from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
@@ -330,52 +329,11 @@ class Checkpoints:
         A part that cannot be pickled (a lambda or a generator an object holds until the next
         checkpoint drops it) is hashed by its content, the unpicklable values by their kind."""
         with stack.relative():
-            return self._digest(volatile, parts)
-
-    def _digest(self, volatile: bool, parts: dict[str, str] | None) -> str:
-        h = hashlib.sha256()
-        registry = pickle.dumps(self.registry.dump(), protocol=5)
-        h.update(registry)
-        if parts is not None:
-            parts["registry"] = hashlib.sha256(registry).hexdigest()[:12]
-        waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
-                 for r in self.runner.blocked()]
-        state = self.saved_state()
-        del state["format"]     # how a checkpoint encodes the state, not the state
-        del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
-        del state["sizes"]      # measured at checkpoints (a cache of what the objects hold)
-        if not volatile:
-            del state["index"], state["now"]
-        objects = [(n, r.cls.name, r.cls.version, r.instance)
-                   for n, r in self.state.objects.items()]
-        limit = 1 << 22        # unfolded bytes past which a part is hashed by content
-        named = [(f"state.{k}", v) for k, v in state.items()] if parts is not None else []
-        for name, part in [("waits", waits)] + [(f"object {o[0]}", o) for o in objects] + named:
-            if parts is not None:
-                parts[name] = hashlib.sha256(self._part_bytes(part, limit)).hexdigest()[:12]
-        for part in (state, waits, *objects):
-            h.update(self._part_bytes(part, limit))
-        return h.hexdigest()
+            return state_digest(self, volatile, parts, pickle_state)
 
     def _part_bytes(self, part: Any, limit: int) -> bytes:
-        """What the digest hashes of one part: its memo-less pickle, a pickle with a memo if it
-        has a cycle, or a digest of its tree when it unfolds past `limit` bytes."""
-        if state_size(part, limit, unfold=True) > limit:
-            return _tree_digest(part, self.registry.persistent_id)
-        buf = io.BytesIO()
-        p = pickle.Pickler(buf, protocol=5)
-        p.fast = True
-        p.persistent_id = self.registry.persistent_id  # type: ignore[method-assign]
-        try:
-            p.dump(part)
-        except ValueError:                       # a cycle
-            try:
-                return pickle_state(self.registry, part)
-            except Exception:
-                return _tree_digest(part, self.registry.persistent_id)
-        except Exception:                        # a lambda, a generator, too deep a nesting...
-            return _tree_digest(part, self.registry.persistent_id)
-        return buf.getvalue()
+        """What the digest hashes of one part (digests.part_bytes)."""
+        return part_bytes(part, limit, self.registry, pickle_state)
 
     # -- taking a checkpoint -------------------------------------------------------------------
 
@@ -438,13 +396,12 @@ class Checkpoints:
         again) is not kept: its first wait is behind it. One object's waiters are kept all or
         none, so that an interrupted call's handler can never wake a kept waiter.
 
-        The runner counts the waiters of each object by method as they block (None: waiting
-        again, or no command), so this looks at the objects, not at every waiter."""
+        The runner counts the waiters of each object by method as they block (None, never a
+        restartable method: waiting again, or no command), so this looks at the objects, not
+        at every waiter."""
         kept: set[str] = set()
         reserved = self.config.reserved_classes
         for name, methods in self.runner.blocked_methods.items():
-            if None in methods:
-                continue
             rec = self.state.objects.get(name)
             if rec is None or rec.cls.name not in reserved:
                 continue

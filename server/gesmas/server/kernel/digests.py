@@ -1,11 +1,16 @@
-"""A hash of a value by its content (the state digest's fallback, checkpoint.py): the same
+"""The state digest (`state_digest`, for checkpoint.py's `Checkpoints.digest`), and a hash of
+a value by its content (its fallback, `tree_digest`): the same
 however equal parts happen to be shared, for parts too big to pickle without a memo, or that
 cannot be pickled at all (a lambda, a generator: hashed by kind and name)."""
 from __future__ import annotations
 
 import collections
 import hashlib
-from typing import Any
+import io
+import pickle
+from typing import Any, Callable
+
+from .measure import state_size
 
 
 def described(v: Any) -> str:
@@ -68,3 +73,55 @@ def tree_digest(obj: Any, persistent_id: Any) -> bytes:
         done[key] = hashlib.sha256(head + b"".join(parts)).digest()
         keep.append(v)
     return done[id(obj)]
+
+
+def state_digest(cp: Any, volatile: bool, parts: dict[str, str] | None,
+                 pickle_state: Callable[[Any, Any], bytes]) -> str:
+    """`Checkpoints.digest` (checkpoint.py) of the state the Checkpoints `cp` holds, see
+    there; `pickle_state` pickles a part with a memo (checkpoint.py's)."""
+    h = hashlib.sha256()
+    registry = pickle.dumps(cp.registry.dump(), protocol=5)
+    h.update(registry)
+    if parts is not None:
+        parts["registry"] = hashlib.sha256(registry).hexdigest()[:12]
+    waits = [(r.index, r.session, r.seq, r.tags, r.waiter.deadline if r.waiter else None)
+             for r in cp.runner.blocked()]
+    state = cp.saved_state()
+    del state["format"]     # how a checkpoint encodes the state, not the state
+    del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
+    del state["sizes"]      # measured at checkpoints (a cache of what the objects hold)
+    if not volatile:
+        del state["index"], state["now"]
+    objects = [(n, r.cls.name, r.cls.version, r.instance)
+               for n, r in cp.state.objects.items()]
+    limit = 1 << 22        # unfolded bytes past which a part is hashed by content
+    named = [(f"state.{k}", v) for k, v in state.items()] if parts is not None else []
+    for name, part in [("waits", waits)] + [(f"object {o[0]}", o) for o in objects] + named:
+        if parts is not None:
+            got = part_bytes(part, limit, cp.registry, pickle_state)
+            parts[name] = hashlib.sha256(got).hexdigest()[:12]
+    for part in (state, waits, *objects):
+        h.update(part_bytes(part, limit, cp.registry, pickle_state))
+    return h.hexdigest()
+
+
+def part_bytes(part: Any, limit: int, registry: Any,
+                pickle_state: Callable[[Any, Any], bytes]) -> bytes:
+    """What the digest hashes of one part: its memo-less pickle, a pickle with a memo if it
+    has a cycle, or a digest of its tree when it unfolds past `limit` bytes."""
+    if state_size(part, limit, unfold=True) > limit:
+        return tree_digest(part, registry.persistent_id)
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=5)
+    p.fast = True
+    p.persistent_id = registry.persistent_id  # type: ignore[method-assign]
+    try:
+        p.dump(part)
+    except ValueError:                       # a cycle
+        try:
+            return pickle_state(registry, part)
+        except Exception:
+            return tree_digest(part, registry.persistent_id)
+    except Exception:                        # a lambda, a generator, too deep a nesting...
+        return tree_digest(part, registry.persistent_id)
+    return buf.getvalue()

@@ -91,9 +91,7 @@ class Queries:
             value = {"name": cv.name, "version": cv.version,
                      "source": registry.sources[cv.module]}
         elif what == "objects":
-            waiting: dict[str, int] = {}
-            for r in self.runner.blocked():
-                waiting[r.obj] = waiting.get(r.obj, 0) + 1
+            waiting = self.runner.waiting_on
             value = [{"name": n, "class": r.cls.name, "version": r.cls.version,
                       "waiters": waiting.get(n, 0)} for n, r in st.objects.items()
                      if st.auth.visible(user, n)]

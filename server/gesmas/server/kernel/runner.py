@@ -61,7 +61,6 @@ class Runner:
         self.measure_every = (config.max_object_bytes >> 2) // 64   # steps between measures
         self.order = 0                   # block sequence number
         self.waiting = 0                 # live waiters
-        self.waiting_on: dict[str, int] = {}   # ... per object (listings), none if 0
         # the waiting requests by block number, oldest first (blocked(): no sort, no scan)
         self.by_order: dict[int, Request] = {}
         # per object with waiters: how many wait in each method, under None those that a
@@ -282,7 +281,6 @@ class Runner:
         sem._enqueue(w)
         req.waiter = w
         self.waiting += 1
-        self.waiting_on[req.obj] = self.waiting_on.get(req.obj, 0) + 1
         self.by_order[w.order] = req
         # a call waiting for the first time can be kept by a checkpoint, if its method is
         # one its class lists in _restartable (checked at the checkpoint)
@@ -297,6 +295,11 @@ class Runner:
             heapq.heappush(self.deadlines, (deadline, w.order, w))
         assert req.task is not None and req.task.parent is not None
         return req.task.parent.switch()
+
+    @property
+    def waiting_on(self) -> dict[str, int]:
+        """Live waiters per object with any (listings)."""
+        return {name: sum(methods.values()) for name, methods in self.blocked_methods.items()}
 
     def deadline(self, timeout: Any, error: type[Exception]) -> float | None:
         """The kernel time at which a wait of `timeout` seconds ends; None for no timeout or
@@ -344,11 +347,6 @@ class Runner:
         """Count `req` out of the waiters (its waiter, of block number `order`, left its
         semaphore)."""
         self.waiting -= 1
-        n = self.waiting_on[req.obj] - 1
-        if n:
-            self.waiting_on[req.obj] = n
-        else:
-            del self.waiting_on[req.obj]
         del self.by_order[order]
         methods = self.blocked_methods[req.obj]
         n = methods[req.counted] - 1
