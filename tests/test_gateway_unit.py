@@ -97,6 +97,17 @@ def test_the_read_key_names_everything_an_answer_depends_on():
     assert a == _read_key(_invoke_request(kwargs={"y": {"a": 2, "b": 1}, "x": 1}), "alice")
 
 
+def test_large_arguments_are_not_memoized():
+    """A key is kept with its answer: a caller sending large arguments to a reader must not
+    make the replica hold them (up to the memo's size) beside the answers."""
+    from gesmas.server.reader_calls import MEMO_KEY_BYTES
+    from gesmas.server.reader_calls import read_key as _read_key
+    assert _read_key(_invoke_request(user_args=("x" * (MEMO_KEY_BYTES - 64),)), "a") is not None
+    assert _read_key(_invoke_request(user_args=("x" * (MEMO_KEY_BYTES + 1),)), "a") is None
+    assert _read_key(_invoke_request(kwargs={"k": "x" * (MEMO_KEY_BYTES + 1)}), "a") is None
+    assert _read_key(_invoke_request(ctor=["x" * (MEMO_KEY_BYTES + 1)]), "a") is None
+
+
 def test_the_read_memo_answers_at_the_state_it_was_filled_at_only():
     from gesmas.server.node_reads import ReadMemo
 

@@ -29,13 +29,25 @@ _CONSISTENCY = {pb.CONSISTENCY_LINEARIZABLE: LINEARIZABLE, pb.CONSISTENCY_SEQUEN
 reflects: contextvars.ContextVar[int] = contextvars.ContextVar("gesmas_reflects", default=0)
 
 
+#: Reader calls whose encoded arguments are larger than this are not memoized: a key is kept
+#: with its answer (up to ReadMemo.SIZE of them), and a watch or a get is a few dozen bytes.
+MEMO_KEY_BYTES = 4096
+
+
 def read_key(request: Any, user: str) -> Any:
     """What a reader's answer depends on besides the state (node_reads.ReadMemo): the user,
     the object, the method, the arguments, and the constructor's (a get-or-create checks
-    them against the object's) as their deterministic encoding."""
+    them against the object's) as their deterministic encoding. None (not memoized) past
+    MEMO_KEY_BYTES of arguments."""
+    args = _encoded_args(request.args, request.kwargs)
+    ctor = _encoded_args(request.ctor_args, request.ctor_kwargs) if request.create else None
+    size = sum(map(len, args[0])) + sum(len(k) + len(v) for k, v in args[1])
+    if ctor is not None:
+        size += sum(map(len, ctor[0])) + sum(len(k) + len(v) for k, v in ctor[1])
+    if size > MEMO_KEY_BYTES:
+        return None
     return (user, request.object_name, request.method, request.class_name, request.create,
-            _encoded_args(request.args, request.kwargs),
-            _encoded_args(request.ctor_args, request.ctor_kwargs) if request.create else None)
+            args, ctor)
 
 
 def _encoded_args(args: Any, kwargs: Any) -> Any:
@@ -90,14 +102,15 @@ class ReaderCalls:
 
         memo, key = self.node.reads.memo, read_key(request, user)
         def run(k: Any) -> Any:
-            got = memo.get(k, key)
+            got = memo.get(k, key) if key is not None else None
             if got is None:
                 try:
                     got = (True, k.read(user, name, method, args, kwargs, request.class_name,
                                         ctor))
                 except NotYet as e:           # its topic, if it named one
                     got = (False, e.topic)
-                memo.put(k, key, got)         # not an error: it is raised afresh each time
+                if key is not None:           # not an error: it is raised afresh each time
+                    memo.put(k, key, got)
             return got
 
         changes = self.node.reads.changes
