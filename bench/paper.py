@@ -632,6 +632,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="repetitions of the reads experiment (default 3, --quick 1)")
     ap.add_argument("--route", choices=["leader", "replica"], default="leader",
                     help="gesmas clients' call routing (Client(route=...))")
+    ap.add_argument("--map-points", default=None,
+                    help="comma list of the map experiment's points to run (e.g. "
+                         "fan|popular|100,fan|distinct|10; default: all)")
+    ap.add_argument("--watch", choices=["stream", "rearm"], default="stream",
+                    help="gesmas watchers in the map fan-out: one Map.watch_stream each "
+                         "(default), or a Map.watch per change")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--docs", choices=["auto", "yes", "no"], default="auto",
                     help="write docs/benchmarks.md (auto: full run, both systems, all experiments)")
@@ -645,6 +651,14 @@ def main(argv: list[str] | None = None) -> int:
     if "etcd" in systems and [x for x in only if x not in EXTRA_EXPERIMENTS]:
         ap.error("etcd takes part in the reads and map experiments only (--only reads,map)")
     cfg = config(a.quick, a.repeat)
+    cfg["map_watch"] = a.watch
+    if a.map_points:
+        points = [x.strip() for x in a.map_points.split(",") if x.strip()]
+        unknown = [x for x in points if x not in cfg["map_points"]]
+        if unknown:
+            ap.error(f"unknown map points {unknown}; the points are: "
+                     f"{','.join(cfg['map_points'])}")
+        cfg["map_points"] = points
     os.environ[ROUTE_ENV] = a.route
     if a.secure:                 # LocalCluster reads it and exports the client's TLS and login
         os.environ["GESMAS_TEST_SECURE"] = "1"

@@ -137,7 +137,7 @@ def _fanout(system: str, ep: list[str], cfg: dict[str, Any], layout: str, n: int
                     "idle_cpu_per_s": idle}
         r = run_clients(system, ep, "watch", ["watcher"] * n,
                         {"keys": keys, "rounds": rounds, "timeout": timeout, "seconds": 0.0,
-                         "conn": _watch_conn(system),
+                         "conn": _watch_conn(system), "watch": cfg.get("map_watch", "stream"),
                          "limit": settle * (rounds + 3) + cfg["map_idle"] + timeout +
                          2 * OP_TIMEOUT},
                         cfg["procs"], on_start=on_start)
@@ -207,7 +207,7 @@ def watch_body(conn: Any, slot: dict[str, Any], p: dict[str, Any]) -> None:
     key = p["keys"][slot["idx"] % len(p["keys"])]
     slot["key"] = key
     w = {"gesmas": GesmasWatch, "zookeeper": ZkWatch, "etcd": EtcdWatch}[conn.name](
-        conn, key, p["timeout"])
+        conn, key, p["timeout"], *([p.get("watch", "stream")] if conn.name == "gesmas" else []))
     times: list[float] = []
     slot["notified"] = times
     try:
@@ -219,21 +219,29 @@ def watch_body(conn: Any, slot: dict[str, Any], p: dict[str, Any]) -> None:
 
 
 class GesmasWatch:
-    """Map.watch of the key from the revision of the last answer (the first: the map's
-    revision when the watcher starts, before the writer's first put)."""
+    """The key's changes from the map's revision when the watcher starts (before the
+    writer's first put): `stream` (the default) one Map.watch_stream, which the replica
+    answers at each change; `rearm` a Map.watch per change, from the revision of the last
+    answer (the client sends the next watch when it has the answer)."""
 
-    def __init__(self, conn: Any, key: str, timeout: float) -> None:
+    def __init__(self, conn: Any, key: str, timeout: float, mode: str = "stream") -> None:
         self.m = conn.map()
         self.key = key
         self.rev = self.m.revision()
+        self.stream = (self.m.watch_stream(key, self.rev, timeout=timeout)
+                       if mode == "stream" else None)
 
     def next(self, timeout: float) -> float:
-        got = self.m.watch(self.key, self.rev, timeout=timeout)
-        self.rev = got["revision"]
+        if self.stream is not None:
+            next(self.stream)
+        else:
+            got = self.m.watch(self.key, self.rev, timeout=timeout)
+            self.rev = got["revision"]
         return time.monotonic()
 
     def close(self) -> None:
-        pass
+        if self.stream is not None:
+            self.stream.close()
 
 
 class ZkWatch:

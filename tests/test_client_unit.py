@@ -511,6 +511,31 @@ def test_object_proxies(replicas):
                      ("PriorityQueue", "urgent", "push", [b"x", 3])]
 
 
+def test_a_watch_stream_without_the_calls_stream_watches_again_from_each_revision(replicas):
+    """A replica without the Calls stream (an older version) answers a followed watch
+    once: the client calls again with after_revision set to each answer's revision, and a
+    reader whose answer gives no cursor is said to be one that cannot be followed."""
+    a = replicas[0]
+
+    def answer(request, context):
+        after = convert.from_value_map(request.kwargs)["after_revision"]
+        return pb.InvokeResponse(result=convert.to_value(
+            {"revision": after + 2, "events": [{"revision": after + 2}]}))
+    a.fake.handlers["Invoke"] = answer
+    with Client(cluster(replicas)) as c:
+        it = c.map("cfg").watch_stream("k/", 5)
+        assert [next(it)["revision"] for _ in range(3)] == [7, 9, 11]
+        it.close()
+        a.fake.handlers["Invoke"] = lambda request, context: pb.InvokeResponse(
+            result=pb.Value(int_value=3))
+        with pytest.raises(TypeError, match="cannot be followed"):
+            list(c.map("cfg").follow("get", "default", "revision", "k"))
+    sent = [(r.method, [convert.from_value(v) for v in r.args],
+             convert.from_value_map(r.kwargs)) for r in a.fake.seen("Invoke")]
+    assert sent[:3] == [("watch", ["k/"], {"after_revision": a, "limit": 1000})
+                        for a in (5, 7, 9)]
+
+
 def test_already_exists(replicas):
     replicas[0].fake.handlers["CreateObject"] = lambda request, context: fail(
         context, grpc.StatusCode.ALREADY_EXISTS, pb.ERROR_CODE_ALREADY_EXISTS,

@@ -343,3 +343,86 @@ def test_calls_cancelled_as_soon_as_sent_are_answered_and_accounted(raw, client)
     raw.out.put(None)                                      # half-close: the RPC must end
     with pytest.raises(StopIteration):
         raw.answer()
+
+
+# -- followed readers (Call.follow): a watch stream ------------------------------------------------
+
+def _follow_call(raw, call_id, obj, method, *args, argument="after_revision", key="revision",
+                 class_name="Map", **kwargs):
+    raw.seq += 1
+    inv = pb.InvokeRequest(session=raw.session, session_secret=raw.secret, seq=raw.seq,
+                           class_name=class_name, object_name=obj, method=method, create=True)
+    convert.fill_values(inv.args, args)
+    convert.fill_map(inv.kwargs, kwargs)
+    raw.send(pb.Call(id=call_id, invoke=inv, follow=pb.Follow(argument=argument, key=key)))
+
+
+def test_a_followed_watch_answers_each_change_under_one_id_until_cancelled(raw, client):
+    """One Call with `follow`: the replica answers every change under the prefix under that
+    call's id (`more` set), with no further message from the peer; changes to other keys
+    send nothing; a cancel ends it (the last answer, `more` unset) and the stream goes on."""
+    m = client.map("st-follow")
+    start = m.put("k/0", 0)["revision"]
+    _follow_call(raw, 5, "st-follow", "watch", "k/", after_revision=start - 1)
+    first = raw.answer()
+    assert first.id == 5 and first.more
+    assert [e["key"] for e in result(first)["events"]] == ["k/0"]
+    revs = [start]
+    for i in range(1, 6):
+        m.put(f"other/{i}", i)                      # not under k/: no answer
+        revs.append(m.put(f"k/{i}", i)["revision"])
+        a = raw.answer()
+        assert a.id == 5 and a.more
+        got = result(a)
+        assert [(e["key"], e["revision"]) for e in got["events"]] == [(f"k/{i}", revs[-1])]
+        assert got["revision"] == revs[-1]
+    raw.send(pb.Call(id=5, cancel=True))
+    end = raw.answer()
+    assert end.id == 5 and not end.more and end.error.type == "Cancelled"
+    raw.invoke(6, "st-follow-q", "size")
+    assert result(raw.answer()) == 0
+
+
+@pytest.mark.parametrize("call, match", [
+    (dict(obj="st-fq", method="produce", args=("x",), class_name="Queue", argument="a",
+          key="b"), "not a declared reader"),
+    (dict(obj="st-fm", method="watch", args=("k/",), argument="", key="revision"),
+     "follow.argument must be 1 to"),
+    (dict(obj="st-fm", method="watch", args=("k/",), argument="x" * 129, key="revision"),
+     "follow.argument must be 1 to"),
+    (dict(obj="st-fm", method="watch", args=("k/",), argument="after_revision", key=""),
+     "follow.key must be 1 to"),
+    (dict(obj="st-fm", method="watch", args=("k/",), argument="not a name", key="revision"),
+     "keyword argument"),
+])
+def test_what_cannot_be_followed_is_refused_before_it_runs(raw, client, call, match):
+    """A writer (its first run would change the state) and malformed Follow fields are
+    refused before anything runs; the queue keeps no item of the refused produce."""
+    client.map("st-fm").put("k/0", 0)
+    _follow_call(raw, 1, call.pop("obj"), call.pop("method"), *call.pop("args"), **call)
+    a = raw.answer()
+    assert a.id == 1 and not a.more and a.error.code == pb.ERROR_CODE_INVALID_ARGUMENT
+    assert match in a.error.message
+    assert client.queue("st-fq").size() == 0
+    raw.invoke(2, "st-fq", "size")
+    assert result(raw.answer()) == 0
+
+
+@pytest.mark.parametrize("method, args, kwargs, match", [
+    ("get", ("k/0",), {"argument": "default", "key": "revision"}, "not a map with the key"),
+    ("items", ("k/",), {"argument": "limit", "key": "revision"}, "must move its cursor"),
+])
+def test_a_reader_that_cannot_be_followed_ends_after_its_first_answer(raw, client, method,
+                                                                      args, kwargs, match):
+    """The first answer is the reader's; the follow then ends INVALID_ARGUMENT when the
+    answer gives no cursor, or one that did not move (it would answer the same for ever)."""
+    m = client.map("st-fc")
+    m.put("k/0", 0)
+    rev = m.revision()
+    limit = {"limit": rev} if method == "items" else {}
+    _follow_call(raw, 3, "st-fc", method, *args, **kwargs, **limit)
+    first = raw.answer()
+    assert first.id == 3 and first.more and not first.HasField("error")
+    end = raw.answer()
+    assert end.id == 3 and not end.more and end.error.code == pb.ERROR_CODE_INVALID_ARGUMENT
+    assert match in end.error.message

@@ -76,7 +76,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Iterator
 
 import grpc
 
@@ -477,16 +477,26 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         return authenticate
 
     def _attempt(self, address: str, method: str, request: Any, deadline: float | None,
-                 login: bool = True) -> Any:
+                 login: bool = True, follow: tuple[str, str] | None = None) -> Any:
+        """One attempt of ``method`` at ``address``. An Invoke with ``follow`` (argument,
+        key) answers (a Following or None, the first InvokeResponse): a followed call on a
+        Calls stream, or one plain Invoke where there is no stream."""
         metadata = (self._login.metadata(self._authenticate(address))
                     if login and self._login.enabled else ())
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
-                response = self._stream(address, metadata).call(request, deadline)
+                stream = self._stream(address, metadata)
+                if follow is not None:
+                    following, response = stream.follow(request, *follow, deadline)
+                    self._seen.note(response)
+                    return following, response
+                response = stream.call(request, deadline)
                 self._seen.note(response)
                 return response
             except Unsupported:               # an older replica: unary Invoke there
                 self._unary_only.add(address)
+        if follow is not None:
+            return None, self._attempt(address, method, request, deadline, login)
         try:
             response = getattr(self._stub(address), method)(request, timeout=deadline,
                                                              metadata=metadata)
@@ -517,6 +527,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         closing: bool = False,
         on_retry: Callable[[], None] | None = None,
         keepalive: bool = False,
+        follow: tuple[str, str] | None = None,
     ) -> tuple[str, Any]:
         """Send ``request`` until a replica serves it; see "Retries" in the module doc.
         Returns (the address that answered, the response). ``cap`` is a monotonic time past
@@ -527,7 +538,8 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         while True:
             started = time.monotonic()
             try:
-                response = self._attempt(attempts.address, method, request, rpc_timeout)
+                response = self._attempt(attempts.address, method, request, rpc_timeout,
+                                         follow=follow)
                 attempts.succeeded()
                 return attempts.address, response
             except core.Failure as failure:
@@ -580,9 +592,11 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
     def _invoke(self, class_name: str, object_name: str, method: str, args: tuple[Any, ...],
                 kwargs: dict[str, Any], timeout: float | None,
                 create: tuple[tuple[Any, ...], dict[str, Any]] | None,
-                 consistency: str | None = None) -> Any:
+                consistency: str | None = None, follow: tuple[str, str] | None = None) -> Any:
         """``invoke``; with ``create`` (constructor args, kwargs) the object is made first
-        if it does not exist, in the same command (what proxies from accessors send)."""
+        if it does not exist, in the same command (what proxies from accessors send).
+        With ``follow``: (a Following or None, the first answer) of a followed reader
+        (``_follow``)."""
         request = core.invoke_request(class_name, object_name, method, args, kwargs, timeout,
                                       create)
         request.session = self.session
@@ -608,14 +622,59 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                     rpc_timeout=rpc_deadline(timeout),
                     cap=None if timeout is None else start + timeout + self._retry_timeout,
                     on_retry=refresh_ack,
+                    follow=follow,
                 )
             except SessionExpired as e:
                 if not isinstance(e, ClientClosed):
                     self._mark_expired(e, request.session)
                 raise
+            if follow is not None:
+                following, resp = resp
+                return following, convert.from_value(resp.result)
             return convert.from_value(resp.result)
         finally:
             seqs.end(request.seq)
+
+    def _follow(self, class_name: str, object_name: str, method: str, args: tuple[Any, ...],
+                kwargs: dict[str, Any], argument: str, key: str, timeout: float | None,
+                create: tuple[tuple[Any, ...], dict[str, Any]] | None,
+                consistency: str | None = None) -> Iterator[Any]:
+        """The answers of the declared reader ``method``, for ever: each next one from the
+        previous answer's ``key``, passed as the keyword ``argument`` (a Map's watch:
+        after_revision from "revision"). On a Calls stream the replica answers again by
+        itself (Call.follow): one message per answer, none per re-arm. When the stream or
+        the replica fails, the call is made again (elsewhere) from the last answer's
+        cursor, so nothing is missed or seen twice; ``timeout`` bounds each wait."""
+        kwargs = dict(kwargs)
+        while True:
+            following, value = self._invoke(class_name, object_name, method, args, kwargs,
+                                             timeout, create, consistency, (argument, key))
+            try:
+                while True:
+                    yield value
+                    if type(value) is dict and key in value:
+                        kwargs[argument] = value[key]
+                    elif following is None or following.done:   # else the replica says so
+                        raise TypeError(f"{class_name}.{method} answered "
+                                        f"{type(value).__name__}, not a dict with the key "
+                                        f"{key!r}: it cannot be followed")
+                    if following is None or following.done:
+                        break                  # a replica that answers once: call again
+                    try:
+                        resp = following.next()
+                    except core.Failure as failure:
+                        if failure.unresponsive:
+                            self._unresponsive(following.stream.address)
+                        break                  # follow again, elsewhere if need be
+                    self._seen.note(resp)
+                    value = convert.from_value(resp.result)
+            except SessionExpired as e:
+                if not isinstance(e, ClientClosed):
+                    self._mark_expired(e, self.session)
+                raise
+            finally:
+                if following is not None:
+                    following.close()
 
     def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
         """Get or create the object ``name`` of class ``class_name`` and return a proxy for

@@ -58,6 +58,17 @@ class ObjectProxy:
         return self.client._invoke(self.class_name, self.object_name, method, args, kwargs,
                                    timeout, self._create)
 
+    def follow(self, method: str, argument: str, key: str, /, *args: Any,
+               timeout: float | None = None, consistency: str | None = None,
+               **kwargs: Any) -> Iterator[Any]:
+        """The answers of the declared reader ``method`` (in its class's ``_readers``), for
+        ever: each next one is the call again with the keyword ``argument`` set to the
+        previous answer's ``key`` (the answer is a dict). The replica runs it again by
+        itself (one message per answer); the cursor must move at each answer. ``timeout``
+        bounds each wait; the first call passes ``kwargs[argument]`` if given."""
+        return self.client._follow(self.class_name, self.object_name, method, args, kwargs,
+                                   argument, key, timeout, self._create, consistency)
+
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
             raise AttributeError(method)
@@ -423,14 +434,26 @@ class MapProxy(ObjectProxy):
         return self._read("watch", prefix, after_revision, limit, consistency=consistency,
                           timeout=timeout)
 
+    def watch_stream(self, prefix: str = "", after_revision: int | None = None, *,
+                     limit: int = 1000, timeout: float | None = None,
+                     consistency: str | None = None) -> Iterator[Any]:
+        """The answers ``watch`` would give, one after the other, for ever: every change
+        under ``prefix`` after ``after_revision`` (None: now), in order, none twice. One
+        watch call that the replica answers again at each change (a watch stream: no
+        message to re-arm it); after a failure it goes on elsewhere from the last answer's
+        revision. ``timeout`` bounds each wait (Timeout)."""
+        if after_revision is None:
+            after_revision = self.revision(consistency=consistency)
+        return self.follow("watch", "after_revision", "revision", prefix, limit=limit,
+                           after_revision=after_revision, timeout=timeout,
+                           consistency=consistency)
+
     def watch_iter(self, prefix: str = "", after_revision: int | None = None, *,
                    timeout: float | None = None) -> Iterator[Any]:
         """Every change under ``prefix`` after ``after_revision`` (None: now), one event at
-        a time, in order, for ever; ``timeout`` bounds each wait (Timeout)."""
-        while True:
-            got = self.watch(prefix, after_revision, timeout=timeout)
+        a time, in order, for ever (``watch_stream``); ``timeout`` bounds each wait."""
+        for got in self.watch_stream(prefix, after_revision, timeout=timeout):
             yield from got["events"]
-            after_revision = got["revision"]
 
 
 #: Standard class name -> proxy class that ``Client.object`` returns for it.

@@ -30,7 +30,7 @@ from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_deta
 from gesmas.client.security import Login
 from gesmas.v1 import gesmas_pb2 as pb
 
-__all__ = ["CallStream", "Unsupported", "call_message", "ended", "stream_failure", "response",
+__all__ = ["CallStream", "Following", "Unsupported", "call_message", "ended", "stream_failure", "response",
            "no_answer", "pick_stream", "CALLS_PER_STREAM"]
 
 #: Calls in flight on one Calls stream before the client opens another to the same replica
@@ -136,7 +136,8 @@ class CallStream:
         try:
             for answer in self._rpc:
                 with self._lock:
-                    fut = self._pending.pop(answer.id, None)
+                    fut = (self._pending.get(answer.id) if answer.more
+                           else self._pending.pop(answer.id, None))
                 if fut is not None:
                     fut.set_result(answer)
             failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
@@ -174,6 +175,26 @@ class CallStream:
             raise
         return response(answer, self.address, self._login, self.metadata)
 
+    def follow(self, request: Any, argument: str, key: str,
+               deadline: float | None) -> tuple[Following, Any]:
+        """Send the InvokeRequest of a declared reader as a followed call (Call.follow) and
+        return (its Following, its first InvokeResponse); ``deadline`` bounds that first
+        answer, and each later one (``Following.next``)."""
+        msg = call_message(request, deadline, self.max_message)
+        msg.follow.argument, msg.follow.key = argument, key
+        following = Following(self, deadline)
+        with self._lock:
+            if self.broken is not None or self._closing:
+                raise ended(self.address, self.broken)
+            call_id = msg.id = following.id = next(self._ids)
+            self._pending[call_id] = following      # type: ignore[assignment]
+            self._outgoing.put(msg)
+        try:
+            return following, following.next()
+        except BaseException:
+            following.close()
+            raise
+
     def _withdraw(self, call_id: int) -> None:
         with self._lock:
             if self._pending.pop(call_id, None) is not None and self.broken is None \
@@ -198,3 +219,46 @@ class CallStream:
     def cancel(self) -> None:
         """End the RPC now: its calls in flight fail (and are withdrawn on the replica)."""
         self._rpc.cancel()
+
+
+class Following:
+    """The answers of a followed call (``CallStream.follow``), in order: the stream's reader
+    thread puts them (``set_result``, as on a Future), the caller takes them with ``next``.
+    ``done`` once an answer without ``more`` came (an error, or a replica that does not
+    follow: it answered once), or the stream ended."""
+
+    def __init__(self, stream: CallStream, deadline: float | None) -> None:
+        self.stream = stream
+        self.deadline = deadline
+        self.id = 0
+        self.done = False
+        self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def set_result(self, answer: Any) -> None:
+        self._answers.put(answer)
+
+    def set_exception(self, failure: BaseException) -> None:
+        self._answers.put(failure)
+
+    def next(self) -> Any:
+        """The next InvokeResponse; raises as ``CallStream.call`` does (``core.Failure``:
+        follow again elsewhere, from the last answer's cursor), ``no_answer`` past the
+        deadline."""
+        stream = self.stream
+        try:
+            answer = self._answers.get(timeout=self.deadline)
+        except queue.Empty:
+            self.close()
+            raise no_answer(stream.address, self.deadline) from None
+        if isinstance(answer, BaseException):
+            self.done = True
+            raise answer
+        if not answer.more:
+            self.done = True
+        return response(answer, stream.address, stream._login, stream.metadata)
+
+    def close(self) -> None:
+        """Withdraw the call on the replica, unless it ended."""
+        if not self.done:
+            self.done = True
+            self.stream._withdraw(self.id)

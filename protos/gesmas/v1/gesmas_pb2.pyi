@@ -210,26 +210,38 @@ class InvokeResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[Value, _Mapping]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class Call(_message.Message):
-    __slots__ = ("id", "invoke", "cancel", "deadline")
+    __slots__ = ("id", "invoke", "cancel", "deadline", "follow")
     ID_FIELD_NUMBER: _ClassVar[int]
     INVOKE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
     id: int
     invoke: InvokeRequest
     cancel: bool
     deadline: float
-    def __init__(self, id: _Optional[int] = ..., invoke: _Optional[_Union[InvokeRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., deadline: _Optional[float] = ...) -> None: ...
+    follow: Follow
+    def __init__(self, id: _Optional[int] = ..., invoke: _Optional[_Union[InvokeRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., deadline: _Optional[float] = ..., follow: _Optional[_Union[Follow, _Mapping]] = ...) -> None: ...
+
+class Follow(_message.Message):
+    __slots__ = ("argument", "key")
+    ARGUMENT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    argument: str
+    key: str
+    def __init__(self, argument: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class CallAnswer(_message.Message):
-    __slots__ = ("id", "response", "error")
+    __slots__ = ("id", "response", "error", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     response: InvokeResponse
     error: ErrorDetail
-    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[InvokeResponse, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ...) -> None: ...
+    more: bool
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[InvokeResponse, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class CreateObjectRequest(_message.Message):
     __slots__ = ("session", "class_name", "object_name", "args", "kwargs", "session_secret")

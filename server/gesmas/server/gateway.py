@@ -46,7 +46,7 @@ from gesmas.protocol import values
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
-from . import backup, streams, tokens, wire
+from . import backup, reader_calls, streams, tokens, wire
 from .calls import CallFailed
 from .config import MAX_MESSAGE
 from .kernel import auth, codec, queries
@@ -340,6 +340,28 @@ class Gateway(pb_grpc.GesmasServicer):
                                           time.perf_counter() - started)
         return pb.InvokeResponse(result=values.to_value(value, "result"),
                                  applied_index=_reflects.get())
+
+    async def follow(self, request: Any, context: Any, follow: Any) -> Any:
+        """A Call with `follow` (streams.CallStream): the answers of a declared reader, the
+        first as `_invoke` gives it (a get-or-create goes through the log), then each
+        further one from the previous answer's cursor (ReaderCalls.follow), for ever; ends
+        with CallFailed."""
+        argument, key = reader_calls.follow_names(follow)
+        name = _name("object_name", request.object_name)
+        method = _name("method", request.method)
+        k = self.node.kernel
+        if k is None or not k.declares_reader(name, request.class_name, method):
+            raise _invalid(f"follow: {name!r}.{method} is not a declared reader (or the "
+                           "object does not exist and class_name names no class): only a "
+                           "reader's answers can be followed")
+        first = await self._invoke(request, context)
+        yield first
+        user = await self._user(context)
+        timeout = request.timeout if request.HasField("timeout") else None
+        async for response in self.readers.follow(request, user, name, method, argument,
+                                                  key, timeout,
+                                                  values.from_value(first.result)):
+            yield response
 
     async def Calls(self, request_iterator: Any, context: Any) -> None:
         """Invocations as messages on one stream (streams.py)."""

@@ -55,6 +55,34 @@ def _encoded_args(args: Any, kwargs: Any) -> Any:
             tuple((k, kwargs[k].SerializeToString(deterministic=True)) for k in sorted(kwargs)))
 
 
+#: The longest Follow.argument and Follow.key.
+MAX_FOLLOW_NAME = 128
+
+
+def follow_names(follow: Any) -> tuple[str, str]:
+    """(argument, key) of a Call's Follow, checked."""
+    for kind, v in (("follow.argument", follow.argument), ("follow.key", follow.key)):
+        if not v or len(v) > MAX_FOLLOW_NAME:
+            raise _invalid(f"{kind} must be 1 to {MAX_FOLLOW_NAME} characters, got {len(v)}")
+    if not follow.argument.isidentifier():
+        raise _invalid(f"follow.argument must name a keyword argument, not "
+                       f"{follow.argument!r}")
+    return follow.argument, follow.key
+
+
+def cursor_of(value: Any, key: str, previous: Any, label: str) -> Any:
+    """The cursor a followed reader's answer `value` gives its next run: value[key], which
+    must differ from `previous` (else the reader would answer the same at once, for ever)."""
+    if type(value) is not dict or key not in value:
+        raise _invalid(f"follow: {label} answered {type(value).__name__}, not a map with "
+                       f"the key {key!r} (Call.follow.key)")
+    cursor = value[key]
+    if type(cursor) is type(previous) and cursor == previous:
+        raise _invalid(f"follow: {label} answered with {key!r} still {cursor!r}; a followed "
+                       "reader must move its cursor at each answer")
+    return cursor
+
+
 def saw(index: int) -> None:
     if index > reflects.get():
         reflects.set(index)
@@ -87,6 +115,25 @@ class ReaderCalls:
         """The reader's answer as a protobuf Value, or CallFailed."""
         return self._encoded(await self._run(request, user, name, method, args, kwargs,
                                              timeout))
+
+    async def follow(self, request: Any, user: str, name: str, method: str, argument: str,
+                     key: str, timeout: float | None, first: Any) -> Any:
+        """The answers (protobuf InvokeResponses) of the reader `name.method` after its first
+        one, the plain value `first`: each run with the keyword `argument` set to the
+        previous answer's `key` (Call.follow), sequential on this replica from the index the
+        previous answer reflects, so never older. Goes on until an error (CallFailed)."""
+        args = values.from_values(request.args)
+        kwargs = values.from_value_map(request.kwargs)
+        label = f"{name}.{method}"
+        previous = kwargs.get(argument)
+        value = first
+        request.read.consistency = pb.CONSISTENCY_SEQUENTIAL
+        while True:
+            previous = kwargs[argument] = cursor_of(value, key, previous, label)
+            request.kwargs[argument].CopyFrom(values.to_value(previous, argument))
+            request.read.min_index = reflects.get()
+            value = await self._run(request, user, name, method, args, kwargs, timeout)
+            yield pb.InvokeResponse(result=self._encoded(value), applied_index=reflects.get())
 
     async def _run(self, request: Any, user: str, name: str, method: str, args: Any,
                    kwargs: Any, timeout: float | None) -> Any:

@@ -21,6 +21,13 @@ Theory of operation. One `CallStream` per RPC, all on the event loop:
   same seq and the kernel answers from the stored result, as for the unary AnswerBudget);
 - a call's own deadline (`Call.deadline`) withdraws it when it passes (UNAVAILABLE
   "CallDeadline": retried like a gRPC deadline);
+- a followed call (`Call.follow`: a declared reader with a cursor, a Map's watch) stays in
+  flight and is answered again at each change (`_follow`, `Gateway.follow`), each answer
+  with `more` set and written before the reader runs again, so a peer that does not read
+  holds back its own follows, one answer each; it ends with an error answer (its cancel,
+  the replica stopping, an AnswerBudget) after which the peer follows again from its last
+  answer's cursor: a watch stream, one message per change instead of an answer and a
+  re-armed call;
 - the peer half-closes: the calls in flight finish and are answered, then the RPC ends. The
   RPC is cancelled or breaks: every call in flight is cancelled, which withdraws its wait in
   the kernel (`Node.call` proposes a Cancel), as for a cancelled unary Invoke;
@@ -39,7 +46,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
@@ -182,6 +189,8 @@ class CallStream:
         started = time.perf_counter() if metrics is not None else 0.0
         code: str | None = None
         try:
+            if msg.HasField("follow"):
+                await self._follow(msg)       # answers until it fails
             if msg.deadline:
                 async with asyncio.timeout(msg.deadline):
                     response = await self.gateway._invoke(msg.invoke, self.context)
@@ -207,6 +216,25 @@ class CallStream:
             metrics.observe("invoke", started, code)     # as a unary Invoke
         await self._send(answer, msg.id)     # a cancel now (the peer gave up) skips it
 
+    async def _follow(self, msg: Any) -> NoReturn:
+        """A followed reader (Call.follow): each answer written with `more` set, the next
+        run only once it is written (a peer that does not read holds its follow back, one
+        answer queued at most); the deadline bounds the first answer. Ends with the error
+        that ends the answers (CallFailed, or CancelledError)."""
+        answers = self.gateway.follow(msg.invoke, self.context, msg.follow)
+        try:
+            if msg.deadline:
+                async with asyncio.timeout(msg.deadline):
+                    response = await anext(answers)
+            else:
+                response = await anext(answers)
+            while True:
+                await self._send(pb.CallAnswer(id=msg.id, response=response, more=True),
+                                 more=True)
+                response = await anext(answers)
+        finally:
+            await answers.aclose()
+
     def _failure(self, msg: Any, error: Error, leader_hint: str = "") -> Any:
         if log.isEnabledFor(logging.INFO):
             inv = msg.invoke
@@ -214,17 +242,21 @@ class CallStream:
                      inv.session, inv.seq, error, msg.id)
         return pb.CallAnswer(id=msg.id, error=wire.error_detail(error, leader_hint))
 
-    async def _send(self, answer: Any, call_id: int | None = None) -> None:
+    async def _send(self, answer: Any, call_id: int | None = None, more: bool = False) -> None:
         """Write `answer` when the writes before it are done (most often at once); it counts
-        as the answer of the call (`_answered`) whether or not the write succeeds."""
+        as the answer of the call (`_answered`) whether or not the write succeeds, unless
+        `more` answers of the call follow (Call.follow)."""
         if call_id is not None:
             self.sending.add(call_id)
         size = answer.ByteSize()
         if self.queued_bytes and self.queued_bytes + size > self.answer_budget:
-            answer = pb.CallAnswer(id=answer.id, error=wire.error_detail(Error(
+            over = Error(
                 Code.UNAVAILABLE, f"this stream has not read {self.queued_bytes} bytes of "
                 f"answers (limit {self.answer_budget}): read them before asking for more",
-                "AnswerBudget")))
+                "AnswerBudget")
+            if more:                 # a follow ends (its caller follows again from here)
+                raise CallFailed(over)
+            answer = pb.CallAnswer(id=answer.id, error=wire.error_detail(over))
             size = answer.ByteSize()
         self.queued_bytes += size
         try:
@@ -234,4 +266,5 @@ class CallStream:
                 await self.context.write(answer)
         finally:
             self.queued_bytes -= size
-            self._answered()
+            if not more:
+                self._answered()

@@ -236,6 +236,9 @@ class Kernel:
     def is_reader(self, name: str, method: str) -> bool:
         return self.readers.is_reader(name, method)
 
+    def declares_reader(self, name: str, class_name: str, method: str) -> bool:
+        return self.readers.declares_reader(name, class_name, method)
+
     @property
     def touched(self) -> set[str]:
         """The objects the last entry applied ran on, made or removed (readers waiting on

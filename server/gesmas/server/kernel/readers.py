@@ -55,6 +55,15 @@ class Readers:
         rec = self.state.objects.get(name)
         return rec is not None and method in readers_of(rec.cls.cls)
 
+    def declares_reader(self, name: str, class_name: str, method: str) -> bool:
+        """Whether `method` is a declared reader of the object `name`, or, while no such
+        object exists, of the newest version of the class `class_name` (a get-or-create)."""
+        rec = self.state.objects.get(name)
+        if rec is not None:
+            return method in readers_of(rec.cls.cls)
+        cv = self.registry.latest(class_name) if class_name else None
+        return cv is not None and method in readers_of(cv.cls)
+
     def read(self, user: str, name: str, method: str, args: Any, kwargs: Any) -> Any:
         st = self.state
         if type(name) is not str:
