@@ -387,6 +387,56 @@ def test_watchers_of_one_key_woken_by_one_put_share_one_run_of_the_reader(cluste
         assert metric("gesmas_reader_memo_hits_total") - hits >= 1
 
 
+def test_a_watch_stream_is_one_waiting_reader_until_closed_in_both_clients(cluster):
+    """A watch stream (sync and asyncio) is one followed call: between changes it is one
+    waiting reader on its replica, each put under its prefix gives the next answer, and
+    closing the iterator (sync) or cancelling the task that reads it (asyncio) withdraws
+    it from the replica."""
+    m0 = cluster.members[0]
+
+    def waiting(want: float) -> None:
+        deadline = time.monotonic() + 30
+        while value(scrape(m0.metrics_addr), "gesmas_waiting_readers") != want:
+            assert time.monotonic() < deadline, want
+            time.sleep(0.02)
+
+    with Client(cluster.addresses) as w, \
+            Client(m0.client_addr, route="replica", consistency="sequential") as r:
+        m = w.map("ws")
+        start = m.put("s/0", 0)["revision"]
+        waiting(0)
+        answers = r.map("ws").watch_stream("s/", start, timeout=60)
+        revs = []
+        for i in range(1, 4):
+            m.put("other", i)
+            revs.append(m.put(f"s/{i}", i)["revision"])
+            got = next(answers)
+            assert [(e["key"], e["revision"]) for e in got["events"]] == [(f"s/{i}", revs[-1])]
+            waiting(1)                          # the same call, waiting again
+        answers.close()
+        waiting(0)
+
+        async def main() -> None:
+            from gesmas.aio import Client as AioClient
+            async with AioClient(m0.client_addr, route="replica",
+                                 consistency="sequential") as a:
+                seen: list = []
+                answered = asyncio.Event()
+
+                async def read() -> None:
+                    async for got in a.map("ws").watch_stream("s/", revs[-1], timeout=60):
+                        seen.append(got["revision"])
+                        answered.set()
+                task = asyncio.create_task(read())
+                await asyncio.to_thread(waiting, 1)
+                rev = (await asyncio.to_thread(m.put, "s/4", 4))["revision"]
+                await answered.wait()
+                assert seen == [rev]
+                task.cancel()
+                await asyncio.to_thread(waiting, 0)
+        asyncio.run(asyncio.wait_for(main(), 120))
+
+
 def test_the_cli_holds_an_ephemeral_entry_until_interrupted(cluster):
     """`gesmas map NAME put KEY VALUE --ephemeral` (a service registration from a shell):
     the entry lives while the command runs; Ctrl-C closes its session, which deletes it."""

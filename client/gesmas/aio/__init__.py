@@ -305,15 +305,23 @@ class Client(session_.SessionView):
         return stream
 
     async def _attempt(self, address: str, method: str, request: Any,
-                       deadline: float | None, login: bool = True) -> Any:
+                       deadline: float | None, login: bool = True,
+                       follow: tuple[str, str] | None = None) -> Any:
         metadata = await self._metadata(address) if login else ()
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
-                response = await self._stream(address, metadata).call(request, deadline)
+                stream = self._stream(address, metadata)
+                if follow is not None:    # (its Following, the first answer), as sync
+                    following, response = await stream.follow(request, *follow, deadline)
+                    self._seen.note(response)
+                    return following, response
+                response = await stream.call(request, deadline)
                 self._seen.note(response)
                 return response
             except Unsupported:               # an older replica: unary Invoke there
                 self._unary_only.add(address)
+        if follow is not None:
+            return None, await self._attempt(address, method, request, deadline, login)
         conn = self._connection(address)
         conn.busy += 1
         try:
@@ -332,13 +340,15 @@ class Client(session_.SessionView):
     async def _send(self, method: str, request: Any, *, rpc_timeout: float | None = RPC_TIMEOUT,
                     retry_timeout: float | None = None, cap: float | None = None,
                     closing: bool = False, on_retry: Any = None,
-                    keepalive: bool = False) -> tuple[str, Any]:
+                    keepalive: bool = False,
+                    follow: tuple[str, str] | None = None) -> tuple[str, Any]:
         budget = self._retry_timeout if retry_timeout is None else retry_timeout
         attempts = core.Attempts(self._routing, budget, cap, keepalive, time.monotonic())
         while True:
             started = time.monotonic()
             try:
-                response = await self._attempt(attempts.address, method, request, rpc_timeout)
+                response = await self._attempt(attempts.address, method, request, rpc_timeout,
+                                               follow=follow)
                 attempts.succeeded()
                 return attempts.address, response
             except core.Failure as failure:
@@ -364,7 +374,8 @@ class Client(session_.SessionView):
     async def _invoke(self, class_name: str, object_name: str, method: str,
                       args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None,
                       create: tuple[tuple[Any, ...], dict[str, Any]] | None,
-                      consistency: str | None = None) -> Any:
+                      consistency: str | None = None,
+                      follow: tuple[str, str] | None = None) -> Any:
         request = core.invoke_request(class_name, object_name, method, args, kwargs, timeout,
                                       create)
         request.session = await self.session()
@@ -388,14 +399,55 @@ class Client(session_.SessionView):
                     "Invoke", request,
                     rpc_timeout=core.rpc_deadline(timeout, DEADLINE_MARGIN, MAX_RPC_DEADLINE),
                     cap=None if timeout is None else start + timeout + self._retry_timeout,
-                    on_retry=refresh_ack)
+                    on_retry=refresh_ack, follow=follow)
             except SessionExpired as e:
                 if not isinstance(e, ClientClosed):
                     self._mark_expired(e, request.session)
                 raise
+            if follow is not None:
+                following, resp = resp
+                return following, convert.from_value(resp.result)
             return convert.from_value(resp.result)
         finally:
             seqs.end(request.seq)
+
+    async def _follow(self, class_name: str, object_name: str, method: str,
+                      args: tuple[Any, ...], kwargs: dict[str, Any], argument: str, key: str,
+                      timeout: float | None,
+                      create: tuple[tuple[Any, ...], dict[str, Any]] | None,
+                      consistency: str | None = None) -> AsyncIterator[Any]:
+        """As the sync client's ``_follow``: the answers of a followed reader, for ever."""
+        kwargs = dict(kwargs)
+        while True:
+            following, value = await self._invoke(class_name, object_name, method, args,
+                                                  kwargs, timeout, create, consistency,
+                                                  (argument, key))
+            try:
+                while True:
+                    yield value
+                    if type(value) is dict and key in value:
+                        kwargs[argument] = value[key]
+                    elif following is None or following.finished:
+                        raise TypeError(f"{class_name}.{method} answered "
+                                        f"{type(value).__name__}, not a dict with the key "
+                                        f"{key!r}: it cannot be followed")
+                    if following is None or following.finished:
+                        break
+                    try:
+                        resp = await following.next()
+                    except core.Failure as failure:
+                        if failure.unresponsive:
+                            self._unresponsive(following.stream.address)
+                        break
+                    self._seen.note(resp)
+                    value = convert.from_value(resp.result)
+            except SessionExpired as e:
+                if not isinstance(e, ClientClosed):
+                    self._mark_expired(e, self._session)
+                raise
+            finally:
+                if following is not None:
+                    following.close()
 
     def object(self, class_name: str, name: str, /, *args: Any, **kwargs: Any) -> ObjectProxy:
         """A proxy for the object ``name`` of class ``class_name``, made with these

@@ -38,6 +38,13 @@ class ObjectProxy:
         return await self.client._invoke(self.class_name, self.object_name, method, args,
                                          kwargs, timeout, self._create)
 
+    def follow(self, method: str, argument: str, key: str, /, *args: Any,
+               timeout: float | None = None, consistency: str | None = None,
+               **kwargs: Any) -> AsyncIterator[Any]:
+        """As the sync proxy's: ``async for answer in proxy.follow(...)``."""
+        return self.client._follow(self.class_name, self.object_name, method, args, kwargs,
+                                   argument, key, timeout, self._create, consistency)
+
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):
             raise AttributeError(method)
@@ -253,13 +260,31 @@ class MapProxy(ObjectProxy):
         return await self._read("watch", prefix, after_revision, limit,
                                 consistency=consistency, timeout=timeout)
 
+    async def watch_stream(self, prefix: str = "", after_revision: int | None = None, *,
+                           limit: int = 1000, timeout: float | None = None,
+                           consistency: str | None = None) -> AsyncIterator[Any]:
+        """As the sync proxy's: every ``watch`` answer after ``after_revision`` (None: now),
+        one followed call that the replica answers at each change."""
+        if after_revision is None:
+            after_revision = await self.revision(consistency=consistency)
+        answers = self.follow("watch", "after_revision", "revision", prefix, limit=limit,
+                              after_revision=after_revision, timeout=timeout,
+                              consistency=consistency)
+        try:
+            async for got in answers:
+                yield got
+        finally:
+            await answers.aclose()          # type: ignore[attr-defined]
+
     async def watch_iter(self, prefix: str = "", after_revision: int | None = None, *,
                          timeout: float | None = None) -> AsyncIterator[Any]:
-        while True:
-            got = await self.watch(prefix, after_revision, timeout=timeout)
-            for event in got["events"]:
-                yield event
-            after_revision = got["revision"]
+        answers = self.watch_stream(prefix, after_revision, timeout=timeout)
+        try:
+            async for got in answers:
+                for event in got["events"]:
+                    yield event
+        finally:
+            await answers.aclose()          # type: ignore[attr-defined]
 
 
 PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy,

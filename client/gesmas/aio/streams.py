@@ -21,7 +21,7 @@ from gesmas.client.streams import (Unsupported, call_message, ended, no_answer, 
                                    stream_failure)
 from gesmas.v1 import gesmas_pb2 as pb
 
-__all__ = ["CallStream"]
+__all__ = ["CallStream", "Following"]
 
 
 class CallStream:
@@ -54,7 +54,8 @@ class CallStream:
                 answer = await self._rpc.read()
                 if answer is grpc.aio.EOF:
                     break
-                fut = self._pending.pop(answer.id, None)
+                fut = (self._pending.get(answer.id) if answer.more
+                       else self._pending.pop(answer.id, None))
                 if fut is not None and not fut.done():
                     fut.set_result(answer)
             failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
@@ -95,6 +96,29 @@ class CallStream:
             raise
         return response(answer, self.address, self._login, self.metadata)
 
+    async def follow(self, request: Any, argument: str, key: str,
+                     deadline: float | None) -> tuple[Following, Any]:
+        """As the sync stream's: (the Following of a followed reader, its first answer)."""
+        msg = call_message(request, deadline, self.max_message)
+        msg.follow.argument, msg.follow.key = argument, key
+        if not self.usable:
+            raise ended(self.address, self.broken)
+        following = Following(self, deadline)
+        call_id = msg.id = following.id = next(self._ids)
+        self._pending[call_id] = following      # type: ignore[assignment]
+        try:
+            try:
+                async with self._write_lock:
+                    await self._rpc.write(msg)
+            except (grpc.RpcError, asyncio.InvalidStateError) as e:
+                if self._pending.pop(call_id, None) is not None:
+                    following.finished = True
+                    raise core.Failure(Unavailable(f"{self.address}: {e}")) from None
+            return following, await following.next()
+        except BaseException:
+            following.close()
+            raise
+
     def _withdraw(self, call_id: int) -> None:
         if self._pending.pop(call_id, None) is not None and self.usable:
             asyncio.get_running_loop().create_task(self._send_cancel(call_id))
@@ -122,3 +146,43 @@ class CallStream:
     def cancel(self) -> None:
         self._rpc.cancel()
         self._reader.cancel()
+
+
+class Following:
+    """As ``gesmas.client.streams.Following``: the answers of a followed call, put by the
+    stream's reader task (``set_result``), taken with ``await next()``."""
+
+    def __init__(self, stream: CallStream, deadline: float | None) -> None:
+        self.stream = stream
+        self.deadline = deadline
+        self.id = 0
+        self.finished = False
+        self._answers: asyncio.Queue[Any] = asyncio.Queue()
+
+    def done(self) -> bool:           # as a Future's: it takes every answer that comes
+        return False
+
+    def set_result(self, answer: Any) -> None:
+        self._answers.put_nowait(answer)
+
+    def set_exception(self, failure: BaseException) -> None:
+        self._answers.put_nowait(failure)
+
+    async def next(self) -> Any:
+        stream = self.stream
+        try:
+            answer = await asyncio.wait_for(self._answers.get(), self.deadline)
+        except asyncio.TimeoutError:
+            self.close()
+            raise no_answer(stream.address, self.deadline) from None
+        if isinstance(answer, BaseException):
+            self.finished = True
+            raise answer
+        if not answer.more:
+            self.finished = True
+        return response(answer, stream.address, stream._login, stream.metadata)
+
+    def close(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.stream._withdraw(self.id)

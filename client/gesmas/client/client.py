@@ -654,11 +654,11 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                     yield value
                     if type(value) is dict and key in value:
                         kwargs[argument] = value[key]
-                    elif following is None or following.done:   # else the replica says so
+                    elif following is None or following.finished:   # else the replica says so
                         raise TypeError(f"{class_name}.{method} answered "
                                         f"{type(value).__name__}, not a dict with the key "
                                         f"{key!r}: it cannot be followed")
-                    if following is None or following.done:
+                    if following is None or following.finished:
                         break                  # a replica that answers once: call again
                     try:
                         resp = following.next()

@@ -224,14 +224,14 @@ class CallStream:
 class Following:
     """The answers of a followed call (``CallStream.follow``), in order: the stream's reader
     thread puts them (``set_result``, as on a Future), the caller takes them with ``next``.
-    ``done`` once an answer without ``more`` came (an error, or a replica that does not
+    ``finished`` once an answer without ``more`` came (an error, or a replica that does not
     follow: it answered once), or the stream ended."""
 
     def __init__(self, stream: CallStream, deadline: float | None) -> None:
         self.stream = stream
         self.deadline = deadline
         self.id = 0
-        self.done = False
+        self.finished = False
         self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def set_result(self, answer: Any) -> None:
@@ -251,14 +251,14 @@ class Following:
             self.close()
             raise no_answer(stream.address, self.deadline) from None
         if isinstance(answer, BaseException):
-            self.done = True
+            self.finished = True
             raise answer
         if not answer.more:
-            self.done = True
+            self.finished = True
         return response(answer, stream.address, stream._login, stream.metadata)
 
     def close(self) -> None:
         """Withdraw the call on the replica, unless it ended."""
-        if not self.done:
-            self.done = True
+        if not self.finished:
+            self.finished = True
             self.stream._withdraw(self.id)
