@@ -437,6 +437,88 @@ def test_a_watch_stream_is_one_waiting_reader_until_closed_in_both_clients(clust
         asyncio.run(asyncio.wait_for(main(), 120))
 
 
+def test_watch_streams_of_one_key_from_one_revision_wait_as_one_reader(cluster):
+    """Eight watch streams of one key on one replica: once they have had the same answer,
+    they wait as one reader (one run per change for all of them); each gets every change;
+    closing some leaves the others following, and closing the last withdraws the run."""
+    m0 = cluster.members[0]
+
+    def waiting(want: float) -> None:
+        deadline = time.monotonic() + 30
+        while value(scrape(m0.metrics_addr), "gesmas_waiting_readers") != want:
+            assert time.monotonic() < deadline, want
+            time.sleep(0.02)
+
+    with Client(cluster.addresses) as w:
+        m = w.map("grp")
+        start = m.put("pop", 0)["revision"]
+        clients = [Client(m0.client_addr, route="replica", consistency="sequential")
+                   for _ in range(8)]
+        try:
+            streams = [c.map("grp").watch_stream("pop", start, timeout=60) for c in clients]
+            got: list[list[int]] = [[] for _ in streams]
+
+            def take(i: int) -> None:
+                got[i].append(next(streams[i])["revision"])
+
+            def round_of(live: list[int], readers: int) -> int:
+                threads = [threading.Thread(target=take, args=(i,)) for i in live]
+                for t in threads:
+                    t.start()
+                waiting(readers)
+                rev = m.put("pop", len(got[live[0]]) + 1)["revision"]
+                for t in threads:
+                    t.join(60)
+                return rev
+            revs = [round_of(list(range(8)), 8)]     # each its first call
+            waiting(1)                          # then one reader for the eight
+            assert value(scrape(m0.metrics_addr), "gesmas_followed_calls") == 8
+            revs.append(round_of(list(range(8)), 1))
+            waiting(1)
+            for i in range(6):
+                streams[i].close()
+            revs.append(round_of([6, 7], 1))
+            waiting(1)
+            assert got == [revs[:2]] * 6 + [revs] * 2
+            streams[6].close()
+            streams[7].close()
+            waiting(0)
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_a_follower_times_out_alone_in_a_shared_wait(cluster):
+    """Two watch streams that wait as one reader, one with a 1 s timeout: it ends with
+    Timeout, and the other goes on following."""
+    m0 = cluster.members[0]
+    with Client(cluster.addresses) as w, \
+            Client(m0.client_addr, route="replica", consistency="sequential") as a, \
+            Client(m0.client_addr, route="replica", consistency="sequential") as b:
+        m = w.map("grp-t")
+        start = m.put("k", 0)["revision"]
+        short = a.map("grp-t").watch_stream("k", start, timeout=1.0)
+        long = b.map("grp-t").watch_stream("k", start, timeout=60)
+        firsts: list = []
+        threads = [threading.Thread(target=lambda it=it: firsts.append(next(it)))
+                   for it in (short, long)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while value(scrape(m0.metrics_addr), "gesmas_waiting_readers") != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        rev = m.put("k", 1)["revision"]
+        for t in threads:
+            t.join(60)
+        assert [f["revision"] for f in firsts] == [rev, rev]
+        with pytest.raises(Timeout):
+            next(short)
+        rev = m.put("k", 2)["revision"]
+        assert next(long)["revision"] == rev
+        long.close()
+
+
 def test_the_cli_holds_an_ephemeral_entry_until_interrupted(cluster):
     """`gesmas map NAME put KEY VALUE --ephemeral` (a service registration from a shell):
     the entry lives while the command runs; Ctrl-C closes its session, which deletes it."""

@@ -354,14 +354,19 @@ class Gateway(pb_grpc.GesmasServicer):
             raise _invalid(f"follow: {name!r}.{method} is not a declared reader (or the "
                            "object does not exist and class_name names no class): only a "
                            "reader's answers can be followed")
-        first = await self._invoke(request, context)
-        yield first
-        user = await self._user(context)
-        timeout = request.timeout if request.HasField("timeout") else None
-        async for response in self.readers.follow(request, user, name, method, argument,
-                                                  key, timeout,
-                                                  values.from_value(first.result)):
-            yield response
+        reads = self.node.reads
+        reads.followed += 1
+        try:
+            first = await self._invoke(request, context)
+            yield first
+            user = await self._user(context)
+            timeout = request.timeout if request.HasField("timeout") else None
+            async for response in self.readers.follow(request, user, name, method, argument,
+                                                      key, timeout,
+                                                      values.from_value(first.result)):
+                yield response
+        finally:
+            reads.followed -= 1
 
     async def Calls(self, request_iterator: Any, context: Any) -> None:
         """Invocations as messages on one stream (streams.py)."""

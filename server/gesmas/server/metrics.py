@@ -9,7 +9,9 @@ increment when it fails.
     gesmas_raft_applied_index, gesmas_raft_peers_connected
     gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
     gesmas_waiting_readers, gesmas_reader_wakes_total   (reads that wait on this replica: a
-        Map's watches, observe, ...; and how many times one was woken to run again)
+        Map's watches, observe, ...; and how many times one was woken to run again; watch
+        streams of one call at one state wait as one)
+    gesmas_followed_calls   (followed reader calls in flight: watch streams, Call.follow)
     gesmas_reader_memo_hits_total   (reader calls answered by an identical one's run at the
         same state: node_reads.ReadMemo)
     gesmas_checkpoint_index, gesmas_checkpoint_bytes, gesmas_rejoining
@@ -68,8 +70,11 @@ class NodeCollector:
                     float(sum(1 for p in peers.values() if p.get("connected"))))
         reads = getattr(node, "reads", None)        # a node still being made has none
         if reads is not None:
-            yield gauge("gesmas_waiting_readers", "reads waiting on this replica for a change",
+            yield gauge("gesmas_waiting_readers", "reads waiting on this replica for a change "
+                        "(watch streams sharing one run count once)",
                         float(reads.changes.waiting()))
+            yield gauge("gesmas_followed_calls", "followed reader calls (watch streams) in "
+                        "flight on this replica", float(reads.followed))
             wakes = CounterMetricFamily("gesmas_reader_wakes",
                                         "waiting reads woken to run again")
             wakes.add_metric([], float(reads.changes.wakes))

@@ -104,11 +104,21 @@ def _invalid(message: str) -> CallFailed:
     return CallFailed(Error(Code.INVALID_ARGUMENT, message))
 
 
+class _Group:
+    """The follows that share one run of their reader (ReaderCalls._shared)."""
+    __slots__ = ("task", "count")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Future[tuple[Any, int]]
+        self.count = 0
+
+
 class ReaderCalls:
     def __init__(self, node: Any, stopping: asyncio.Event) -> None:
         self.node = node
         self.stopping = stopping             # the replica stops: waiting readers fail
         self._last_encoded: tuple[Any, Any] | None = None    # _encoded's last answer
+        self._groups: dict[Any, _Group] = {}                 # _shared's runs
 
     async def answer(self, request: Any, user: str, name: str, method: str, args: Any,
                      kwargs: Any, timeout: float | None) -> Any:
@@ -132,8 +142,49 @@ class ReaderCalls:
             previous = kwargs[argument] = cursor_of(value, key, previous, label)
             request.kwargs[argument].CopyFrom(values.to_value(previous, argument))
             request.read.min_index = reflects.get()
-            value = await self._run(request, user, name, method, args, kwargs, timeout)
+            value = await self._shared(request, user, name, method, args, kwargs, timeout)
             yield pb.InvokeResponse(result=self._encoded(value), applied_index=reflects.get())
+
+    async def _shared(self, request: Any, user: str, name: str, method: str, args: Any,
+                      kwargs: Any, timeout: float | None) -> Any:
+        """`_run` for a followed call, shared by the follows of the same call (read_key) from
+        the same index: a hundred watch streams of one key at one revision wait as one
+        reader, run it once per change, and take the one answer. `timeout` is each
+        follower's own; the run ends when its last follower is gone."""
+        key = read_key(request, user)
+        if key is None:
+            return await self._run(request, user, name, method, args, kwargs, timeout)
+        gkey = (key, request.read.min_index)
+        group = self._groups.get(gkey)
+        if group is None:
+            mine = pb.InvokeRequest()
+            mine.CopyFrom(request)             # the follower changes its own for the next run
+            group = self._groups[gkey] = _Group()
+            group.task = asyncio.ensure_future(self._group_run(
+                group, gkey, mine, user, name, method, args, dict(kwargs)))
+        group.count += 1
+        try:
+            value, index = await asyncio.wait_for(asyncio.shield(group.task), timeout)
+        except TimeoutError:
+            raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out waiting",
+                                   "Timeout")) from None
+        finally:
+            group.count -= 1
+            if not group.count and not group.task.done():
+                group.task.cancel()
+                if self._groups.get(gkey) is group:
+                    del self._groups[gkey]
+        saw(index)
+        return value
+
+    async def _group_run(self, group: _Group, gkey: Any, request: Any, user: str, name: str,
+                         method: str, args: Any, kwargs: Any) -> tuple[Any, int]:
+        try:
+            value = await self._run(request, user, name, method, args, kwargs, None)
+            return value, reflects.get()
+        finally:
+            if self._groups.get(gkey) is group:
+                del self._groups[gkey]
 
     async def _run(self, request: Any, user: str, name: str, method: str, args: Any,
                    kwargs: Any, timeout: float | None) -> Any:
