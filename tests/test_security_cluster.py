@@ -119,6 +119,32 @@ def test_each_permission_is_denied_and_nothing_changes(cluster):
         assert alice.register_class("class Alpha:\n    def f(self):\n        return 1\n")
 
 
+def test_a_watch_stream_ends_when_its_user_loses_the_right_to_read(cluster):
+    """A followed watch runs as its user at every change: once the user's role is revoked,
+    the next change ends the stream with PermissionDenied (no answer of it is sent), while a
+    stream of another user on the same map goes on."""
+    with login(cluster, "root") as root:
+        root.auth("user_add", name="erin", password="erin-password")
+        root.auth("role_add", name="e-user")
+        for action in ("invoke", "create"):
+            root.auth("role_grant", name="e-user", action=action, prefix="e/")
+        root.auth("user_grant", name="erin", role="e-user")
+        m = root.map("e/cfg")
+        start = m.put("k", 0)["revision"]
+        with Client(cluster.addresses, **cluster.client_options("erin", "erin-password")) \
+                as erin:
+            theirs = erin.map("e/cfg").watch_stream("", start, timeout=60)
+            ours = root.map("e/cfg").watch_stream("", start, timeout=60)
+            rev = m.put("k", 1)["revision"]
+            assert next(theirs)["revision"] == rev and next(ours)["revision"] == rev
+            root.auth("user_revoke", name="erin", role="e-user")
+            rev = m.put("k", 2)["revision"]
+            with pytest.raises(PermissionDenied):
+                next(theirs)
+            assert next(ours)["revision"] == rev
+            ours.close()
+
+
 def test_without_credentials_everything_but_status_is_unauthenticated(cluster):
     before = digest(cluster)
     tls = TLS(ca=cluster.pki.ca_cert)
