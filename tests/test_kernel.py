@@ -167,15 +167,19 @@ ALL_COMMANDS = [
     Query(ts=8.0, tag="q", what="class", arg=["A", 2]),
     Query(ts=8.0, tag="q", what="stats", arg=None),
     Cancel(ts=9.0, tag="x", session=1, seq=2, call_tag="i"),
+    Cancel(ts=9.0, tag="x", session=1, seq=2, call_tag="i",
+           more=[[1, 3, "j", "s", ""], [2, 1, "k", "", "alice"]]),
 ]
 
 
 @pytest.mark.parametrize("cmd", ALL_COMMANDS, ids=lambda c: type(c).__name__)
 def test_codec_round_trip(cmd):
     data = encode(cmd)
-    # version 3 only for a command that needs its fields: a replica of the previous gesmas
-    # reads every other command, and stops at a deferred checkpoint (codec._NEW_IN_3)
-    assert data[0] == (codec.FORMAT_VERSION if getattr(cmd, "defer", False) else 2)
+    # version 3 or 4 only for a command that needs their fields: a replica of an earlier
+    # gesmas reads every other command, and stops at a deferred checkpoint (version 3,
+    # codec._NEW_IN_3) or a cancel of many calls (version 4, codec._NEW_IN_4)
+    assert data[0] == (4 if getattr(cmd, "more", None) else
+                       3 if getattr(cmd, "defer", False) else 2)
     assert codec.is_checkpoint(data) == isinstance(cmd, Checkpoint)
     back = decode(data)
     assert back == cmd and type(back) is type(cmd)
@@ -522,6 +526,28 @@ def test_cancel_withdraws_waiting_call():
     t2 = h.call(s, "g", "wait", "x", seq=1)       # a retry runs afresh
     h.call(s, "g", "open")
     assert h.value(t2)[-1] == "woke x"
+
+
+def test_one_cancel_entry_withdraws_each_call_it_names():
+    """Cancel.more: the waits of a stream that broke, withdrawn in one entry. Each item is
+    checked as a Cancel of its own (the session's secret, the caller's tag); malformed items
+    are skipped; the others' waits stay."""
+    h, s = gate()
+    s2 = h.open_session()
+    tags = [h.call(s, "g", "wait", f"x{i}", seq=i + 1) for i in range(5)]
+    other = h.call(s2, "g", "wait", "y", seq=1)
+    h.run(Cancel(session=s, seq=1, call_tag=tags[0], more=[
+        [s, 2, tags[1], "", ""],
+        [s, 3, "not-its-tag", "", ""],            # a tag it was not called under: kept
+        [s2, 1, other, "a wrong secret", ""],     # not the session's secret: kept
+        "junk", [s, 4], [s, "4", tags[3], "", ""], [s, 4, tags[3], "", None],   # skipped
+        [s, 5, tags[4], "", ""]]))
+    assert stats(h)["waiters"] == 3
+    h.call(s, "g", "open", 3)
+    assert [h.done(t) for t in tags] == [False, False, True, True, False]
+    assert h.value(other)[-1] == "woke y"
+    assert encode(Cancel(session=s, seq=1, call_tag="t"))[0] == 2       # no more: version 2
+    assert encode(Cancel(session=s, seq=1, call_tag="t", more=[[s, 2, "u", "", ""]]))[0] == 4
 
 
 def test_cancel_keeps_call_other_callers_wait_for():

@@ -63,6 +63,11 @@ log = logging.getLogger(__name__)
 
 MAX_NAME = 256
 
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _invalid(message: str) -> CallFailed:
     return CallFailed(Error(Code.INVALID_ARGUMENT, message))
 
@@ -334,8 +339,8 @@ class Gateway(pb_grpc.GesmasServicer):
         started = time.perf_counter()
         try:
             value = await self._answer(context, cmd)
-        finally:
-            if self.node.metrics is not None:
+        finally:        # a withdrawn call is no duration (thousands end at once with a stream)
+            if self.node.metrics is not None and not _cancelling():
                 self.node.metrics.invoked(request.class_name or "?", request.method,
                                           time.perf_counter() - started)
         return pb.InvokeResponse(result=values.to_value(value, "result"),

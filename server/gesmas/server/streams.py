@@ -67,6 +67,20 @@ CANCELLED = Error(Code.ABORTED, "cancelled by the caller", "Cancelled")
 #: A deadline beyond this many seconds is refused (it would overflow timers).
 MAX_DEADLINE = 10.0 ** 8
 
+#: Calls of a stream that ends cancelled per turn of the event loop: a stream that breaks
+#: with 20,000 waiting calls would otherwise hold the loop for about a second at once
+#: (each cancelled call runs its end), and keep-alives waiting behind it would be late.
+CANCEL_SLICE = 64
+_CANCELLING: set[asyncio.Task[None]] = set()     # _cancel_slices tasks (kept referenced)
+
+
+async def _cancel_slices(tasks: list[asyncio.Task[Any]]) -> None:
+    for i in range(0, len(tasks), CANCEL_SLICE):
+        for task in tasks[i:i + CANCEL_SLICE]:
+            task.cancel()
+        await asyncio.sleep(0)    # their ends run, and whatever else is ready (keep-alives)
+
+
 class CallStream:
     def __init__(self, gateway: Gateway, context: grpc.aio.ServicerContext,
                  answer_budget: int) -> None:
@@ -106,8 +120,14 @@ class CallStream:
             stopping.cancel()
             self.closed = True
             reader.cancel()
-            for task in [*self.tasks.values(), *self.senders]:
-                task.cancel()             # each proposes a Cancel of its wait (Node.call)
+            tasks = [*self.tasks.values(), *self.senders]
+            if len(tasks) <= CANCEL_SLICE:
+                for task in tasks:
+                    task.cancel()         # each proposes a Cancel of its wait (Node.call)
+            else:                         # thousands: a slice per turn of the event loop
+                canceller = asyncio.get_running_loop().create_task(_cancel_slices(tasks))
+                _CANCELLING.add(canceller)
+                canceller.add_done_callback(_CANCELLING.discard)
             self.gateway.stream_calls -= self.in_flight
             self.in_flight = 0
 

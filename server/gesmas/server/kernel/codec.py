@@ -19,18 +19,21 @@ waits for, such as ticks).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 #: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
 #: their defaults is written as version 2, so that a replica of the previous gesmas reads
 #: every command but the deferred checkpoints (and stops at those: UnknownFormat)
 _NEW_IN_3 = frozenset({"defer"})
+#: fields added by version 4 (Cancel.more: many cancels in one entry), written only when
+#: set, as version 3's
+_NEW_IN_4 = frozenset({"more"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -364,6 +367,9 @@ class Cancel(Command):
     seq: int = 0
     call_tag: str = ""
     secret: str = ""
+    #: further cancels in the same entry, each [session, seq, call_tag, secret, user] (a
+    #: stream that breaks with thousands of waiting calls withdraws them in a few entries)
+    more: list = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -381,21 +387,34 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
+_FIELDS_V3: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_4) for c, names in _FIELDS.items()
+}
 _FIELDS_V2: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_3) for c, names in _FIELDS.items()
+    c: tuple(n for n in names if n not in _NEW_IN_3) for c, names in _FIELDS_V3.items()
 }
 _FIELDS_V1: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
 }
-_BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, FORMAT_VERSION: _FIELDS}
-_V3_DEFAULTS = {c: {f.name: f.default for f in fields(c) if f.name in _NEW_IN_3}
-                for c in COMMANDS.values()}
+_BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, FORMAT_VERSION: _FIELDS}
+#: per command type: (version, its new fields and their defaults), newest first
+_NEWER = {c: tuple((v, {f.name: (f.default if f.default_factory is MISSING
+                                 else f.default_factory()) for f in fields(c) if f.name in new})
+                   for v, new in ((4, _NEW_IN_4), (3, _NEW_IN_3)))
+          for c in COMMANDS.values()}
+
+
+def _version(cmd: Command) -> int:
+    """The oldest format that holds `cmd`: version 2 unless a field of a later one is set."""
+    for version, new in _NEWER[type(cmd)]:
+        if any(getattr(cmd, n) != d for n, d in new.items()):
+            return version
+    return 2
 
 
 def encode(cmd: Command) -> bytes:
     t = type(cmd)
-    new = _V3_DEFAULTS[t]
-    version = 2 if all(getattr(cmd, n) == d for n, d in new.items()) else FORMAT_VERSION
+    version = _version(cmd)
     items = [t.CODE, float(cmd.ts), cmd.tag]
     items.extend(getattr(cmd, name) for name in _BY_VERSION[version][t])
     out = bytearray((version,))

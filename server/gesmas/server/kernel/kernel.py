@@ -260,6 +260,16 @@ class Kernel:
     # -- calls ---------------------------------------------------------------------------------
 
     def _cancel(self, cmd: codec.Cancel) -> None:
+        self._withdraw(cmd)
+        more = cmd.more if type(cmd.more) is list else ()
+        for item in more:                 # [session, seq, call_tag, secret, user] each
+            if type(item) is list and len(item) == 5 and type(item[0]) is int and \
+                    type(item[1]) is int and all(type(x) is str for x in item[2:]):
+                self._withdraw(codec.Cancel(ts=cmd.ts, session=item[0], seq=item[1],
+                                            call_tag=item[2], secret=item[3], user=item[4]))
+        self.runner.complete(cmd.tag, True)
+
+    def _withdraw(self, cmd: codec.Cancel) -> None:
         s = self.state.sessions.get(cmd.session) if type(cmd.session) is int else None
         if s is not None and not self.keeper.owns(s, cmd):
             s = None                      # not the caller's session: nothing to withdraw
@@ -271,7 +281,6 @@ class Kernel:
             self.runner.abort(req, Aborted("cancelled by the caller"))
             self.runner.drain()
             s.results.pop(cmd.seq, None)    # as if it never ran: a retry runs it afresh
-        self.runner.complete(cmd.tag, True)
 
     def _invoke(self, cmd: codec.Invoke) -> None:
         st = self.state
