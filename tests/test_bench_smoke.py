@@ -59,6 +59,20 @@ def test_aio_bench_small() -> None:
     assert float(figures["rss_mb_blocked"]) > 0
 
 
+def test_cancel_bench_small() -> None:
+    """bench/cancel_bench.py: a killed client's 300 waits are all withdrawn, in fewer log
+    entries than waits, and the other client's session is kept."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "cancel_bench.py"),
+                          "--waiters", "300", "--limit", "120"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    line = [x for x in out.stdout.splitlines() if x.startswith("withdrawn after")]
+    assert line and line[0].endswith("kept"), out.stdout
+    entries = int(line[0].split(" in ")[1].split()[0])
+    assert 0 < entries < 300, line[0]
+
+
 def test_scale_bench_quick(tmp_path: Path) -> None:
     """bench/scale_bench.py --quick: every phase runs, the catch-up after a restart and after
     a wipe is measured, and the JSON holds what the table prints."""
