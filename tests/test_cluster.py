@@ -63,7 +63,8 @@ def test_a_client_given_a_follower_calls_the_leader(cluster):
             assert c.leader == leader.client_addr  # named in the OpenSession answer
             sent = []
             attempt = c._attempt
-            c._attempt = lambda address, *a: sent.append(address) or attempt(address, *a)
+            c._attempt = lambda address, *a, **kw: (sent.append(address)
+                                                    or attempt(address, *a, **kw))
             c.queue("t0").produce(route)
             assert c.queue("t0").consume(timeout=10) == route
             assert set(sent) == {served_by.client_addr}, route

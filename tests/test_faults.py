@@ -109,6 +109,36 @@ def session_violations(seen: list) -> list[str]:
     return bad
 
 
+def watch_violations(history: list, key: str, events: list) -> list[str]:
+    """What a watch stream of the whole map `key` (`Load.map_watcher`) saw that its
+    guarantees forbid: a revision seen twice or out of order, one skipped (a map's revisions
+    go up by one per change), or an acknowledged put up to the last revision seen that is
+    not there with its value."""
+    bad: list[str] = []
+    seen: dict[int, list] = {}
+    last = 0
+    for e in events:
+        r = e["revision"]
+        if r < last:
+            bad.append(f"revision {r} after {last}")
+        if r != last and r in seen:
+            bad.append(f"revision {r} seen twice")
+        seen.setdefault(r, []).append((e["type"], e["key"], e.get("value")))
+        last = max(last, r)
+    if seen and sorted(seen) != list(range(min(seen), last + 1)):
+        missing = sorted(set(range(min(seen), last + 1)) - set(seen))
+        bad.append(f"revisions missing: {missing[:10]}")
+    if seen and min(seen) != 1:
+        bad.append(f"the first change seen is revision {min(seen)}, not 1")
+    for o in history:
+        if o.key == key and o.kind == "put" and o.status == "ok" and isinstance(o.output, dict):
+            r = o.output["revision"]
+            if r <= last and ("put", o.input[0], o.input[1]) not in seen.get(r, []):
+                bad.append(f"put {o.input} acknowledged at revision {r} not seen there: "
+                           f"{seen.get(r)}")
+    return bad
+
+
 def rotated(cluster: LocalCluster, i: int) -> list[str]:
     """The cluster's client addresses, member i first (the client's preferred replica)."""
     addrs = [m.client_addr for m in cluster.members]
@@ -232,6 +262,26 @@ class Load:
                 inp = ([[k, "version", ">", 0]], [["put", k2, v], ["get", k]], [["put", k, v]])
                 self.call(c, key, "txn", inp, lambda: m.txn(*inp))
         self.loop(f"mapper-{tag}", max_ops, max_seconds, step)
+
+    def map_watcher(self, c: Client, key: str, tag: str, max_seconds: float,
+                    events: list) -> None:
+        """Every change of the map `key` from its start, through one watch stream (a
+        followed call) that goes on elsewhere from its last revision when its replica fails,
+        stalls or is cut off; checked by `watch_violations`."""
+        m = c.map(key)
+
+        def body() -> None:
+            end, rev = time.monotonic() + max_seconds, 0
+            while not self.stop.is_set() and time.monotonic() < end:
+                try:
+                    for got in m.watch_stream("", rev, timeout=1.0):
+                        events.extend(got["events"])
+                        rev = got["revision"]
+                        if self.stop.is_set() or time.monotonic() > end:
+                            return
+                except (Timeout, Unavailable):
+                    continue        # a quiet second, or no replica for a while: from `rev`
+        self.spawn(body, f"map-watcher-{tag}")
 
     def session_reader(self, c: Client, key: str, tag: str, max_ops: int,
                        max_seconds: float, seen: list) -> None:
@@ -367,7 +417,7 @@ def test_kill_leader_then_follower_under_queue_load():
         setup = load.client(0)
         setup.queue("q1")
         setup.counter("c1")
-        setup.map("m1")
+        setup.map("m1", history=20_000)          # the watcher may lag through the faults
         probe = load.client(1)
         for i in range(3):
             load.producer(load.client(i), "q1", f"p{i}", max_ops=400, max_seconds=40)
@@ -376,6 +426,8 @@ def test_kill_leader_then_follower_under_queue_load():
         load.reader(load.client(0), "c1", "r", max_ops=1000, max_seconds=40)
         load.mapper(load.client(1), "m1", "m", max_ops=600, max_seconds=40, seed=20)
         load.mapper(load.client(2), "m1", "n", max_ops=600, max_seconds=40, seed=21)
+        watched: list = []
+        load.map_watcher(load.client(0), "m1", "w", max_seconds=60, events=watched)
         time.sleep(2.0)
 
         recovery = []
@@ -418,6 +470,10 @@ def test_kill_leader_then_follower_under_queue_load():
         assert not load.errors, load.errors
         assert not problems, problems
         assert lost == 0 and dups == 0
+        print(f"watch stream of m1: {len(watched)} changes, up to revision "
+              f"{max((e['revision'] for e in watched), default=0)}")
+        assert watched and not watch_violations(history, "m1", watched), \
+            watch_violations(history, "m1", watched)[:5]
         for key, v in verdicts.items():
             assert v.verdict == "ok", f"{key}: {v.explanation}\n{show(cluster)}"
     finally:
@@ -511,7 +567,7 @@ def test_sigstop_leader_then_sigcont():
         setup = load.client(0)
         setup.lock("l3")
         setup.counter("c3")
-        setup.map("m3")
+        setup.map("m3", history=20_000)
         leader = cluster.find_leader()
         li = cluster.members.index(leader)
         probe = load.client(li + 1)               # prefers a replica that keeps running
@@ -520,6 +576,11 @@ def test_sigstop_leader_then_sigcont():
             load.adder(load.client(li + i), "c3", f"a{i}", max_ops=600, max_seconds=20)
             load.reader(load.client(li + i), "c3", f"r{i}", max_ops=600, max_seconds=20)
             load.mapper(load.client(li + i), "m3", f"m{i}", max_ops=300, max_seconds=20, seed=i)
+        watched: list = []                        # through the replica about to stop
+        wc = Client(rotated(cluster, li), retry_timeout=RETRY, session_ttl=10.0,
+                    route="replica", consistency="sequential")
+        load.clients.append(wc)
+        load.map_watcher(wc, "m3", "w", max_seconds=40, events=watched)
         time.sleep(1.5)
 
         t = time.monotonic()
@@ -547,6 +608,10 @@ def test_sigstop_leader_then_sigcont():
                note=f"new leader elected after {elected:.2f}s; old leader is_leader="
                f"{st['is_leader']} afterwards", unexpected=load.unexpected[:10])
         assert not load.errors, load.errors
+        print(f"watch stream of m3: {len(watched)} changes, up to revision "
+              f"{max((e['revision'] for e in watched), default=0)}")
+        assert watched and not watch_violations(history, "m3", watched), \
+            watch_violations(history, "m3", watched)[:5]
         assert not st["is_leader"], "the paused leader is still (or again) the leader"
         for key, v in verdicts.items():
             assert v.verdict == "ok", f"{key}: {v.explanation}\n{show(cluster)}"
@@ -582,7 +647,7 @@ def test_partition_isolating_the_leader():
         setup = load.client(0)
         setup.lock("l4")
         setup.counter("c4")
-        setup.map("m4")
+        setup.map("m4", history=20_000)
         leader = cluster.find_leader()
         li = cluster.members.index(leader)
         probe = load.client(li + 1)
@@ -599,6 +664,11 @@ def test_partition_isolating_the_leader():
                        route="replica", consistency="sequential")
             load.clients.append(c)
             load.session_reader(c, f"s{j}", f"s{j}", max_ops=600, max_seconds=20, seen=seen)
+        watched: list = []                        # through the replica about to be cut off
+        wc = Client(rotated(cluster, li), retry_timeout=RETRY, session_ttl=10.0,
+                    route="replica", consistency="sequential")
+        load.clients.append(wc)
+        load.map_watcher(wc, "m4", "w", max_seconds=40, events=watched)
         time.sleep(1.5)
         with rawgrpc.channel(leader.client_addr) as ch:
             login = rawgrpc.metadata(ch)             # taken before: a login needs the log
@@ -641,6 +711,10 @@ def test_partition_isolating_the_leader():
                proxy_bytes_dropped={f"{a}-{b}": p.dropped for (a, b), p in
                                     cluster.proxies.items()})
         assert not load.errors, load.errors
+        print(f"watch stream of m4: {len(watched)} changes, up to revision "
+              f"{max((e['revision'] for e in watched), default=0)}")
+        assert watched and not watch_violations(history, "m4", watched), \
+            watch_violations(history, "m4", watched)[:5]
         for seen in seq_seen:
             assert seen and not session_violations(seen), session_violations(seen)[:5]
         assert stepped_down is not None, "the isolated leader never stepped down"
