@@ -48,6 +48,14 @@ def checkpoints(cluster) -> list[float]:
     return [value(scrape(m.metrics_addr), "gesmas_checkpoint_index") for m in cluster.members]
 
 
+def waiting_readers(member, want: float) -> None:
+    """Poll `member`'s metrics until it has `want` waiting readers (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while value(scrape(member.metrics_addr), "gesmas_waiting_readers") != want:
+        assert time.monotonic() < deadline, want
+        time.sleep(0.02)
+
+
 def leader_commit(cluster) -> int:
     st = cluster.member_status(cluster.find_leader())
     assert st is not None
@@ -395,10 +403,7 @@ def test_a_watch_stream_is_one_waiting_reader_until_closed_in_both_clients(clust
     m0 = cluster.members[0]
 
     def waiting(want: float) -> None:
-        deadline = time.monotonic() + 30
-        while value(scrape(m0.metrics_addr), "gesmas_waiting_readers") != want:
-            assert time.monotonic() < deadline, want
-            time.sleep(0.02)
+        waiting_readers(m0, want)
 
     with Client(cluster.addresses) as w, \
             Client(m0.client_addr, route="replica", consistency="sequential") as r:
@@ -444,10 +449,7 @@ def test_watch_streams_of_one_key_from_one_revision_wait_as_one_reader(cluster):
     m0 = cluster.members[0]
 
     def waiting(want: float) -> None:
-        deadline = time.monotonic() + 30
-        while value(scrape(m0.metrics_addr), "gesmas_waiting_readers") != want:
-            assert time.monotonic() < deadline, want
-            time.sleep(0.02)
+        waiting_readers(m0, want)
 
     with Client(cluster.addresses) as w:
         m = w.map("grp")
@@ -504,10 +506,7 @@ def test_a_follower_times_out_alone_in_a_shared_wait(cluster):
                    for it in (short, long)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 30
-        while value(scrape(m0.metrics_addr), "gesmas_waiting_readers") != 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        waiting_readers(m0, 2)
         rev = m.put("k", 1)["revision"]
         for t in threads:
             t.join(60)

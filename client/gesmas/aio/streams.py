@@ -17,8 +17,8 @@ import grpc
 from gesmas.client import core
 from gesmas.client.errors import Unavailable
 from gesmas.client.security import Login
-from gesmas.client.streams import (Unsupported, call_message, ended, no_answer, response,
-                                   stream_failure)
+from gesmas.client.streams import (FollowedAnswers, Unsupported, call_message, ended,
+                                   no_answer, response, stream_failure)
 from gesmas.v1 import gesmas_pb2 as pb
 
 __all__ = ["CallStream", "Following"]
@@ -148,15 +148,12 @@ class CallStream:
         self._reader.cancel()
 
 
-class Following:
+class Following(FollowedAnswers):
     """As ``gesmas.client.streams.Following``: the answers of a followed call, put by the
     stream's reader task (``set_result``), taken with ``await next()``."""
 
     def __init__(self, stream: CallStream, deadline: float | None) -> None:
-        self.stream = stream
-        self.deadline = deadline
-        self.id = 0
-        self.finished = False
+        super().__init__(stream, deadline)
         self._answers: asyncio.Queue[Any] = asyncio.Queue()
 
     def done(self) -> bool:           # as a Future's: it takes every answer that comes
@@ -169,20 +166,9 @@ class Following:
         self._answers.put_nowait(failure)
 
     async def next(self) -> Any:
-        stream = self.stream
         try:
             answer = await asyncio.wait_for(self._answers.get(), self.deadline)
         except asyncio.TimeoutError:
             self.close()
-            raise no_answer(stream.address, self.deadline) from None
-        if isinstance(answer, BaseException):
-            self.finished = True
-            raise answer
-        if not answer.more:
-            self.finished = True
-        return response(answer, stream.address, stream._login, stream.metadata)
-
-    def close(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.stream._withdraw(self.id)
+            raise no_answer(self.stream.address, self.deadline) from None
+        return self.taken(answer)

@@ -30,7 +30,7 @@ from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_deta
 from gesmas.client.security import Login
 from gesmas.v1 import gesmas_pb2 as pb
 
-__all__ = ["CallStream", "Following", "Unsupported", "call_message", "ended", "stream_failure", "response",
+__all__ = ["CallStream", "FollowedAnswers", "Following", "Unsupported", "call_message", "ended", "stream_failure", "response",
            "no_answer", "pick_stream", "CALLS_PER_STREAM"]
 
 #: Calls in flight on one Calls stream before the client opens another to the same replica
@@ -221,17 +221,42 @@ class CallStream:
         self._rpc.cancel()
 
 
-class Following:
+class FollowedAnswers:
+    """What the sync and asyncio ``Following`` share: the rules of a followed call's
+    answers (``taken``) and its withdrawal (``close``)."""
+
+    def __init__(self, stream: Any, deadline: float | None) -> None:
+        self.stream = stream
+        self.deadline = deadline
+        self.id = 0
+        self.finished = False
+
+    def taken(self, answer: Any) -> Any:
+        """The InvokeResponse of ``answer`` (a CallAnswer, or the failure the stream ended
+        with), which it raises as ``CallStream.call`` does; ``finished`` once no more come."""
+        if isinstance(answer, BaseException):
+            self.finished = True
+            raise answer
+        if not answer.more:
+            self.finished = True
+        stream = self.stream
+        return response(answer, stream.address, stream._login, stream.metadata)
+
+    def close(self) -> None:
+        """Withdraw the call on the replica, unless it ended."""
+        if not self.finished:
+            self.finished = True
+            self.stream._withdraw(self.id)
+
+
+class Following(FollowedAnswers):
     """The answers of a followed call (``CallStream.follow``), in order: the stream's reader
     thread puts them (``set_result``, as on a Future), the caller takes them with ``next``.
     ``finished`` once an answer without ``more`` came (an error, or a replica that does not
     follow: it answered once), or the stream ended."""
 
     def __init__(self, stream: CallStream, deadline: float | None) -> None:
-        self.stream = stream
-        self.deadline = deadline
-        self.id = 0
-        self.finished = False
+        super().__init__(stream, deadline)
         self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def set_result(self, answer: Any) -> None:
@@ -244,21 +269,9 @@ class Following:
         """The next InvokeResponse; raises as ``CallStream.call`` does (``core.Failure``:
         follow again elsewhere, from the last answer's cursor), ``no_answer`` past the
         deadline."""
-        stream = self.stream
         try:
             answer = self._answers.get(timeout=self.deadline)
         except queue.Empty:
             self.close()
-            raise no_answer(stream.address, self.deadline) from None
-        if isinstance(answer, BaseException):
-            self.finished = True
-            raise answer
-        if not answer.more:
-            self.finished = True
-        return response(answer, stream.address, stream._login, stream.metadata)
-
-    def close(self) -> None:
-        """Withdraw the call on the replica, unless it ended."""
-        if not self.finished:
-            self.finished = True
-            self.stream._withdraw(self.id)
+            raise no_answer(self.stream.address, self.deadline) from None
+        return self.taken(answer)
