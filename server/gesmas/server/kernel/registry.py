@@ -230,7 +230,15 @@ class Registry:
 def safe_str(e: BaseException, limit: int = 1000) -> str:
     """The message of an exception raised by uploaded code, never raising itself: its
     `__str__` is uploaded code too (it may raise, loop until the budget ends, or return a
-    non-str). Addresses are removed and the length is capped."""
+    non-str). Addresses are removed and the length is capped. The kernel's own wait
+    errors with one plain str argument (an abort, a timeout: thousands at once when a
+    stream's calls are withdrawn) are read without the size walk: no uploaded code runs."""
+    from .sched import Aborted, SessionEnded, Timeout
+    if type(e) in (Aborted, SessionEnded, Timeout):      # exactly theirs: no override
+        args = e.args
+        if len(args) == 1 and type(args[0]) is str and len(args[0]) <= 1024:
+            text = limits._scrub(args[0])
+            return text if len(text) <= limit else text[:limit] + "..."
     try:
         from .charge import unfold
         if unfold(getattr(e, "args", ()), 1 << 16, charged=False) > 1 << 16:
