@@ -1341,3 +1341,17 @@ def test_restore_reruns_pending_and_keeps_order():
     assert not r.done(c2)
     r.call(s2, "g", "open")
     assert r.value(c) == r.value(c2)
+
+
+@pytest.mark.parametrize("n", [0, 1, 40, 999, 1000, 1001, 1024, 1025, 70_000])
+def test_the_kernels_wait_errors_read_the_same_by_the_short_path(n):
+    """safe_str reads the kernel's own Aborted/Timeout/SessionEnded with one short str
+    argument without the size walk; the text must be what the walk gives (a subclass, which
+    takes the walk), since it is stored in the replicated results."""
+    from gesmas.server.kernel.registry import safe_str
+    from gesmas.server.kernel.sched import Aborted, SessionEnded, Timeout
+    msg = ("cancelled 0x7f3a9c001234 by the caller \u00e9 " * (n // 40 + 1))[:n]
+    for cls in (Aborted, SessionEnded, Timeout):
+        walked = type("Walked", (cls,), {})
+        assert safe_str(cls(msg)) == safe_str(walked(msg))
+        assert safe_str(cls(msg, 2)) == safe_str(walked(msg, 2))
