@@ -11,7 +11,6 @@ pysyncobj on the leader. A blocked call costs a pending future, no thread.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -131,7 +130,7 @@ class Node(Membership):
         self.reads = NodeReads(self)       # reads without a log entry
         self.backups = Backups()           # the Backup RPCs in flight here (backup.py)
         self.stopping = False              # serve() is ending: no new calls
-        self._cancels: list[codec.Cancel] = []   # withdrawn waits not proposed yet
+        self._cancels: list[list[Any]] = []   # withdrawn waits not proposed yet
 
     # -- the state machine side (apply thread) --------------------------------------------------
 
@@ -187,9 +186,7 @@ class Node(Membership):
             return done
         except asyncio.CancelledError:
             if isinstance(cmd, codec.Invoke):     # the caller went away: withdraw its wait
-                self._withdraw(codec.Cancel(ts=time.time(), session=cmd.session, seq=cmd.seq,
-                                            call_tag=cmd.tag, secret=cmd.secret,
-                                            user=cmd.user))
+                self._withdraw([cmd.session, cmd.seq, cmd.tag, cmd.secret, cmd.user])
             raise
         finally:
             self.calls.close(cmd.tag)
@@ -197,21 +194,23 @@ class Node(Membership):
     #: Cancels proposed in one log entry at most (Cancel.more; ~100 bytes each).
     CANCELS_PER_ENTRY = 512
 
-    def _withdraw(self, cancel: codec.Cancel) -> None:
-        """Propose `cancel`, with the others withdrawn in the same turn of the event loop:
-        a stream that breaks with 20,000 waiting calls cancels them in 40 log entries, not
-        20,000 (which kept the loop from answering keep-alives for seconds)."""
-        self._cancels.append(cancel)
+    def _withdraw(self, call: list[Any]) -> None:
+        """Propose a Cancel of `call` ([session, seq, call tag, secret, user]), with the
+        others withdrawn in the same turn of the event loop: a stream that breaks with
+        20,000 waiting calls cancels them in ~40 log entries, not 20,000 (which kept the
+        loop from answering keep-alives for seconds)."""
+        self._cancels.append(call)
         if len(self._cancels) == 1:
             asyncio.get_running_loop().call_soon(self._propose_cancels)
 
     def _propose_cancels(self) -> None:
         cancels, self._cancels = self._cancels, []
+        now = time.time()
         for i in range(0, len(cancels), self.CANCELS_PER_ENTRY):
-            first, *rest = cancels[i:i + self.CANCELS_PER_ENTRY]
-            more = [[c.session, c.seq, c.call_tag, c.secret, c.user] for c in rest]
+            (session, seq, tag, secret, user), *more = cancels[i:i + self.CANCELS_PER_ENTRY]
             try:
-                self._propose(dataclasses.replace(first, more=more) if more else first)
+                self._propose(codec.Cancel(ts=now, session=session, seq=seq, call_tag=tag,
+                                           secret=secret, user=user, more=more))
             except CallFailed:
                 pass     # no leader, or stopping: the session's end withdraws the waits
 
