@@ -104,6 +104,13 @@ def _invalid(message: str) -> CallFailed:
     return CallFailed(Error(Code.INVALID_ARGUMENT, message))
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A shared run's error is its followers' (each gets it from the task); if the last of
+    them left just before it ended, nobody asks for it, and asyncio would log it."""
+    if not task.cancelled():
+        task.exception()
+
+
 class _Group:
     """The follows that share one run of their reader (ReaderCalls._shared)."""
     __slots__ = ("task", "count")
@@ -162,6 +169,7 @@ class ReaderCalls:
             group = self._groups[gkey] = _Group()
             group.task = asyncio.ensure_future(self._group_run(
                 group, gkey, mine, user, name, method, args, dict(kwargs)))
+            group.task.add_done_callback(_retrieved)
         group.count += 1
         try:
             value, index = await asyncio.wait_for(asyncio.shield(group.task), timeout)
