@@ -102,7 +102,6 @@ def test_a_call_that_runs_away_is_aborted_and_the_cluster_goes_on(supervised):
     assert all("aborted by the cluster" in t for t in logs)
     for m in cluster.members:
         assert not os.path.exists(os.path.join(m.data_dir, RECORD_NAME))
-    kills = sum(t.count("killing replica pid") for t in logs)
 
     for m in cluster.members:                        # kill -9 of all three: the supervisor
         cluster.kill(m)                              # starts them on their logs again
@@ -110,8 +109,21 @@ def test_a_call_that_runs_away_is_aborted_and_the_cluster_goes_on(supervised):
     agree(cluster)
     with Client(cluster.addresses) as c:
         assert c.counter("runaway").get() == 2 + 2 * len(cluster.members)
-    # the replay held the entry back behind its committed abort: it did not run again
-    assert sum(log_text(m).count("killing replica pid") for m in cluster.members) == kills
+    # The replay holds the entry back behind its committed abort. A replica that restarts
+    # knowing a commit index from before the abort (the index it learns first may be the
+    # new leader's, which is older until that leader commits in its own term) replays the
+    # entry once more, as it cannot count on an abort it does not know is committed: its
+    # watchdog kills it again, and back up it holds the entry back (seen once in a full run).
+    again = []
+    for m, before in zip(cluster.members, logs):
+        text = log_text(m)
+        extra = text.count("killing replica pid") - before.count("killing replica pid")
+        assert extra <= 1, f"node {m.node_id} ran the aborted entry {extra} more times"
+        if extra:
+            after = text[text.rindex("killing replica pid"):]
+            assert "holding log entry" in after and "aborted by the cluster" in after, after
+            again.append(m.node_id)
+    assert len(again) < len(cluster.members), f"every replica ran it again: {again}"
 
 
 def test_a_stopped_replica_in_the_middle_of_a_slow_entry_is_not_a_runaway(supervised):
