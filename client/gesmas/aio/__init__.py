@@ -54,7 +54,7 @@ from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   parse_cluster)
 from gesmas.client.errors import (GesmasError, NotFound, SessionExpired)
 from gesmas.client.security import TLS, Login, resolve_tls
-from gesmas.client.streams import Unsupported, pick_stream
+from gesmas.client.streams import Unsupported, next_cursor, pick_stream
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 
@@ -425,13 +425,11 @@ class Client(session_.SessionView):
             try:
                 while True:
                     yield value
-                    if type(value) is dict and key in value:
-                        kwargs[argument] = value[key]
-                    elif following is None or following.finished:
-                        raise TypeError(f"{class_name}.{method} answered "
-                                        f"{type(value).__name__}, not a dict with the key "
-                                        f"{key!r}: it cannot be followed")
-                    if following is None or following.finished:
+                    ended = following is None or following.finished
+                    moved, cursor = next_cursor(value, key, ended, f"{class_name}.{method}")
+                    if moved:
+                        kwargs[argument] = cursor
+                    if ended:
                         break
                     try:
                         resp = await following.next()

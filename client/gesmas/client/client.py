@@ -91,7 +91,7 @@ from gesmas.client.errors import (
     SessionExpired,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
-from gesmas.client.streams import CallStream, Unsupported, pick_stream
+from gesmas.client.streams import CallStream, Unsupported, next_cursor, pick_stream
 from gesmas.client.proxies import PROXIES, ObjectProxy
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -652,13 +652,11 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             try:
                 while True:
                     yield value
-                    if type(value) is dict and key in value:
-                        kwargs[argument] = value[key]
-                    elif following is None or following.finished:   # else the replica says so
-                        raise TypeError(f"{class_name}.{method} answered "
-                                        f"{type(value).__name__}, not a dict with the key "
-                                        f"{key!r}: it cannot be followed")
-                    if following is None or following.finished:
+                    ended = following is None or following.finished
+                    moved, cursor = next_cursor(value, key, ended, f"{class_name}.{method}")
+                    if moved:
+                        kwargs[argument] = cursor
+                    if ended:
                         break                  # a replica that answers once: call again
                     try:
                         resp = following.next()

@@ -30,7 +30,7 @@ from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_deta
 from gesmas.client.security import Login
 from gesmas.v1 import gesmas_pb2 as pb
 
-__all__ = ["CallStream", "FollowedAnswers", "Following", "Unsupported", "call_message", "ended", "stream_failure", "response",
+__all__ = ["CallStream", "FollowedAnswers", "next_cursor", "Following", "Unsupported", "call_message", "ended", "stream_failure", "response",
            "no_answer", "pick_stream", "CALLS_PER_STREAM"]
 
 #: Calls in flight on one Calls stream before the client opens another to the same replica
@@ -219,6 +219,18 @@ class CallStream:
     def cancel(self) -> None:
         """End the RPC now: its calls in flight fail (and are withdrawn on the replica)."""
         self._rpc.cancel()
+
+
+def next_cursor(value: Any, key: str, finished: bool, label: str) -> tuple[bool, Any]:
+    """(whether ``value``, an answer of the followed reader ``label``, gives a cursor, the
+    cursor). An answer without one ends the follow: the replica says so next (its error),
+    unless nothing more comes (a replica that answered once), and then this raises."""
+    if type(value) is dict and key in value:
+        return True, value[key]
+    if finished:
+        raise TypeError(f"{label} answered {type(value).__name__}, not a dict with the key "
+                        f"{key!r}: it cannot be followed")
+    return False, None
 
 
 class FollowedAnswers:

@@ -76,9 +76,9 @@ _CANCELLING: set[asyncio.Task[None]] = set()     # _cancel_slices tasks (kept re
 
 async def _cancel_slices(tasks: list[asyncio.Task[Any]]) -> None:
     for i in range(0, len(tasks), CANCEL_SLICE):
+        await asyncio.sleep(0)    # the ends before run, and whatever else is ready (keep-alives)
         for task in tasks[i:i + CANCEL_SLICE]:
             task.cancel()
-        await asyncio.sleep(0)    # their ends run, and whatever else is ready (keep-alives)
 
 
 class CallStream:
@@ -121,11 +121,11 @@ class CallStream:
             self.closed = True
             reader.cancel()
             tasks = [*self.tasks.values(), *self.senders]
-            if len(tasks) <= CANCEL_SLICE:
-                for task in tasks:
-                    task.cancel()         # each proposes a Cancel of its wait (Node.call)
-            else:                         # thousands: a slice per turn of the event loop
-                canceller = asyncio.get_running_loop().create_task(_cancel_slices(tasks))
+            for task in tasks[:CANCEL_SLICE]:
+                task.cancel()             # each proposes a Cancel of its wait (Node.call)
+            if len(tasks) > CANCEL_SLICE:     # thousands: a slice per turn of the event loop
+                canceller = asyncio.get_running_loop().create_task(
+                    _cancel_slices(tasks[CANCEL_SLICE:]))
                 _CANCELLING.add(canceller)
                 canceller.add_done_callback(_CANCELLING.discard)
             self.gateway.stream_calls -= self.in_flight
