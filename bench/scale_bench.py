@@ -276,7 +276,7 @@ def hold_waiters_child(addresses: str, n: int) -> None:
         try:
             tasks = [asyncio.create_task(clients[i % len(clients)].queue("scale-waiters")
                                          .consume(timeout=3600)) for i in range(n)]
-            await asyncio.sleep(5)
+            await asyncio.sleep(min(5.0, 0.5 + n / 4000))   # sent (one stream per client)
             print(json.dumps({"client_rss_bytes_per_call": round(
                 (_own_rss() - before) / max(1, n))}), flush=True)
             await stop
@@ -340,7 +340,7 @@ def waiters(cl: LocalCluster, watch: Watch, n: int, holder: dict[str, Any]) -> d
         while (got := c.status()["waiter_count"]) < n:
             if time.monotonic() > deadline or any(p.poll() is not None for p in holders.procs):
                 raise SystemExit(f"the waiters did not all wait: {got} of {n}")
-            time.sleep(0.5)
+            time.sleep(0.2)
     after = {m.node_id: rss_mib(m) for m in cl.members}
     per = {k: round((after[k] - before[k]) * 1024 * 1024 / n) for k in after}
     until_checkpoints(watch, 1, 120)
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     globals()["PHASE_LIMIT"] = a.phase_limit
     if a.quick:
-        a.objects, a.waiters, a.checkpoint_every = 1000, 50, 300
+        a.objects, a.waiters, a.checkpoint_every = 1000, 50, 100
     if a.objects < 10:
         ap.error("--objects must be at least 10")
     runs = []
