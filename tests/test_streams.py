@@ -354,10 +354,11 @@ def test_calls_cancelled_as_soon_as_sent_are_answered_and_accounted(raw, client)
 # -- followed readers (Call.follow): a watch stream ------------------------------------------------
 
 def _follow_call(raw, call_id, obj, method, *args, argument="after_revision", key="revision",
-                 class_name="Map", **kwargs):
+                 class_name="Map", timeout=None, **kwargs):
     raw.seq += 1
     inv = pb.InvokeRequest(session=raw.session, session_secret=raw.secret, seq=raw.seq,
-                           class_name=class_name, object_name=obj, method=method, create=True)
+                           class_name=class_name, object_name=obj, method=method, create=True,
+                           timeout=timeout)
     convert.fill_values(inv.args, args)
     convert.fill_map(inv.kwargs, kwargs)
     raw.send(pb.Call(id=call_id, invoke=inv, follow=pb.Follow(argument=argument, key=key)))
@@ -387,6 +388,48 @@ def test_a_followed_watch_answers_each_change_under_one_id_until_cancelled(raw, 
     assert end.id == 5 and not end.more and end.error.type == "Cancelled"
     raw.invoke(6, "st-follow-q", "size")
     assert result(raw.answer()) == 0
+
+
+def test_follows_too_large_to_share_a_run_each_get_every_change(raw, client):
+    """Two follows of one prefix of 4,090 characters (their arguments are past what a shared
+    run's key holds, reader_calls.MEMO_KEY_BYTES): each runs the reader alone, and each is
+    answered every change under the prefix, in order, and nothing else."""
+    m = client.map("st-long", max_key_bytes=4096)
+    prefix = "p" * 4090
+    start = m.put(prefix + "/0", 0)["revision"]
+    for call_id in (7, 8):
+        _follow_call(raw, call_id, "st-long", "watch", prefix, after_revision=start, limit=500)
+    seen: dict[int, list[int]] = {7: [], 8: []}
+    revs = []
+    for i in range(1, 4):
+        m.put(f"other/{i}", i)
+        revs.append(m.put(f"{prefix}/{i}", i)["revision"])
+        for _ in range(2):
+            a = raw.answer()
+            assert a.more and not a.HasField("error"), a
+            seen[a.id] += [e["revision"] for e in result(a)["events"]]
+    assert seen == {7: revs, 8: revs}
+    for call_id in (7, 8):
+        raw.send(pb.Call(id=call_id, cancel=True))
+    assert sorted(raw.answer().id for _ in range(2)) == [7, 8]
+
+
+def test_a_follow_with_a_timeout_ends_alone_in_a_shared_wait(raw, client):
+    """Two follows of one key from one revision wait as one run; the one whose call has a
+    timeout of 1 s is answered Timeout by the replica (not by a client's clock) and ends;
+    the other is answered the next change."""
+    m = client.map("st-ft")
+    start = m.put("k", 0)["revision"]
+    _follow_call(raw, 1, "st-ft", "watch", "k", after_revision=start - 1, timeout=1.0)
+    _follow_call(raw, 2, "st-ft", "watch", "k", after_revision=start - 1)
+    assert sorted(raw.answer().id for _ in range(2)) == [1, 2]     # the put of "k"
+    end = raw.answer()
+    assert end.id == 1 and not end.more and end.error.type == "Timeout", end
+    rev = m.put("k", 1)["revision"]
+    a = raw.answer()
+    assert a.id == 2 and a.more and result(a)["revision"] == rev
+    raw.send(pb.Call(id=2, cancel=True))
+    assert raw.answer().id == 2
 
 
 @pytest.mark.parametrize("call, match", [

@@ -346,11 +346,11 @@ class Gateway(pb_grpc.GesmasServicer):
         return pb.InvokeResponse(result=values.to_value(value, "result"),
                                  applied_index=_reflects.get())
 
-    async def follow(self, request: Any, context: Any, follow: Any) -> Any:
-        """A Call with `follow` (streams.CallStream): the answers of a declared reader, the
-        first as `_invoke` gives it (a get-or-create goes through the log), then each
-        further one from the previous answer's cursor (ReaderCalls.follow), for ever; ends
-        with CallFailed."""
+    async def follow(self, request: Any, context: Any, follow: Any) -> tuple[Any, Any]:
+        """A Call with `follow` (streams.CallStream): the first answer of a declared reader,
+        as `_invoke` gives it (a get-or-create goes through the log), and the async iterator
+        of the further ones, each from the previous answer's cursor (ReaderCalls.follow),
+        for ever; it ends with CallFailed."""
         argument, key = reader_calls.follow_names(follow)
         name = _name("object_name", request.object_name)
         method = _name("method", request.method)
@@ -359,19 +359,11 @@ class Gateway(pb_grpc.GesmasServicer):
             raise _invalid(f"follow: {name!r}.{method} is not a declared reader (or the "
                            "object does not exist and class_name names no class): only a "
                            "reader's answers can be followed")
-        reads = self.node.reads
-        reads.followed += 1
-        try:
-            first = await self._invoke(request, context)
-            yield first
-            user = await self._user(context)
-            timeout = request.timeout if request.HasField("timeout") else None
-            async for response in self.readers.follow(request, user, name, method, argument,
-                                                      key, timeout,
-                                                      values.from_value(first.result)):
-                yield response
-        finally:
-            reads.followed -= 1
+        first = await self._invoke(request, context)
+        user = await self._user(context)
+        timeout = request.timeout if request.HasField("timeout") else None
+        return first, self.readers.follow(request, user, name, method, argument, key, timeout,
+                                          values.from_value(first.result))
 
     async def Calls(self, request_iterator: Any, context: Any) -> None:
         """Invocations as messages on one stream (streams.py)."""

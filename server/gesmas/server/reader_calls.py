@@ -104,20 +104,35 @@ def _invalid(message: str) -> CallFailed:
     return CallFailed(Error(Code.INVALID_ARGUMENT, message))
 
 
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """A shared run's error is its followers' (each gets it from the task); if the last of
-    them left just before it ended, nobody asks for it, and asyncio would log it."""
-    if not task.cancelled():
-        task.exception()
-
-
 class _Group:
-    """The follows that share one run of their reader (ReaderCalls._shared)."""
-    __slots__ = ("task", "count")
+    """The follows that share one run of their reader (ReaderCalls._shared): the run, and
+    the future of each follower waiting for its answer, settled together when it ends."""
+    __slots__ = ("task", "waiting")
 
     def __init__(self) -> None:
-        self.task: asyncio.Future[tuple[Any, int]]
-        self.count = 0
+        self.task: asyncio.Task[tuple[Any, Any, int]]
+        self.waiting: dict[asyncio.Future[tuple[Any, Any, int]], None] = {}   # in order
+
+    def settle(self, task: asyncio.Task[tuple[Any, Any, int]]) -> None:
+        """The run ended (its done callback): each follower gets its answer or its error. A
+        run is cancelled only once its last follower left; if any were still waiting (the
+        replica stops), they are told so."""
+        if task.cancelled():
+            error: BaseException | None = CallFailed(STOPPING)
+        else:
+            error = task.exception()       # retrieved here, whoever waits for it
+        for fut in self.waiting:
+            if not fut.done():
+                if error is None:
+                    fut.set_result(task.result())
+                else:
+                    fut.set_exception(error)
+
+
+def _time_out(fut: asyncio.Future[Any], label: str) -> None:
+    if not fut.done():
+        fut.set_exception(CallFailed(Error(Code.TIMEOUT, f"{label}: timed out waiting",
+                                           "Timeout")))
 
 
 class ReaderCalls:
@@ -138,58 +153,78 @@ class ReaderCalls:
         """The answers (protobuf InvokeResponses) of the reader `name.method` after its first
         one, the plain value `first`: each run with the keyword `argument` set to the
         previous answer's `key` (Call.follow), sequential on this replica from the index the
-        previous answer reflects, so never older. Goes on until an error (CallFailed)."""
+        previous answer reflects, so never older. Goes on until an error (CallFailed).
+        Counted in `gesmas_followed_calls` while it runs."""
         args = values.from_values(request.args)
         kwargs = values.from_value_map(request.kwargs)
         label = f"{name}.{method}"
         previous = kwargs.get(argument)
         value = first
         request.read.consistency = pb.CONSISTENCY_SEQUENTIAL
-        while True:
-            previous = kwargs[argument] = cursor_of(value, key, previous, label)
-            request.kwargs[argument].CopyFrom(values.to_value(previous, argument))
-            request.read.min_index = reflects.get()
-            value = await self._shared(request, user, name, method, args, kwargs, timeout)
-            yield pb.InvokeResponse(result=self._encoded(value), applied_index=reflects.get())
+        if argument in request.kwargs:
+            del request.kwargs[argument]
+        fixed = read_key(request, user)     # all but the cursor, which each run changes
+        reads = self.node.reads
+        reads.followed += 1
+        try:
+            while True:
+                previous = kwargs[argument] = cursor_of(value, key, previous, label)
+                cursor = request.kwargs[argument]
+                cursor.CopyFrom(values.to_value(previous, argument))
+                request.read.min_index = reflects.get()
+                if fixed is None:
+                    value = await self._run(request, user, name, method, args, kwargs,
+                                            timeout)
+                    yield pb.InvokeResponse(result=self._encoded(value),
+                                            applied_index=reflects.get())
+                    continue
+                gkey = (fixed, argument, cursor.SerializeToString(deterministic=True),
+                        request.read.min_index)       # the cursor is the follower's anyway
+                response, value, index = await self._shared(
+                    gkey, request, user, name, method, args, kwargs, timeout, label)
+                saw(index)
+                yield response
+        finally:
+            reads.followed -= 1
 
-    async def _shared(self, request: Any, user: str, name: str, method: str, args: Any,
-                      kwargs: Any, timeout: float | None) -> Any:
-        """`_run` for a followed call, shared by the follows of the same call (read_key) from
-        the same index: a hundred watch streams of one key at one revision wait as one
-        reader, run it once per change, and take the one answer. `timeout` is each
-        follower's own; the run ends when its last follower is gone."""
-        key = read_key(request, user)
-        if key is None:
-            return await self._run(request, user, name, method, args, kwargs, timeout)
-        gkey = (key, request.read.min_index)
+    async def _shared(self, gkey: Any, request: Any, user: str, name: str, method: str,
+                      args: Any, kwargs: Any, timeout: float | None,
+                      label: str) -> tuple[Any, Any, int]:
+        """(answer, value, index) of a followed call's next run, shared by the follows of
+        the same call (read_key, cursor included) from the same index (`gkey`): a hundred
+        watch streams of one key at one revision wait as one reader, run it once per change,
+        and take the one answer, encoded once. `timeout` is each follower's own; the run
+        ends when its last follower is gone."""
+        loop = asyncio.get_running_loop()
         group = self._groups.get(gkey)
         if group is None:
             mine = pb.InvokeRequest()
             mine.CopyFrom(request)             # the follower changes its own for the next run
             group = self._groups[gkey] = _Group()
-            group.task = asyncio.ensure_future(self._group_run(
+            group.task = loop.create_task(self._group_run(
                 group, gkey, mine, user, name, method, args, dict(kwargs)))
-            group.task.add_done_callback(_retrieved)
-        group.count += 1
+            group.task.add_done_callback(group.settle)
+        fut: asyncio.Future[tuple[Any, Any, int]] = loop.create_future()
+        group.waiting[fut] = None
+        timer = None if timeout is None else loop.call_later(timeout, _time_out, fut, label)
         try:
-            value, index = await asyncio.wait_for(asyncio.shield(group.task), timeout)
-        except TimeoutError:
-            raise CallFailed(Error(Code.TIMEOUT, f"{name}.{method}: timed out waiting",
-                                   "Timeout")) from None
+            return await fut
         finally:
-            group.count -= 1
-            if not group.count and not group.task.done():
+            if timer is not None:
+                timer.cancel()
+            group.waiting.pop(fut, None)
+            if not group.waiting and not group.task.done():
                 group.task.cancel()
                 if self._groups.get(gkey) is group:
                     del self._groups[gkey]
-        saw(index)
-        return value
 
     async def _group_run(self, group: _Group, gkey: Any, request: Any, user: str, name: str,
-                         method: str, args: Any, kwargs: Any) -> tuple[Any, int]:
+                         method: str, args: Any, kwargs: Any) -> tuple[Any, Any, int]:
         try:
             value = await self._run(request, user, name, method, args, kwargs, None)
-            return value, reflects.get()
+            index = reflects.get()
+            return pb.InvokeResponse(result=self._encoded(value), applied_index=index), \
+                value, index
         finally:
             if self._groups.get(gkey) is group:
                 del self._groups[gkey]

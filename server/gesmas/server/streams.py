@@ -241,13 +241,13 @@ class CallStream:
         run only once it is written (a peer that does not read holds its follow back, one
         answer queued at most); the deadline bounds the first answer. Ends with the error
         that ends the answers (CallFailed, or CancelledError)."""
-        answers = self.gateway.follow(msg.invoke, self.context, msg.follow)
+        if msg.deadline:
+            async with asyncio.timeout(msg.deadline):
+                response, answers = await self.gateway.follow(msg.invoke, self.context,
+                                                              msg.follow)
+        else:
+            response, answers = await self.gateway.follow(msg.invoke, self.context, msg.follow)
         try:
-            if msg.deadline:
-                async with asyncio.timeout(msg.deadline):
-                    response = await anext(answers)
-            else:
-                response = await anext(answers)
             while True:
                 await self._send(pb.CallAnswer(id=msg.id, response=response, more=True),
                                  more=True)
