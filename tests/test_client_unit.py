@@ -927,6 +927,56 @@ def test_keepalive_moves_off_a_hung_leader_to_the_new_one(replicas):
         released.set()
 
 
+def late_keepalives(replicas: list[Replica], late: float, ttl: float) -> threading.Semaphore:
+    """Every replica answers each keep-alive `late` seconds after it came (a leader busy
+    for a while, not hung); the semaphore counts the answers."""
+    answered = threading.Semaphore(0)
+
+    def handler(request, context):
+        time.sleep(late)                   # the busy leader's delay, not a synchronisation
+        answered.release()
+        return pb.KeepAliveResponse(ttl=ttl)
+
+    for r in replicas:
+        r.fake.handlers["KeepAlive"] = handler
+    return answered
+
+
+def test_keepalives_answered_after_their_deadline_still_renew_the_session(replicas):
+    """A TTL of 2 s gives each keep-alive attempt 0.5 s and the lease 1.5 s from a send;
+    every keep-alive is answered after 0.7 s. Each attempt is given up at its deadline (the
+    round goes on elsewhere), but its answer still renews the lease: the session outlives
+    its TTL (given up answers, it would be lost 1.5 s after it opened)."""
+    answered = late_keepalives(replicas, 0.7, 2.0)
+    heard: list[str] = []
+    with Client(cluster(replicas), session_ttl=2.0) as c:
+        c.add_listener(lambda state: heard.append(str(state)))
+        until = time.monotonic() + 2.5
+        while time.monotonic() < until:
+            assert answered.acquire(timeout=WAIT), "the keep-alives stopped"
+        assert c.state != "lost" and not c.expired, heard
+        assert "lost" not in heard
+        assert c.invoke("Queue", "q", "size").startswith("size#")
+
+
+def test_aio_keepalives_answered_after_their_deadline_still_renew_the_session(replicas):
+    import asyncio
+
+    from gesmas.aio import Client as AioClient
+    answered = late_keepalives(replicas, 0.7, 2.0)
+
+    async def main() -> None:
+        async with AioClient(cluster(replicas), session_ttl=2.0) as c:
+            until = time.monotonic() + 2.5
+            while time.monotonic() < until:
+                assert await asyncio.to_thread(answered.acquire, timeout=WAIT), \
+                    "the keep-alives stopped"
+            assert c.state != "lost" and not c.expired
+            assert (await c.invoke("Queue", "q", "size")).startswith("size#")
+
+    asyncio.run(main())
+
+
 def test_a_session_without_answers_is_suspended_then_lost_and_the_lock_not_held(replicas):
     released = threading.Event()
     heard: list[str] = []

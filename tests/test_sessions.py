@@ -59,14 +59,11 @@ def test_a_client_that_cannot_keep_alive_knows_before_the_lock_goes_to_another(c
         thread.start()
         assert _poll(lambda: holder.lock("sess-pause").waiters() == 1)
 
-        real = holder._attempt
+        def attempt(address: str, *args: Any, **kw: Any) -> Any:
+            # the holder's keep-alives stop arriving
+            raise core.Failure(Unavailable(f"{address}: paused (test)"))
 
-        def attempt(address: str, method: str, *args: Any, **kw: Any) -> Any:
-            if method == "KeepAlive":               # the holder's keep-alives stop arriving
-                raise core.Failure(Unavailable(f"{address}: paused (test)"))
-            return real(address, method, *args, **kw)
-
-        holder._attempt = attempt  # type: ignore[method-assign]
+        holder._keepalive_attempt = attempt  # type: ignore[method-assign]
         assert lost.wait(WAIT)
         assert seen == {"lock_held": False, "fence_held": False, "leading": False,
                         "other_granted": False}
@@ -173,14 +170,10 @@ class FencedStore:
 
 def _pause_keepalives(c: Client) -> None:
     """From now on ``c``'s keep-alives do not get through (a client cut off or paused)."""
-    real = c._attempt
+    def attempt(address: str, *args: Any, **kw: Any) -> Any:
+        raise core.Failure(Unavailable(f"{address}: paused (test)"))
 
-    def attempt(address: str, method: str, *args: Any, **kw: Any) -> Any:
-        if method == "KeepAlive":
-            raise core.Failure(Unavailable(f"{address}: paused (test)"))
-        return real(address, method, *args, **kw)
-
-    c._attempt = attempt  # type: ignore[method-assign]
+    c._keepalive_attempt = attempt  # type: ignore[method-assign]
 
 
 def _holder(c: Client, who: str, lock_name: str, store: FencedStore, honour: bool,

@@ -52,7 +52,7 @@ from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
                                   parse_cluster)
-from gesmas.client.errors import (GesmasError, NotFound, SessionExpired)
+from gesmas.client.errors import GesmasError, NotFound, SessionExpired, Unavailable
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.streams import Unsupported, next_cursor, pick_stream
 from gesmas.v1 import gesmas_pb2 as pb
@@ -80,6 +80,16 @@ class _Connection:
                         grpc.aio.insecure_channel(address, options=options))
         self.stub = pb_grpc.GesmasStub(self.channel)
         self.busy = 0
+
+
+def _late_keepalive(task: asyncio.Future[Any], lease: Lease, sent: float, interval: float,
+                    deadline: float) -> None:
+    """A keep-alive answered after its attempt's deadline: an answer renews the lease
+    from ``sent``; a failure is ignored (the round that gave the attempt up went on)."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    lease.acknowledged(sent, task.result().ttl, interval, deadline, time.monotonic())
+    log.debug("gesmas: a late keep-alive answer renewed session %d", lease.session)
 
 
 class Client(session_.SessionView):
@@ -124,6 +134,7 @@ class Client(session_.SessionView):
         self._lease: Lease | None = None
         self._listeners = session_.Listeners()
         self._loser: asyncio.Task[None] | None = None
+        self._late_keepalives: set[asyncio.Future[Any]] = set()   # given up, not ended
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -174,6 +185,8 @@ class Client(session_.SessionView):
             self._lease.lose("the client is closed")
         if self._keepalive is not None:
             self._keepalive.cancel()
+        for late in list(self._late_keepalives):
+            late.cancel()
         if self._session and self._expired is None:
             try:
                 await self._call("CloseSession", pb.CloseSessionRequest(
@@ -228,7 +241,8 @@ class Client(session_.SessionView):
                 continue
             address = schedule.address(started)
             try:
-                resp = await self._attempt(address, "KeepAlive", request, schedule.deadline)
+                resp = await self._keepalive_attempt(address, request, schedule, lease,
+                                                     started)
             except core.Failure as f:
                 log.debug("gesmas: keep-alive of session %d at %s failed: %s",
                           lease.session, address, f.error)
@@ -248,6 +262,37 @@ class Client(session_.SessionView):
             lease.acknowledged(started, resp.ttl, schedule.interval, schedule.deadline,
                                time.monotonic())
             schedule.answered(resp.ttl, time.monotonic())
+
+    async def _keepalive_attempt(self, address: str, request: Any,
+                                 schedule: session_.KeepAlives, lease: Lease,
+                                 started: float) -> Any:
+        """As the sync client's: the answer within ``schedule.deadline``, else an
+        unresponsive core.Failure, the RPC left to run as long as its answer could renew the
+        lease, which a late answer does from ``started`` (``_late_keepalive``)."""
+        metadata = await self._metadata(address)
+        interval, deadline = schedule.interval, schedule.deadline
+        useful = lease.ttl - session_.lease_margin(lease.ttl)    # an answer renews that long
+        conn = self._connection(address)
+        conn.busy += 1
+        task = asyncio.ensure_future(conn.stub.KeepAlive(
+            request, timeout=max(deadline, useful), metadata=metadata))
+
+        def done(task: asyncio.Future[Any]) -> None:
+            conn.busy -= 1
+            self._late_keepalives.discard(task)
+        self._late_keepalives.add(task)      # referenced until it ends
+        task.add_done_callback(done)
+        try:
+            resp = await asyncio.wait_for(asyncio.shield(task), deadline)
+        except TimeoutError:
+            task.add_done_callback(lambda t: _late_keepalive(t, lease, started, interval,
+                                                             deadline))
+            raise core.Failure(Unavailable(f"{address}: no keep-alive answer within "
+                                           f"{deadline:g} s"), unresponsive=True) from None
+        except grpc.RpcError as e:
+            raise core.classify(e, address, self._login, metadata) from e
+        self._seen.note(resp)
+        return resp
 
     async def _close_lost(self, lease: Lease) -> None:
         """Close a session the client gave up (best effort), so that its locks go to

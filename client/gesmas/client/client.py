@@ -89,6 +89,7 @@ from gesmas.client.errors import (
     GesmasError,
     NotFound,
     SessionExpired,
+    Unavailable,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.streams import CallStream, Unsupported, next_cursor, pick_stream
@@ -393,7 +394,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                 continue
             address = schedule.address(started)
             try:
-                resp = self._attempt(address, "KeepAlive", request, schedule.deadline)
+                resp = self._keepalive_attempt(address, request, schedule, lease, started)
             except core.Failure as f:
                 log.debug("gesmas: keep-alive of session %d at %s failed: %s",
                           lease.session, address, f.error)
@@ -417,6 +418,50 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             lease.acknowledged(started, resp.ttl, schedule.interval, schedule.deadline,
                                time.monotonic())
             schedule.answered(resp.ttl, time.monotonic())
+
+    def _keepalive_attempt(self, address: str, request: Any, schedule: session_.KeepAlives,
+                           lease: Lease, started: float) -> Any:
+        """One keep-alive attempt at ``address``: its answer within ``schedule.deadline``,
+        else core.Failure (unresponsive: the round moves on to another replica at once, as
+        from a hung leader). The RPC itself is left to run for as long as its answer could
+        still renew the lease (the TTL less the lease margin): a busy leader that answers
+        late renews it from when the attempt was sent (``_late_keepalive``), so that a
+        leader slow for a while (thousands of waits withdrawn at once) costs no session
+        while the round goes on elsewhere."""
+        metadata = (self._login.metadata(self._authenticate(address))
+                    if self._login.enabled else ())
+        interval, deadline = schedule.interval, schedule.deadline
+        useful = lease.ttl - session_.lease_margin(lease.ttl)    # an answer renews that long
+        try:
+            call = self._stub(address).KeepAlive.future(
+                request, timeout=max(deadline, useful), metadata=metadata)
+        except ValueError as e:          # "Cannot invoke RPC on closed channel!"
+            if self._closed.is_set():
+                raise ClientClosed() from e
+            raise
+        try:
+            resp = call.result(timeout=deadline)
+        except grpc.FutureTimeoutError:
+            call.add_done_callback(lambda done: self._late_keepalive(
+                done, lease, started, interval, deadline))
+            raise core.Failure(Unavailable(f"{address}: no keep-alive answer within "
+                                           f"{deadline:g} s"), unresponsive=True) from None
+        except grpc.RpcError as e:
+            raise core.classify(e, address, self._login, metadata) from e
+        self._seen.note(resp)
+        return resp
+
+    def _late_keepalive(self, call: Any, lease: Lease, sent: float, interval: float,
+                        deadline: float) -> None:
+        """A keep-alive answered after its attempt's deadline (grpc's callback thread): an
+        answer renews the lease from ``sent``; a failure is ignored (the round that gave
+        the attempt up went on)."""
+        try:
+            resp = call.result(timeout=0)
+        except (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError):
+            return
+        lease.acknowledged(sent, resp.ttl, interval, deadline, time.monotonic())
+        log.debug("gesmas: a late keep-alive answer renewed session %d", lease.session)
 
     def _close_lost(self, lease: Lease) -> None:
         """Close a session the client gave up (best effort: it may expire on the server a
