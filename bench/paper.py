@@ -605,7 +605,7 @@ def config(quick: bool, repeat: int | None = None) -> dict[str, Any]:
 
 def _config(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"produce_clients": [1, 2], "seconds": 1.0, "consume_lengths": [10],
+        return {"produce_clients": [1, 2], "seconds": 0.5, "consume_lengths": [10],
                 "consume_n": 5, "consume_settle": 0.0, "fill_budget": 30.0, "consume_budget": 30.0,
                 "herd_ns": [3], "herd_timeout": 30.0, "barrier_parties": [3],
                 "barrier_rounds": 2, "barrier_timeout": 30.0, "lock_clients": [1, 2],

@@ -179,7 +179,7 @@ def without_checkpoint_index(trace):
 
 
 # no database (nothing written into the repository) and no "explain" phase (slow)
-SETTINGS = settings(max_examples=75, deadline=None, database=None,
+SETTINGS = settings(max_examples=50, deadline=None, database=None,
                     phases=[Phase.explicit, Phase.generate, Phase.shrink],
                     suppress_health_check=[HealthCheck.too_slow])
 
