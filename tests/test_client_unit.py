@@ -373,10 +373,10 @@ def test_keepalive_runs_and_follows_leader_hint(replicas):
 
     def keepalive(request, context):
         renewed.set()
-        return pb.KeepAliveResponse(ttl=0.3)
+        return pb.KeepAliveResponse(ttl=1.0)
 
     c_.fake.handlers["KeepAlive"] = keepalive
-    with Client(cluster(replicas), session_ttl=0.3):
+    with Client(cluster(replicas), session_ttl=1.0):
         assert renewed.wait(WAIT)
     assert [r.session for r in c_.fake.seen("KeepAlive")][0] == SESSION
     assert b.fake.seen("KeepAlive") == []
@@ -389,10 +389,10 @@ def test_calls_stay_on_their_replica_while_keepalives_follow_the_leader(replicas
 
     def keepalive(request, context):
         renewals.release()
-        return pb.KeepAliveResponse(ttl=0.3)
+        return pb.KeepAliveResponse(ttl=1.0)
 
     c_.fake.handlers["KeepAlive"] = keepalive
-    with Client(cluster(replicas), session_ttl=0.3, route="replica") as c:
+    with Client(cluster(replicas), session_ttl=1.0, route="replica") as c:
         assert renewals.acquire(timeout=WAIT) and renewals.acquire(timeout=WAIT)
         c.invoke("Queue", "q", "size")
     assert len(a.fake.seen("KeepAlive")) == 1  # asked once, then straight to the leader
@@ -424,10 +424,10 @@ def test_leader_routed_calls_follow_the_keepalive_to_a_new_leader(replicas):
 
     def keepalive(request, context):
         renewed.release()
-        return pb.KeepAliveResponse(ttl=0.3)
+        return pb.KeepAliveResponse(ttl=1.0)
 
-    b.fake.handlers["KeepAlive"] = lambda request, context: pb.KeepAliveResponse(ttl=0.3)
-    with Client(cluster(replicas), session_ttl=0.3) as c:
+    b.fake.handlers["KeepAlive"] = lambda request, context: pb.KeepAliveResponse(ttl=1.0)
+    with Client(cluster(replicas), session_ttl=1.0) as c:
         c.invoke("Queue", "q", "size")
         b.fake.handlers["KeepAlive"] = unavailable(hint=c_.address)  # b lost the lead to c
         c_.fake.handlers["KeepAlive"] = keepalive
