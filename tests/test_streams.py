@@ -290,17 +290,19 @@ def test_a_flood_of_blocked_calls_on_one_stream_is_held_back(cluster, client):
         until(lambda: waiters(client) == before + streams.MAX_IN_FLIGHT, 60,
               "the stream's calls to wait")
         q = client.queue("st-flood")
-        done = threading.Event()
+        produced: list[int] = []
 
-        def produce():
-            for i in range(n):
+        def produce(first):              # four producers: their commits go together
+            for i in range(first, n, 4):
                 q.produce(i)
-            done.set()
-        t = threading.Thread(target=produce)
-        t.start()
+                produced.append(i)
+        threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
         got = sorted(result(r.answer()) for _ in range(n))
-        t.join(60)
-        assert done.is_set() and got == list(range(n))
+        for t in threads:
+            t.join(60)
+        assert sorted(produced) == got == list(range(n))
     finally:
         r.close()
 

@@ -52,7 +52,7 @@ from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
                                   parse_cluster)
-from gesmas.client.errors import GesmasError, NotFound, SessionExpired, Unavailable
+from gesmas.client.errors import GesmasError, NotFound, SessionExpired
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.streams import Unsupported, next_cursor, pick_stream
 from gesmas.v1 import gesmas_pb2 as pb
@@ -84,12 +84,10 @@ class _Connection:
 
 def _late_keepalive(task: asyncio.Future[Any], lease: Lease, sent: float, interval: float,
                     deadline: float) -> None:
-    """A keep-alive answered after its attempt's deadline: an answer renews the lease
-    from ``sent``; a failure is ignored (the round that gave the attempt up went on)."""
-    if task.cancelled() or task.exception() is not None:
-        return
-    lease.acknowledged(sent, task.result().ttl, interval, deadline, time.monotonic())
-    log.debug("gesmas: a late keep-alive answer renewed session %d", lease.session)
+    """A keep-alive given up at its deadline ended: an answer renews the lease
+    (session.late); a failure is ignored (the round went on)."""
+    if not task.cancelled() and task.exception() is None:
+        session_.late(lease, sent, task.result().ttl, interval, deadline)
 
 
 class Client(session_.SessionView):
@@ -287,8 +285,7 @@ class Client(session_.SessionView):
         except TimeoutError:
             task.add_done_callback(lambda t: _late_keepalive(t, lease, started, interval,
                                                              deadline))
-            raise core.Failure(Unavailable(f"{address}: no keep-alive answer within "
-                                           f"{deadline:g} s"), unresponsive=True) from None
+            raise session_.given_up(address, deadline) from None
         except grpc.RpcError as e:
             raise core.classify(e, address, self._login, metadata) from e
         self._seen.note(resp)

@@ -89,7 +89,6 @@ from gesmas.client.errors import (
     GesmasError,
     NotFound,
     SessionExpired,
-    Unavailable,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.streams import CallStream, Unsupported, next_cursor, pick_stream
@@ -193,6 +192,17 @@ class ClientClosed(SessionExpired):
     def __init__(self, message: str = "the client is closed", type: str = "SessionExpired",
                  leader_hint: str = "") -> None:
         super().__init__(message, type, leader_hint)
+
+
+def _late_keepalive(call: Any, lease: Lease, sent: float, interval: float,
+                    deadline: float) -> None:
+    """A keep-alive given up at its deadline ended (grpc's callback thread): an answer
+    renews the lease (session.late); a failure is ignored (the round went on)."""
+    try:
+        resp = call.result(timeout=0)
+    except (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError):
+        return
+    session_.late(lease, sent, resp.ttl, interval, deadline)
 
 
 class Client(session_.SessionView, AdminCalls, StandardObjects):
@@ -442,26 +452,13 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         try:
             resp = call.result(timeout=deadline)
         except grpc.FutureTimeoutError:
-            call.add_done_callback(lambda done: self._late_keepalive(
+            call.add_done_callback(lambda done: _late_keepalive(
                 done, lease, started, interval, deadline))
-            raise core.Failure(Unavailable(f"{address}: no keep-alive answer within "
-                                           f"{deadline:g} s"), unresponsive=True) from None
+            raise session_.given_up(address, deadline) from None
         except grpc.RpcError as e:
             raise core.classify(e, address, self._login, metadata) from e
         self._seen.note(resp)
         return resp
-
-    def _late_keepalive(self, call: Any, lease: Lease, sent: float, interval: float,
-                        deadline: float) -> None:
-        """A keep-alive answered after its attempt's deadline (grpc's callback thread): an
-        answer renews the lease from ``sent``; a failure is ignored (the round that gave
-        the attempt up went on)."""
-        try:
-            resp = call.result(timeout=0)
-        except (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError):
-            return
-        lease.acknowledged(sent, resp.ttl, interval, deadline, time.monotonic())
-        log.debug("gesmas: a late keep-alive answer renewed session %d", lease.session)
 
     def _close_lost(self, lease: Lease) -> None:
         """Close a session the client gave up (best effort: it may expire on the server a

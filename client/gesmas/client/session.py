@@ -13,13 +13,14 @@ import threading
 import time
 from typing import Any, Callable
 
+from gesmas.client import core
 from gesmas.client.core import Attempts, Routing
-from gesmas.client.errors import GesmasError
+from gesmas.client.errors import GesmasError, Unavailable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KeepAlives", "Lease", "Listeners", "SessionState", "SessionView",
-           "keepalive_deadline", "lease_margin"]
+__all__ = ["KeepAlives", "Lease", "Listeners", "SessionState", "SessionView", "given_up",
+           "keepalive_deadline", "late", "lease_margin"]
 
 
 #: The client's lease margin: a keep-alive acknowledged by a leader that had heard from a
@@ -42,6 +43,22 @@ def keepalive_deadline(ttl: float, replicas: int) -> float:
     timeout, within [0.5 s, 1 s] (a keep-alive is answered from the leader's memory; less
     than 0.5 s mistakes a busy leader for a hung one)."""
     return min(1.0, max(0.5, ttl / (3.0 * max(1, replicas))))
+
+
+def given_up(address: str, deadline: float) -> core.Failure:
+    """What a keep-alive attempt with no answer within its deadline raises (the round
+    moves on at once, away from a replica that may hang); its RPC goes on (``late``)."""
+    return core.Failure(Unavailable(f"{address}: no keep-alive answer within "
+                                    f"{deadline:g} s"), unresponsive=True)
+
+
+def late(lease: Lease, sent: float, ttl: float, interval: float, deadline: float) -> None:
+    """A keep-alive attempt given up at its deadline was answered after all (``ttl``):
+    the answer renews the lease from ``sent``, the attempt's send time, as an answer in
+    time does. Safe however late it comes: the leader that answered had heard from a
+    majority within LEADER_LEASE of answering, after ``sent``."""
+    lease.acknowledged(sent, ttl, interval, deadline, time.monotonic())
+    log.debug("gesmas: a late keep-alive answer renewed session %d", lease.session)
 
 
 class KeepAlives:
