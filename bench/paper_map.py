@@ -19,8 +19,10 @@ Points (systems take turns point by point, as in the other experiments):
   run elsewhere), i.e. the work a change costs the servers, waking and re-watching
   included. Clock ticks are 10 ms and the host is shared: small points are noisy.
 
-gesmas watchers use Map.watch(key, revision) with sequential reads on their own replica
-(a wait off the log: a put wakes the watches of its key only); ZooKeeper watchers kazoo's
+gesmas watchers read one Map.watch_stream(key, revision) each (a followed call: the replica
+answers it at each change, from a wait off the log that a put to its key wakes; followers
+of one key at one revision share the run), with sequential reads on their own replica;
+`--watch rearm` sends a Map.watch per change instead. ZooKeeper watchers use kazoo's
 get(path, watch=...); etcd watchers one Watch stream each (bench/etcd_cluster.py).
 """
 from __future__ import annotations
