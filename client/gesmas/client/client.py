@@ -438,8 +438,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         late renews it from when the attempt was sent (``_late_keepalive``), so that a
         leader slow for a while (thousands of waits withdrawn at once) costs no session
         while the round goes on elsewhere."""
-        metadata = (self._login.metadata(self._authenticate(address))
-                    if self._login.enabled else ())
+        metadata = self._metadata(address)
         interval, deadline = schedule.interval, schedule.deadline
         useful = lease.ttl - session_.lease_margin(lease.ttl)    # an answer renews that long
         try:
@@ -510,6 +509,12 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                 pool.append(stream)
             return stream
 
+    def _metadata(self, address: str) -> tuple[tuple[str, str], ...]:
+        """The call metadata for ``address``: the login's token (logging in first when it
+        is due), or none without a login."""
+        return (self._login.metadata(self._authenticate(address))
+                if self._login.enabled else ())
+
     def _authenticate(self, address: str) -> Callable[[str, str], tuple[str, float]]:
         def authenticate(user: str, password: str) -> tuple[str, float]:
             resp = self._attempt(address, "Authenticate",
@@ -523,8 +528,7 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         """One attempt of ``method`` at ``address``. An Invoke with ``follow`` (argument,
         key) answers (a Following or None, the first InvokeResponse): a followed call on a
         Calls stream, or one plain Invoke where there is no stream."""
-        metadata = (self._login.metadata(self._authenticate(address))
-                    if login and self._login.enabled else ())
+        metadata = self._metadata(address) if login else ()
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
                 stream = self._stream(address, metadata)

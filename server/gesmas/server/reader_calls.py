@@ -121,12 +121,14 @@ class _Group:
             error: BaseException | None = CallFailed(STOPPING)
         else:
             error = task.exception()       # retrieved here, whoever waits for it
-        for fut in self.waiting:
-            if not fut.done():
-                if error is None:
-                    fut.set_result(task.result())
-                else:
-                    fut.set_exception(error)
+        waiting = [fut for fut in self.waiting if not fut.done()]
+        if error is not None:
+            for fut in waiting:
+                fut.set_exception(error)
+            return
+        answer = task.result()
+        for fut in waiting:
+            fut.set_result(answer)
 
 
 def _time_out(fut: asyncio.Future[Any], label: str) -> None:
