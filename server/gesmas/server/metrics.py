@@ -212,9 +212,10 @@ class Metrics:
                 self._labels.add(key)
         self.invocations.labels(*key).observe(seconds)
 
-    def serve(self, addr: str) -> Any:
+    def serve(self, addr: str, idle_timeout: float = 10.0) -> Any:
         """Serve /metrics, /status (the status page) and /status.json on `addr` from a
-        daemon thread; returns the server (``shutdown()`` stops it)."""
+        daemon thread; returns the server (``shutdown()`` stops it). A connection that sends
+        nothing for `idle_timeout` seconds is dropped."""
         import json
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -225,7 +226,7 @@ class Metrics:
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = 10           # seconds: a connection that sends nothing is dropped
+            timeout = idle_timeout
 
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
