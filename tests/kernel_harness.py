@@ -28,7 +28,8 @@ class H:
         self.index = self.kernel.index
         self.ts = self.kernel.now
         self.encoded = encoded
-        self.defer = True                # checkpoint()'s default
+        self.defer = True                # checkpoint()'s defaults
+        self.apart = True
         self.log: list[tuple[int, Command]] = []
         self.results: dict[str, Completion] = {}    # every completion seen, by tag
         self.trace: list[tuple[int, list[Completion]]] = []   # per index, in order
@@ -95,10 +96,13 @@ class H:
         self.ts = max(self.ts, ts)
         return self.apply(Tick(ts=ts))
 
-    def checkpoint(self, defer: bool | None = None) -> Completion:
-        """A Checkpoint as the leader proposes it: its standard-class objects saved after it
-        (kernel/capture.py) unless `defer` (or the harness's `defer`) says otherwise."""
-        return self.run(Checkpoint(ts=self.ts, defer=self.defer if defer is None else defer))
+    def checkpoint(self, defer: bool | None = None, apart: bool | None = None) -> Completion:
+        """A Checkpoint as the leader proposes it: its standard-class objects and its waiting
+        calls saved after it (kernel/capture.py) unless `defer` and `apart` (or the harness's
+        `defer` and `apart`) say otherwise."""
+        defer = self.defer if defer is None else defer
+        apart = (self.apart and defer) if apart is None else apart
+        return self.run(Checkpoint(ts=self.ts, defer=defer, calls_apart=apart))
 
     # -- reading results ----------------------------------------------------------------------
 

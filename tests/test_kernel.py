@@ -164,6 +164,7 @@ ALL_COMMANDS = [
     Tick(ts=6.0),
     Checkpoint(ts=7.0, tag="k"),
     Checkpoint(ts=7.0, tag="k", defer=True),
+    Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True),
     Query(ts=8.0, tag="q", what="class", arg=["A", 2]),
     Query(ts=8.0, tag="q", what="stats", arg=None),
     Cancel(ts=9.0, tag="x", session=1, seq=2, call_tag="i"),
@@ -175,10 +176,12 @@ ALL_COMMANDS = [
 @pytest.mark.parametrize("cmd", ALL_COMMANDS, ids=lambda c: type(c).__name__)
 def test_codec_round_trip(cmd):
     data = encode(cmd)
-    # version 3 or 4 only for a command that needs their fields: a replica of an earlier
+    # version 3, 4 or 5 only for a command that needs their fields: a replica of an earlier
     # gesmas reads every other command, and stops at a deferred checkpoint (version 3,
-    # codec._NEW_IN_3) or a cancel of many calls (version 4, codec._NEW_IN_4)
-    assert data[0] == (4 if getattr(cmd, "more", None) else
+    # codec._NEW_IN_3), a cancel of many calls (version 4, codec._NEW_IN_4) or a checkpoint
+    # that writes its waiting calls apart (version 5, codec._NEW_IN_5)
+    assert data[0] == (5 if getattr(cmd, "calls_apart", False) else
+                       4 if getattr(cmd, "more", None) else
                        3 if getattr(cmd, "defer", False) else 2)
     assert codec.is_checkpoint(data) == isinstance(cmd, Checkpoint)
     back = decode(data)

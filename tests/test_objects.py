@@ -1457,6 +1457,92 @@ def test_checkpoint_while_waiting_then_restore_gives_the_same_completions(name, 
     assert r.kernel.state_digest() == h.kernel.state_digest()
 
 
+MUTATES_ITS_ARGUMENT = """
+class Appender(SyncObject):
+    def __init__(self):
+        self.go = Semaphore(0)
+
+    def wait(self, xs):
+        xs.append(len(xs))          # changes the list it was given, then waits
+        self.go.acquire()
+        return xs
+
+    def release(self):
+        self.go.release()
+"""
+
+
+@pytest.mark.parametrize("apart", [True, False], ids=["calls apart", "calls in header"])
+def test_a_waiter_that_changed_its_arguments_is_re_run_as_a_restored_replica_re_runs_it(apart):
+    """An uploaded class's waiter is unwound at a checkpoint and re-run; a restored replica
+    re-runs it from the command's log bytes. The method was given the command's own list and
+    appended to it before it waited: the live re-run must start from the logged argument too,
+    or the two replicas answer [0, 1, 2] and [0, 1]."""
+    h = OH()
+    h.apart = apart
+    assert h.register(MUTATES_ITS_ARGUMENT).error is None
+    h.make("Appender", "a")
+    s, = h.sessions(1)
+    waits = h.call(s, "a", "wait", [0])
+    h.checkpoint()
+    r = h.restored()
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+    for k in (h, r):
+        k.ok(s, "a", "release")
+        assert k.value(waits) == [0, 1]
+    assert r.kernel.state_digest() == h.kernel.state_digest()
+
+
+def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_they_are_pickled():
+    """Format 6 (Checkpoint.calls_apart, as the leader proposes it): the header counts the
+    waiting calls and each follows as a pickle of its own, made by the capture's slices
+    (capture.py). Pickled a few at a time after later calls changed the queues, or all at
+    once at the entry, the blob is the same bytes, and a kernel restored from it answers as
+    the live one."""
+    import io
+    import pickle
+
+    from gesmas.server.kernel.checkpoint import FORMAT
+
+    def build() -> tuple[OH, list[str], list[int]]:
+        h = OH()
+        h.make("Queue", "q")
+        h.make("Queue", "other")
+        sessions = h.sessions(3)
+        waits = [h.call(sessions[i % 3], "q", "consume", timeout=50 + i) for i in range(40)]
+        h.ok(sessions[0], "other", "produce", "x")
+        h.checkpoint()
+        return h, waits, sessions
+
+    eager, waits, sessions = build()
+    eager_blob = eager.kernel.checkpoint_blob              # assembled at once
+    sliced, _, _ = build()
+    cap = sliced.kernel.checkpoints.capture
+    assert cap is not None and len(cap.calls) == 40 and cap.pickled == 0
+    sliced.ok(sessions[1], "other", "produce", "y")       # the capture goes on meanwhile
+    sliced.ok(sessions[2], "q", "produce", "first")        # wakes the oldest waiter
+    while cap.pickled < len(cap.calls):
+        assert cap.join_some(48)                           # three calls a chunk
+    assert sliced.kernel.checkpoint_blob == eager_blob
+
+    buf = io.BytesIO(eager_blob)
+    pickle.load(buf)                                       # the registry
+    state, n_calls, n_frames, deferred = pickle.load(buf)
+    assert state["format"] == FORMAT == 6 and n_calls == 40
+    calls = [pickle.load(buf) for _ in range(n_calls)]
+    assert all(type(c[1]) is bytes for c in calls)         # the command's log bytes
+    assert [pickle.load(buf)[0] for _ in range(n_frames)] == list(eager.kernel.objects)
+    assert buf.read() == b""
+
+    r = eager.restored()
+    assert r.kernel.state_digest() == eager.kernel.state_digest()
+    for k in (eager, r):
+        for i in range(40):
+            k.ok(sessions[0], "q", "produce", i)
+        assert [k.value(t) for t in waits] == list(range(40))
+    assert r.kernel.state_digest() == eager.kernel.state_digest()
+
+
 def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restore(
         monkeypatch):
     """With the capture of standard objects deferred off (as for uploaded classes)."""

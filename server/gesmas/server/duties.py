@@ -163,7 +163,8 @@ class LeaderDuties:
         if (self.applied_index - self._checkpoint_index >= self.checkpoint_every
                 and now - self._checkpoint_proposed > PROPOSE_RETRY):
             self._checkpoint_proposed = now
-            out.append(codec.Checkpoint(ts=wall, defer=True))   # kernel/capture.py
+            # objects and waiting calls saved after the entry (kernel/capture.py)
+            out.append(codec.Checkpoint(ts=wall, defer=True, calls_apart=True))
         if not self._has_standard and now - self._standard_proposed > PROPOSE_RETRY:
             self._standard_proposed = now
             out.extend(codec.RegisterClass(ts=wall, source=source, user=SYSTEM)

@@ -8,8 +8,12 @@ restored replica re-runs them, which puts it in the same state. The result is th
 unwinding and re-running every waiter in block order gives (what gesmas did before, and what
 a replica of that version still does), block numbers included.
 A checkpoint is two pickles: the registry's sources (classes are re-made from their source,
-never pickled), then (state, interrupted calls, number of objects), followed by one pickle per
-object, (name, class, version, state pickle): its *frame*. Each object is saved on its own, so
+never pickled), then (state, waiting calls, number of objects, deferred objects), followed by
+one pickle per object, (name, class, version, state pickle): its *frame*. Format 6 (the
+leader's checkpoints, `Checkpoint.calls_apart`) writes the number of waiting calls in the
+header and each call after it as a pickle of its own, made by the capture (capture.py): a
+waiting call never changes, so it is the same bytes whenever it is made, and the entry pays
+for a list of the calls, not for their pickle. Each object is saved on its own, so
 that one object that cannot be saved is dropped without failing the others. The pickled state
 is a plain dict (`saved_state`), never a part of the kernel.
 
@@ -51,8 +55,9 @@ from .registry import Registry, safe_str, type_name
 from .runner import Runner
 from .sched import SAVING, Interrupted
 
-FORMAT = 5            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
-#                       5: the deferred objects listed (capture.py), their sizes one late
+FORMAT = 6            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
+#                       5: the deferred objects listed (capture.py), their sizes one late;
+#                       6: the pending calls after the header, one pickle each (capture.py)
 
 
 def pickle_state(registry: Registry, obj: Any) -> bytes:
@@ -195,27 +200,36 @@ class Checkpoints:
         return deferred
 
     def _dump(self, pending: list[tuple[Any, ...]], deferred: dict[str, Slot],
-              keep: set[str], defer: bool) -> None:
+              keep: set[str], defer: bool, apart: bool) -> None:
         """Write the checkpoint of this index: at once, or through a capture if objects are
-        deferred. `pending`: PendingCall.saved() tuples, in the order a restore re-runs
-        them."""
+        deferred or the calls written apart. `pending`: PendingCall.saved() tuples, in the
+        order a restore re-runs them."""
         buf = io.BytesIO()
         pickle.dump(self.registry.dump(), buf, protocol=5)
         frames = self.state.frames
         state = self.saved_state(per_object=False)
-        if deferred or defer:                 # format 5: the deferred objects listed
+        calls: list[Any] = []
+        if apart:       # format 6: the calls pickled by the capture, after this header
+            pickle.dump((state, len(pending), len(frames), sorted(deferred)), buf, protocol=5)
+            # a saved tuple is pickled whenever the capture comes to it: the same bytes,
+            # unless its command is a decoded one (no log bytes: a test's, an old format's),
+            # whose lists a method could change in the meantime
+            calls = [p if type(p[1]) is bytes else pickle.dumps(p, protocol=5)
+                     for p in pending]
+        elif deferred or defer:               # format 5: the deferred objects listed
+            state["format"] = 5
             pickle.dump((state, pending, len(frames), sorted(deferred)), buf, protocol=5)
         else:                                 # as format 4 wrote it, byte for byte
             state["format"] = 4
             pickle.dump((state, pending, len(frames)), buf, protocol=5)
-        if not deferred and not defer:        # as format 4 did: joined at the entry
+        if not deferred and not defer and not apart:   # as format 4 did: joined at the entry
             parts: list[Any] = [buf.getvalue(), *frames.values()]
             self.result = b"".join(parts)        # None (an object left unsaved) fails here
             return
         # deferred (even with no object to save): the frames are joined by the idle slices
         index = self.state.index
         self.deferred.capture = Capture(index, buf.getvalue(), list(frames.values()),
-                                        dict(deferred), keep)
+                                        dict(deferred), keep, calls)
         pending_blob = PendingBlob(index, self._blob_of_capture)
         self.result = pending_blob
 
@@ -245,8 +259,9 @@ class Checkpoints:
         elif state["format"] == 3:          # objects in one list (<= 0141fe9)
             pending = [PendingCall.load(p) for p in loaded[1]]
             objects = loaded[2]
-        elif state["format"] in (4, FORMAT):   # 5: the deferred objects listed too
-            pending = [PendingCall.load(p) for p in loaded[1]]
+        elif state["format"] in (4, 5, FORMAT):   # 5: the deferred objects listed too
+            pending = [PendingCall.load(p) for p in loaded[1]] if state["format"] < 6 else \
+                [PendingCall.load(pickle.load(buf)) for _ in range(loaded[1])]   # 6: apart
             objects = []
             for _ in range(loaded[2]):
                 start = buf.tell()
@@ -269,7 +284,7 @@ class Checkpoints:
         # the sizes a live replica measured when it saved these objects (capture.py): the
         # same measure of the same states, applied by the next checkpoint likewise
         limit = self.config.max_object_bytes
-        for name in (loaded[3] if state["format"] == FORMAT else ()):     # in name order
+        for name in (loaded[3] if state["format"] >= 5 else ()):         # in name order
             rec = st.objects.get(name)
             if rec is not None:
                 self.budget.steps = 0
@@ -357,14 +372,14 @@ class Checkpoints:
         runner.pending = []
         # Every waiting call in block order, as PendingCall.saved() writes it: a restore
         # re-runs them in this order, and so does the loop below for the interrupted ones.
-        pending = [_saved(r) for r in blocked] if not unwind else \
-            [_saved(r) if r.obj in keep else interrupted[r.index].saved()
+        pending = [r.saved_form() for r in blocked] if not unwind else \
+            [r.saved_form() if r.obj in keep else interrupted[r.index].saved()
              for r in blocked if r.obj in keep or r.index in interrupted]
         saving = SAVING.set(True)
         try:
             # drops what cannot be saved: never fails
             deferred = self._save_objects(keep, self.defer and bool(cmd.defer))
-            self._dump(pending, deferred, keep, bool(cmd.defer))
+            self._dump(pending, deferred, keep, bool(cmd.defer), bool(cmd.calls_apart))
             self.index = st.index
         finally:
             SAVING.reset(saving)
@@ -439,12 +454,3 @@ class Checkpoints:
             s.inflight.pop(req.seq, None)
         self.runner.finish_error(req, error)
 
-
-def _saved(r: Request) -> tuple[Any, ...]:
-    """PendingCall.saved() of the waiting call `r`: what a checkpoint writes for it, made once
-    and kept while it waits (Request.saved; its tags changing or a new wait clears it)."""
-    saved = r.saved
-    if saved is None:
-        saved = r.saved = (r.index, r.raw if r.raw is not None else r.cmd, tuple(r.tags),
-                           r.deadline, tuple(r.deadlines))
-    return saved

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 #: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
@@ -34,6 +34,9 @@ _NEW_IN_3 = frozenset({"defer"})
 #: fields added by version 4 (Cancel.more: many cancels in one entry), written only when
 #: set, as version 3's
 _NEW_IN_4 = frozenset({"more"})
+#: fields added by version 5 (Checkpoint.calls_apart: the waiting calls written after the
+#: checkpoint's header, by its capture), written only when set
+_NEW_IN_5 = frozenset({"calls_apart"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -342,9 +345,11 @@ class Tick(Command):
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(Command):
     """Interrupt every waiter, serialize the quiescent state, re-run the waiters (DESIGN §5).
-    `defer`: the standard classes' objects are saved after the entry (kernel/capture.py)."""
+    `defer`: the standard classes' objects are saved after the entry (kernel/capture.py).
+    `calls_apart`: the waiting calls too, one pickle each after the header (format 6)."""
     CODE: ClassVar[int] = 9
     defer: bool = False
+    calls_apart: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,8 +392,11 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
+_FIELDS_V4: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_5) for c, names in _FIELDS.items()
+}
 _FIELDS_V3: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_4) for c, names in _FIELDS.items()
+    c: tuple(n for n in names if n not in _NEW_IN_4) for c, names in _FIELDS_V4.items()
 }
 _FIELDS_V2: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_3) for c, names in _FIELDS_V3.items()
@@ -396,11 +404,12 @@ _FIELDS_V2: dict[type, tuple[str, ...]] = {
 _FIELDS_V1: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
 }
-_BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, FORMAT_VERSION: _FIELDS}
+_BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, 4: _FIELDS_V4,
+               FORMAT_VERSION: _FIELDS}
 #: per command type: (version, its new fields and their defaults), newest first
 _NEWER = {c: tuple((v, {f.name: (f.default if f.default_factory is MISSING
                                  else f.default_factory()) for f in fields(c) if f.name in new})
-                   for v, new in ((4, _NEW_IN_4), (3, _NEW_IN_3)))
+                   for v, new in ((5, _NEW_IN_5), (4, _NEW_IN_4), (3, _NEW_IN_3)))
           for c in COMMANDS.values()}
 
 

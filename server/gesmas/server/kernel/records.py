@@ -306,4 +306,15 @@ class Request:
         self.user = ""             # the user of its session (quotas)
         self.counted: str | None = None    # while it waits: its method, None if it cannot be
         #                                    kept by a checkpoint (Runner.blocked_methods)
-        self.saved: tuple[Any, ...] | None = None   # PendingCall.saved() of it, once asked
+        # PendingCall.saved() of it while it waits (`saved_form`): made when it blocks, so
+        # that a checkpoint does not make 10^5 of them at its entry; cleared when its tags
+        # change (made again when a checkpoint asks)
+        self.saved: tuple[Any, ...] | None = None
+
+    def saved_form(self) -> tuple[Any, ...]:
+        """How a checkpoint writes this call while it waits: PendingCall.saved() of it."""
+        saved = self.saved
+        if saved is None:
+            saved = self.saved = (self.index, self.raw if self.raw is not None else self.cmd,
+                                  tuple(self.tags), self.deadline, tuple(self.deadlines))
+        return saved

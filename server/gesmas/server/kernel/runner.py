@@ -217,8 +217,13 @@ class Runner:
             s.inflight.pop(req.seq, None)
         if outcome is INTERRUPTED:
             assert call and req.cmd is not None   # only waiters are interrupted; calls alone wait
-            # the re-run waits again where it was waiting, until the same deadline
-            self.pending.append(PendingCall(req.index, req.cmd, tuple(req.tags),
+            # the re-run waits again where it was waiting, until the same deadline; with
+            # the command decoded again from its log bytes, as a restored replica re-runs it:
+            # the arguments the method was given are the command's, and it may have changed
+            # them (a list it appended to) before it waited
+            cmd = req.cmd if req.raw is None else codec.decode(req.raw)
+            assert isinstance(cmd, codec.Invoke)
+            self.pending.append(PendingCall(req.index, cmd, tuple(req.tags),
                                             req.deadline, tuple(req.deadlines[-1:]),
                                             req.raw))
             return
@@ -276,6 +281,7 @@ class Runner:
             self.state.within(req.user, "waiters")
         req.deadlines.append(deadline)
         req.saved = None
+        req.saved_form()                     # what a checkpoint writes of it (records.py)
         self.order += 1
         w = Waiter(req, sem, deadline, self.order)
         sem._enqueue(w)
