@@ -208,9 +208,9 @@ class Checkpoints:
         pickle.dump(self.registry.dump(), buf, protocol=5)
         frames = self.state.frames
         state = self.saved_state(per_object=False)
-        calls: list[Any] = []
+        calls: list[Any] = []           # (`deferred` is in name order: _save_objects made it so)
         if apart:       # format 6: the calls pickled by the capture, after this header
-            pickle.dump((state, len(pending), len(frames), sorted(deferred)), buf, protocol=5)
+            pickle.dump((state, len(pending), len(frames), list(deferred)), buf, protocol=5)
             # a saved tuple is pickled whenever the capture comes to it: the same bytes,
             # unless its command is a decoded one (no log bytes: a test's, an old format's),
             # whose lists a method could change in the meantime
@@ -218,7 +218,7 @@ class Checkpoints:
                      for p in pending]
         elif deferred or defer:               # format 5: the deferred objects listed
             state["format"] = 5
-            pickle.dump((state, pending, len(frames), sorted(deferred)), buf, protocol=5)
+            pickle.dump((state, pending, len(frames), list(deferred)), buf, protocol=5)
         else:                                 # as format 4 wrote it, byte for byte
             state["format"] = 4
             pickle.dump((state, pending, len(frames)), buf, protocol=5)
