@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import shutil
@@ -55,7 +56,7 @@ PHASE_LIMIT = 1800.0            # seconds: no phase runs longer
 def scrape(addr: str) -> dict[str, float]:
     try:
         text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
-    except OSError:
+    except (OSError, http.client.HTTPException):     # a replica killed or restarting
         return {}
     out = {}
     for line in text.splitlines():
@@ -244,14 +245,17 @@ def create(cl: LocalCluster, n: int) -> dict[str, Any]:
 
 
 def until_checkpoints(watch: Watch, count: int, limit: float) -> dict[str, Any]:
+    """Produce (the phase's loop) until `count` checkpoints taken after this phase began have
+    been seen on some replica: distinct indexes, not scrapes (a checkpoint is seen once per
+    replica, and the one the last phase took may be seen late)."""
     with watch.lock:
-        have = len(watch.checkpoints)
+        start = max((c["index"] for c in watch.checkpoints), default=0)
+        start = max([start] + [int(v.get("gesmas_checkpoint_index", 0))
+                               for v in watch.last.values()])
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         with watch.lock:
-            nodes = {c["node"] for c in watch.checkpoints[have:]}
-            if len(watch.checkpoints) - have >= count * len(watch.cl.members) or \
-                    (len(watch.checkpoints) - have >= count and len(nodes) == 3):
+            if len({c["index"] for c in watch.checkpoints if c["index"] > start}) >= count:
                 break
         time.sleep(0.2)
     return {}
