@@ -52,14 +52,15 @@ CHUNK = 1 << 20             # bytes of checkpoint per BackupChunk
 _NO_OP = b"\x01"            # pysyncobj's no-op log entry (_COMMAND_TYPE.NO_OP)
 
 
-def capture(kernel: Kernel, index: int) -> tuple[bytes, str]:
+def capture(kernel: Kernel, index: int) -> tuple[bytes, str, int]:
     """On the apply thread, right after the Checkpoint entry at `index` was applied: the
-    checkpoint's bytes and the digest of the state there (what Status with_digest gives)."""
+    checkpoint's bytes, the digest of the state there (what Status with_digest gives) and
+    the format the bytes are in."""
     blob = kernel.checkpoint_blob
-    if kernel.checkpoint_index != index or blob is None:
+    if kernel.checkpoint_index != index or blob is None or kernel.checkpoint_format is None:
         raise RuntimeError(f"the checkpoint at {index} was not taken "
                            f"(last: {kernel.checkpoint_index})")
-    return blob, kernel.checkpoints.digest(volatile=False)
+    return blob, kernel.checkpoints.digest(volatile=False), kernel.checkpoint_format
 
 
 class Backups:
@@ -78,8 +79,9 @@ class Backups:
                 log.exception("backup at log index %d failed", index)
                 self._taken[cmd.tag] = e
 
-    async def take(self, node: Node) -> tuple[int, bytes, str]:
-        """Propose a Checkpoint and wait until it is applied here: (K, checkpoint, digest)."""
+    async def take(self, node: Node) -> tuple[int, bytes, str, int]:
+        """Propose a Checkpoint and wait until it is applied here: (K, checkpoint, digest,
+        the checkpoint's format)."""
         tag = node.new_tag()
         self._taken[tag] = None
         try:
@@ -95,14 +97,16 @@ class Backups:
         if not isinstance(got, tuple):
             raise CallFailed(Error(Code.INTERNAL, f"the backup checkpoint at {index} could "
                                    f"not be captured: {got!r}"))
-        return index, got[0], got[1]
+        return (index, *got)
 
 
-def messages(index: int, blob: bytes, digest: str, members: list[str],
-             node_id: str) -> list[pb.BackupChunk]:
-    """What a Backup stream sends: the info and the first piece, then a piece per message."""
+def messages(index: int, blob: bytes, digest: str, checkpoint_format: int,
+             members: list[str], node_id: str) -> list[pb.BackupChunk]:
+    """What a Backup stream sends: the info and the first piece, then a piece per message.
+    `checkpoint_format`: the blob's own (a backup's Checkpoint writes format 4, which every
+    gesmas since 4 restores), not the newest this gesmas writes."""
     head = backups.header_for(blob, index=index, state_digest=digest,
-                              checkpoint_format=CHECKPOINT_FORMAT, members=sorted(members),
+                              checkpoint_format=checkpoint_format, members=sorted(members),
                               node_id=node_id, created=time.time())
     info = pb.BackupInfo(index=head.index, state_digest=head.state_digest, sha256=head.sha256,
                          size=head.size, checkpoint_format=head.checkpoint_format,

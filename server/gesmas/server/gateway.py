@@ -516,11 +516,11 @@ class Gateway(pb_grpc.GesmasServicer):
         """A checkpoint at a fresh log index K and the digest of the state there, streamed
         (backup.py); the admin permission first. Returns an empty message for _guard."""
         await self._check_admin(context)
-        index, blob, digest = await self.node.backups.take(self.node)
+        index, blob, digest, fmt = await self.node.backups.take(self.node)
         _saw(index)
         st = self.node.status()
-        for chunk in backup.messages(index, blob, digest, [n["node_id"] for n in st["nodes"]],
-                                     st["node_id"]):
+        for chunk in backup.messages(index, blob, digest, fmt,
+                                     [n["node_id"] for n in st["nodes"]], st["node_id"]):
             await context.write(chunk)
         return pb.BackupChunk()
 

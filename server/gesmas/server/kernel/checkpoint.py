@@ -88,6 +88,7 @@ class Checkpoints:
         self.restart = restart
         self.index: int | None = None     # the log index of the last checkpoint taken or loaded
         self.result: bytes | PendingBlob | None = None   # ... and its bytes (`blob`)
+        self.format: int | None = None    # ... and the format they are in (4, 5 or 6 written)
         self.defer = True                 # defer (capture.py) when the Checkpoint asks to
         self.deferred = Deferred(state, runner, lifecycle, self._save_copy, self._measure,
                                  self._captured)
@@ -222,6 +223,7 @@ class Checkpoints:
         else:                                 # as format 4 wrote it, byte for byte
             state["format"] = 4
             pickle.dump((state, pending, len(frames)), buf, protocol=5)
+        self.format = state["format"]
         if not deferred and not defer and not apart:   # as format 4 did: joined at the entry
             parts: list[Any] = [buf.getvalue(), *frames.values()]
             self.result = b"".join(parts)        # None (an object left unsaved) fails here
@@ -280,7 +282,7 @@ class Checkpoints:
             st.usage.add(s.user, "sessions", 1)
         with stack.relative():          # the same height above the pickles as _save_objects
             self._load_objects(objects, owners, sizes)
-        self.index, self.result = st.index, blob
+        self.index, self.result, self.format = st.index, blob, state["format"]
         # the sizes a live replica measured when it saved these objects (capture.py): the
         # same measure of the same states, applied by the next checkpoint likewise
         limit = self.config.max_object_bytes

@@ -441,6 +441,11 @@ class Kernel:
         self.checkpoints.blob = blob
 
     @property
+    def checkpoint_format(self) -> int | None:
+        """The format of the last checkpoint's bytes (checkpoint.FORMAT is the newest)."""
+        return self.checkpoints.format
+
+    @property
     def checkpoint_result(self) -> bytes | PendingBlob | None:
         """The last checkpoint's bytes, or a PendingBlob while its capture is open
         (capture.py): `.done`, and `.result()` on this kernel's thread."""
