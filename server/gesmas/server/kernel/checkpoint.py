@@ -7,15 +7,14 @@ interrupted calls (DESIGN §5). Waiters of the standard classes stay where they 
 restored replica re-runs them, which puts it in the same state. The result is the state that
 unwinding and re-running every waiter in block order gives (what gesmas did before, and what
 a replica of that version still does), block numbers included.
-A checkpoint is two pickles: the registry's sources (classes are re-made from their source,
-never pickled), then (state, waiting calls, number of objects, deferred objects), followed by
-one pickle per object, (name, class, version, state pickle): its *frame*. Format 6 (the
-leader's checkpoints, `Checkpoint.calls_apart`) writes the number of waiting calls in the
-header and each call after it as a pickle of its own, made by the capture (capture.py): a
-waiting call never changes, so it is the same bytes whenever it is made, and the entry pays
-for a list of the calls, not for their pickle. Each object is saved on its own, so
-that one object that cannot be saved is dropped without failing the others. The pickled state
-is a plain dict (`saved_state`), never a part of the kernel.
+A checkpoint is the registry's sources (classes are re-made from their source, never
+pickled), a header with the state, the waiting calls, and one *frame* per object (its state
+pickled on its own, so that one object that cannot be saved is dropped without failing the
+others); blob.py has the layout of each format and reads them back. Format 6 (the leader's
+checkpoints, `Checkpoint.calls_apart`) writes each waiting call after the header as a pickle
+of its own, made by the capture (capture.py): a waiting call never changes, so it is the same
+bytes whenever it is made, and the entry pays for a list of the calls, not for their pickle.
+The pickled state is a plain dict (`saved_state`), never a part of the kernel.
 
 Incremental. A checkpoint pickles only the objects run on, made or removed since the last
 checkpoint taken or loaded (`Runner.changed`); every other object's frame is the one the
@@ -44,6 +43,7 @@ import greenlet
 
 from . import codec, stack
 from .auth import AuthState
+from .blob import FORMAT, pickle_state, read, unpickle_state
 from .budget import Budget
 from .digests import part_bytes, state_digest
 from .capture import Capture, Deferred, PendingBlob, Slot
@@ -54,26 +54,6 @@ from .records import Completion, Config, ObjectRecord, PendingCall, Request, Ses
 from .registry import Registry, safe_str, type_name
 from .runner import Runner
 from .sched import SAVING, Interrupted
-
-FORMAT = 6            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
-#                       5: the deferred objects listed (capture.py), their sizes one late;
-#                       6: the pending calls after the header, one pickle each (capture.py)
-
-
-def pickle_state(registry: Registry, obj: Any) -> bytes:
-    """An object's state as a checkpoint writes it: classes by reference to the registry."""
-    buf = io.BytesIO()
-    p = pickle.Pickler(buf, protocol=5)
-    p.persistent_id = registry.persistent_id  # type: ignore[method-assign]
-    p.dump(obj)
-    return buf.getvalue()
-
-
-def unpickle_state(registry: Registry, data: bytes) -> Any:
-    up = pickle.Unpickler(io.BytesIO(data))
-    up.persistent_load = registry.persistent_load  # type: ignore[method-assign]
-    return up.load()
-
 
 class Checkpoints:
     def __init__(self, state: State, config: Config, registry: Registry, budget: Budget,
@@ -245,32 +225,8 @@ class Checkpoints:
         `blob` (Kernel.restore)."""
         st, registry = self.state, self.registry
         Budget.current = self.budget
-        buf = io.BytesIO(blob)
-        registry.load(pickle.load(buf))
-        up = pickle.Unpickler(buf)          # format 1 pickled instances with references
-        up.persistent_load = registry.persistent_load  # type: ignore[method-assign]
-        loaded = up.load()
-        state = loaded[0]
-        owners, sizes = state.get("owners", {}), state.get("sizes", {})   # format 4: frames
-        objects: list[tuple[Any, ...]]
-        if state["format"] == 1:            # before per-object pickles (gesmas <= d805759)
-            pending = loaded[1]
-            objects = [(n, c, v, inst) for n, c, v, inst in state["objects"]]
-        elif state["format"] == 2:          # pending calls pickled as PendingCall (<= cd0176a)
-            _, pending, objects = loaded
-        elif state["format"] == 3:          # objects in one list (<= 0141fe9)
-            pending = [PendingCall.load(p) for p in loaded[1]]
-            objects = loaded[2]
-        elif state["format"] in (4, 5, FORMAT):   # 5: the deferred objects listed too
-            pending = [PendingCall.load(p) for p in loaded[1]] if state["format"] < 6 else \
-                [PendingCall.load(pickle.load(buf)) for _ in range(loaded[1])]   # 6: apart
-            objects = []
-            for _ in range(loaded[2]):
-                start = buf.tell()
-                name, cname, version, data, owners[name], sizes[name] = pickle.load(buf)
-                objects.append((name, cname, version, data, blob[start:buf.tell()]))
-        else:
-            raise ValueError(f"checkpoint format {state['format']} is not supported")
+        got = read(blob, registry)
+        state = got.state
         st.index, st.now, self.runner.order = state["index"], state["now"], state["order"]
         st.sessions = state["sessions"]
         st.dropped, st.over_limit = state.get("dropped", {}), state.get("over_limit", {})
@@ -281,19 +237,19 @@ class Checkpoints:
         for s in st.sessions.values():
             st.usage.add(s.user, "sessions", 1)
         with stack.relative():          # the same height above the pickles as _save_objects
-            self._load_objects(objects, owners, sizes)
+            self._load_objects(got.objects, got.owners, got.sizes)
         self.index, self.result, self.format = st.index, blob, state["format"]
         # the sizes a live replica measured when it saved these objects (capture.py): the
         # same measure of the same states, applied by the next checkpoint likewise
         limit = self.config.max_object_bytes
-        for name in (loaded[3] if state["format"] >= 5 else ()):         # in name order
+        for name in got.deferred:                                     # in name order
             rec = st.objects.get(name)
             if rec is not None:
                 self.budget.steps = 0
                 self.deferred.sizes_next[name] = (rec, state_size(rec.instance, limit))
         self.deferred.sizes_at = st.index
         self.runner.out = []
-        self._rerun(pending)
+        self._rerun(got.pending)
 
     def _load_objects(self, objects: list[tuple[Any, ...]], owners: dict[str, str],
                       sizes: dict[str, int]) -> None:
