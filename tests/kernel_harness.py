@@ -30,6 +30,7 @@ class H:
         self.encoded = encoded
         self.defer = True                # checkpoint()'s defaults
         self.apart = True
+        self.listed = True
         self.log: list[tuple[int, Command]] = []
         self.results: dict[str, Completion] = {}    # every completion seen, by tag
         self.trace: list[tuple[int, list[Completion]]] = []   # per index, in order
@@ -96,13 +97,16 @@ class H:
         self.ts = max(self.ts, ts)
         return self.apply(Tick(ts=ts))
 
-    def checkpoint(self, defer: bool | None = None, apart: bool | None = None) -> Completion:
+    def checkpoint(self, defer: bool | None = None, apart: bool | None = None,
+                   listed: bool | None = None) -> Completion:
         """A Checkpoint as the leader proposes it: its standard-class objects and its waiting
-        calls saved after it (kernel/capture.py) unless `defer` and `apart` (or the harness's
-        `defer` and `apart`) say otherwise."""
+        calls saved after it, the changed objects found by its capture (kernel/capture.py)
+        unless `defer`, `apart` and `listed` (or the harness's) say otherwise."""
         defer = self.defer if defer is None else defer
         apart = (self.apart and defer) if apart is None else apart
-        return self.run(Checkpoint(ts=self.ts, defer=defer, calls_apart=apart))
+        listed = (self.listed and apart) if listed is None else listed
+        return self.run(Checkpoint(ts=self.ts, defer=defer, calls_apart=apart,
+                                   listed_after=listed))
 
     # -- reading results ----------------------------------------------------------------------
 

@@ -165,6 +165,7 @@ ALL_COMMANDS = [
     Checkpoint(ts=7.0, tag="k"),
     Checkpoint(ts=7.0, tag="k", defer=True),
     Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True),
+    Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True, listed_after=True),
     Query(ts=8.0, tag="q", what="class", arg=["A", 2]),
     Query(ts=8.0, tag="q", what="stats", arg=None),
     Cancel(ts=9.0, tag="x", session=1, seq=2, call_tag="i"),
@@ -176,11 +177,13 @@ ALL_COMMANDS = [
 @pytest.mark.parametrize("cmd", ALL_COMMANDS, ids=lambda c: type(c).__name__)
 def test_codec_round_trip(cmd):
     data = encode(cmd)
-    # version 3, 4 or 5 only for a command that needs their fields: a replica of an earlier
+    # version 3 to 6 only for a command that needs their fields: a replica of an earlier
     # gesmas reads every other command, and stops at a deferred checkpoint (version 3,
-    # codec._NEW_IN_3), a cancel of many calls (version 4, codec._NEW_IN_4) or a checkpoint
-    # that writes its waiting calls apart (version 5, codec._NEW_IN_5)
-    assert data[0] == (5 if getattr(cmd, "calls_apart", False) else
+    # codec._NEW_IN_3), a cancel of many calls (version 4, codec._NEW_IN_4), a checkpoint
+    # that writes its waiting calls apart (version 5, codec._NEW_IN_5) or one that lists
+    # its deferred objects after the frames (version 6, codec._NEW_IN_6)
+    assert data[0] == (6 if getattr(cmd, "listed_after", False) else
+                       5 if getattr(cmd, "calls_apart", False) else
                        4 if getattr(cmd, "more", None) else
                        3 if getattr(cmd, "defer", False) else 2)
     assert codec.is_checkpoint(data) == isinstance(cmd, Checkpoint)
@@ -1293,6 +1296,27 @@ def test_unpicklable_state_drops_the_object_and_the_checkpoint_succeeds():
     assert k.state_digest() == h.kernel.state_digest()
     again = h.call(s, "holder", "drop")
     assert h.results[again].error.message == err.message
+
+
+def test_an_object_made_unsavable_after_a_checkpoint_is_dropped_at_the_next_one():
+    """Saved once, then changed by a call into a state no checkpoint can save: the next
+    checkpoint (as the leader proposes it: its capture finds the changed standard objects
+    itself) drops it at its own index, and still has a blob. An uploaded class's object is
+    never left to the capture, which could not drop it at one index on every replica."""
+    h = H()
+    s = h.open_session()
+    h.register(UNPICKLABLE)
+    h.create("Holder", "holder")
+    h.checkpoint()
+    assert h.kernel.checkpoint_blob is not None
+    h.call(s, "holder", "keep_generator")
+    c = h.checkpoint()
+    assert c.error is None and h.kernel.checkpoint_blob is not None
+    assert "holder" not in h.kernel.objects
+    t = h.call(s, "holder", "drop")
+    err = h.results[t].error
+    assert err is not None and err.code == Code.NOT_FOUND
+    assert f"dropped at log index {c.value}" in err.message, err
 
 
 def test_a_dropped_name_can_be_created_again():

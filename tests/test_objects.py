@@ -1493,12 +1493,15 @@ def test_a_waiter_that_changed_its_arguments_is_re_run_as_a_restored_replica_re_
     assert r.kernel.state_digest() == h.kernel.state_digest()
 
 
-def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_they_are_pickled():
-    """Format 6 (Checkpoint.calls_apart, as the leader proposes it): the header counts the
-    waiting calls and each follows as a pickle of its own, made by the capture's slices
-    (capture.py). Pickled a few at a time after later calls changed the queues, or all at
-    once at the entry, the blob is the same bytes, and a kernel restored from it answers as
-    the live one."""
+@pytest.mark.parametrize("listed", [False, True], ids=["format 6", "format 7"])
+def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_they_are_pickled(
+        listed):
+    """Format 6 (Checkpoint.calls_apart): the header counts the waiting calls and each
+    follows as a pickle of its own, made by the capture's slices (capture.py). Pickled a few
+    at a time after later calls changed the queues, or all at once at the entry, the blob is
+    the same bytes, and a kernel restored from it answers as the live one. Format 7 (and
+    listed_after, as the leader proposes it) the same, with the deferred objects listed after
+    the frames."""
     import io
     import pickle
 
@@ -1506,6 +1509,7 @@ def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_the
 
     def build() -> tuple[OH, list[str], list[int]]:
         h = OH()
+        h.listed = listed
         h.make("Queue", "q")
         h.make("Queue", "other")
         sessions = h.sessions(3)
@@ -1527,11 +1531,14 @@ def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_the
 
     buf = io.BytesIO(eager_blob)
     pickle.load(buf)                                       # the registry
-    state, n_calls, n_frames, deferred = pickle.load(buf)
-    assert state["format"] == FORMAT == 6 and n_calls == 40
+    header = pickle.load(buf)
+    state, n_calls, n_frames = header[:3]
+    assert state["format"] == (7 if listed else 6) and FORMAT == 7 and n_calls == 40
     calls = [pickle.load(buf) for _ in range(n_calls)]
     assert all(type(c[1]) is bytes for c in calls)         # the command's log bytes
     assert [pickle.load(buf)[0] for _ in range(n_frames)] == list(eager.kernel.objects)
+    deferred = pickle.load(buf) if listed else header[3]
+    assert deferred == ["other", "q"]                       # made since: in name order
     assert buf.read() == b""
 
     r = eager.restored()
@@ -1541,6 +1548,67 @@ def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_the
             k.ok(sessions[0], "q", "produce", i)
         assert [k.value(t) for t in waits] == list(range(40))
     assert r.kernel.state_digest() == eager.kernel.state_digest()
+
+
+def test_a_format_7_capture_finds_the_objects_of_its_index_whatever_happens_after_it():
+    """Format 7 (Checkpoint.listed_after): the entry hands the capture the set of changed
+    names as it is, names of objects removed before the checkpoint included. Whatever runs
+    before the capture comes to an object (an object of K changed, removed, or a name
+    removed before K made again after it), its blob is the bytes of a capture finished at
+    the entry, it lists exactly the standard objects of K changed since the last
+    checkpoint, and a kernel restored from it goes on as the live one."""
+    import io
+    import pickle
+
+    from gesmas.server.kernel import DeleteObject
+
+    def build() -> tuple[OH, list[int]]:
+        h = OH()
+        ss = h.sessions(2)
+        for name in ("gone", "kept", "later", "still", "twice"):
+            h.make("Counter", name)
+        for _ in range(2):                         # the second one saves their first sizes
+            h.checkpoint()
+            h.kernel.checkpoint_blob               # all saved: none of them new at K
+        for name in ("gone", "kept", "twice"):
+            h.ok(ss[0], name, "add", 5)
+        h.make("Counter", "new")
+        h.run(DeleteObject(ts=h.ts, tag=h.tag(), name="twice"))   # changed, then removed
+        h.checkpoint()
+        return h, ss
+
+    def after(h: OH, ss: list[int]) -> None:
+        h.run(DeleteObject(ts=h.ts, tag=h.tag(), name="gone"))    # an object of K removed
+        h.make("Counter", "twice", 40)              # a name removed before K made again
+        h.ok(ss[1], "twice", "add", 2)
+        h.ok(ss[1], "kept", "add", 1)               # an object of K changed again
+        h.ok(ss[1], "still", "add", 1)              # unchanged before K, changed after
+
+    eager, ss = build()
+    blob = eager.kernel.checkpoint_blob             # finished at the entry
+    r = eager.restored()
+    late, _ = build()
+    cap = late.kernel.checkpoints.capture
+    assert cap is not None and cap.listed and cap.unsaved >= {"gone", "kept", "twice"}
+    for h in (eager, r, late):
+        after(h, ss)
+    assert late.kernel.checkpoint_blob == blob
+
+    buf = io.BytesIO(blob)
+    pickle.load(buf)
+    state, n_calls, n_frames = pickle.load(buf)
+    assert state["format"] == 7 and n_calls == 0
+    frames = [pickle.load(buf) for _ in range(n_frames)]
+    assert [f[0] for f in frames] == ["gone", "kept", "later", "still", "new"]
+    assert pickle.load(buf) == ["gone", "kept", "new"]  # changed since the last, in name order
+    assert buf.read() == b""
+
+    for h in (eager, r, late):
+        assert h.ok(ss[0], "kept", "get") == 6 and h.ok(ss[0], "twice", "get") == 42
+        h.checkpoint()
+    assert late.kernel.checkpoint_blob == eager.kernel.checkpoint_blob == \
+        r.kernel.checkpoint_blob
+    assert late.kernel.state_digest() == eager.kernel.state_digest() == r.kernel.state_digest()
 
 
 def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restore(

@@ -163,8 +163,10 @@ class LeaderDuties:
         if (self.applied_index - self._checkpoint_index >= self.checkpoint_every
                 and now - self._checkpoint_proposed > PROPOSE_RETRY):
             self._checkpoint_proposed = now
-            # objects and waiting calls saved after the entry (kernel/capture.py)
-            out.append(codec.Checkpoint(ts=wall, defer=True, calls_apart=True))
+            # objects and waiting calls saved after the entry, the changed objects found
+            # by the capture (kernel/capture.py)
+            out.append(codec.Checkpoint(ts=wall, defer=True, calls_apart=True,
+                                        listed_after=True))
         if not self._has_standard and now - self._standard_proposed > PROPOSE_RETRY:
             self._standard_proposed = now
             out.extend(codec.RegisterClass(ts=wall, source=source, user=SYSTEM)

@@ -4,7 +4,8 @@ gesmas has written is read back (checkpoint.py writes them and restores what thi
 Layout (format 4 on): the registry's sources, pickled; a header (state, waiting calls,
 number of objects[, deferred objects]); one frame per object, (name, class, version, state
 pickle, owner, size). Format 6 writes the number of waiting calls in the header and each
-call after it as a pickle of its own (capture.py). Formats 1 to 3 are read for backups and
+call after it as a pickle of its own (capture.py); format 7 lists the deferred objects after
+the frames instead of in the header, so that its header holds nothing per object. Formats 1 to 3 are read for backups and
 data dirs of older gesmas.
 """
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 from .records import PendingCall
 from .registry import Registry
 
-FORMAT = 6            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
+FORMAT = 7            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
 #                       5: the deferred objects listed (capture.py), their sizes one late;
-#                       6: the pending calls after the header, one pickle each (capture.py)
+#                       6: the pending calls after the header, one pickle each (capture.py);
+#                       7: the deferred objects listed after the frames (ListedCapture)
 
 
 def pickle_state(registry: Registry, obj: Any) -> bytes:
@@ -72,7 +74,7 @@ def read(blob: bytes, registry: Registry) -> Read:
     elif fmt == 3:                      # objects in one list (<= 0141fe9)
         pending = [PendingCall.load(p) for p in loaded[1]]
         objects = loaded[2]
-    elif fmt in (4, 5, 6):              # 5: the deferred objects listed too; 6: calls apart
+    elif fmt in (4, 5, 6, 7):           # 5: the deferred objects listed too; 6: calls apart
         pending = [PendingCall.load(p) for p in loaded[1]] if fmt < 6 else \
             [PendingCall.load(pickle.load(buf)) for _ in range(loaded[1])]
         objects = []
@@ -82,4 +84,5 @@ def read(blob: bytes, registry: Registry) -> Read:
             objects.append((name, cname, version, data, blob[start:buf.tell()]))
     else:
         raise ValueError(f"checkpoint format {fmt} is not supported")
-    return Read(state, pending, objects, owners, sizes, loaded[3] if fmt >= 5 else [])
+    deferred = pickle.load(buf) if fmt == 7 else loaded[3] if fmt >= 5 else []
+    return Read(state, pending, objects, owners, sizes, deferred)

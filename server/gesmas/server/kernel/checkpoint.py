@@ -14,6 +14,10 @@ others); blob.py has the layout of each format and reads them back. Format 6 (th
 checkpoints, `Checkpoint.calls_apart`) writes each waiting call after the header as a pickle
 of its own, made by the capture (capture.py): a waiting call never changes, so it is the same
 bytes whenever it is made, and the entry pays for a list of the calls, not for their pickle.
+Format 7 (`Checkpoint.listed_after`, the leader's since) also hands the capture the set of
+changed objects as it is, and the table of frames itself (capture.ListedCapture): the entry
+saves only the uploaded classes' changed objects, which may have to be dropped at K, and does
+nothing per standard-class object; the deferred objects are listed after the frames.
 The pickled state is a plain dict (`saved_state`), never a part of the kernel.
 
 Incremental. A checkpoint pickles only the objects run on, made or removed since the last
@@ -24,8 +28,9 @@ C), not a pickle, a load and a measure of every object (2.3 s at 10^5 Counters b
 bytes are those a checkpoint of everything would write: an unchanged object's instance is
 exactly what loading its frame gives, on a live replica and on one restored from that frame
 alike. (Pickling such a copy again could give other bytes: a set rebuilt by loading can
-iterate in another order.) The changed objects are saved in name order, so objects dropped or
-measured over the limit on the way are recorded in the same order everywhere.
+iterate in another order.) The changed objects saved at the entry are saved in name order,
+so objects dropped or measured over the limit on the way are recorded in the same order
+everywhere (`Runner.changed_uploaded` names those of uploaded classes).
 
 Interface: `Checkpoints(state, config, registry, budget, runner, lifecycle, restart)`; the
 kernel hands it `Checkpoint` commands (`take`), a fresh kernel's `load(blob)` restores one,
@@ -46,7 +51,7 @@ from .auth import AuthState
 from .blob import FORMAT, pickle_state, read, unpickle_state
 from .budget import Budget
 from .digests import part_bytes, state_digest
-from .capture import Capture, Deferred, PendingBlob, Slot
+from .capture import Capture, Deferred, ListedCapture, PendingBlob, Slot
 from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
 from .measure import state_size
@@ -73,6 +78,7 @@ class Checkpoints:
         self.deferred = Deferred(state, runner, lifecycle, self._save_copy, self._measure,
                                  self._captured)
         runner.seal = self.deferred.seal
+        runner.made, runner.removed = self.deferred.made, self.deferred.removed
 
     @property
     def blob(self) -> bytes | None:
@@ -131,7 +137,8 @@ class Checkpoints:
             state["sizes"] = {n: r.size for n, r in st.objects.items() if r.size}
         return state
 
-    def _save_objects(self, keep: set[str], defer: bool) -> dict[str, Slot]:
+    def _save_objects(self, keep: set[str], defer: bool,
+                      listed: bool = False) -> dict[str, Slot] | set[str]:
         """Save each object changed since the last checkpoint (module docstring): its state
         pickled on its own and loaded back once, as a restore would, its frame kept in
         `State.frames`. An object whose state cannot be saved or loaded (a generator, a
@@ -146,22 +153,33 @@ class Checkpoints:
         the original: a set rebuilt by unpickling has a fresh table, so after discards its
         iteration order can differ from the live set's ([2, 9] live, [9, 2] restored), and
         values equal but apart in one become one shared value in the other. From here on
-        every replica iterates the copy."""
-        with stack.relative():
-            return self._save_objects_here(keep, defer)
+        every replica iterates the copy.
 
-    def _save_objects_here(self, keep: set[str], defer: bool) -> dict[str, Slot]:
-        st, frames, changed = self.state, self.state.frames, self.runner.changed
+        `listed` (format 7): only the objects of uploaded classes are saved here, in name
+        order; the set of changed objects, less those, is returned as it is for the capture
+        to find its objects in (capture.ListedCapture), and nothing is done per object of
+        a standard class."""
+        with stack.relative():
+            return self._save_objects_here(keep, defer, listed)
+
+    def _save_objects_here(self, keep: set[str], defer: bool,
+                           listed: bool) -> dict[str, Slot] | set[str]:
+        runner = self.runner
+        st, frames, changed = self.state, self.state.frames, runner.changed
         deferred: dict[str, Slot] = {}
         reserved = self.config.reserved_classes if defer else frozenset()
-        for name in sorted(changed):
+        for name in sorted(runner.changed_uploaded if listed else changed):
             rec = st.objects.get(name)
             if rec is None:
                 continue
             if rec.cls.name in reserved:
+                if listed:
+                    continue                     # left to the capture
                 rec.steps = 0
                 deferred[name] = frames[name] = Slot()
                 continue
+            if listed:
+                changed.discard(name)
             self.budget.steps = 0
             try:
                 data = pickle_state(self.registry, rec.instance)
@@ -177,10 +195,14 @@ class Checkpoints:
             self.lifecycle.measure(rec)
             frames[name] = pickle.dumps((name, rec.cls.name, rec.cls.version, data, rec.owner,
                                          rec.size), protocol=5)
+        runner.changed_uploaded = set()
+        if listed:
+            runner.changed = set()
+            return changed
         changed.clear()
         return deferred
 
-    def _dump(self, pending: list[tuple[Any, ...]], deferred: dict[str, Slot],
+    def _dump(self, pending: list[tuple[Any, ...]], deferred: dict[str, Slot] | set[str],
               keep: set[str], defer: bool, apart: bool) -> None:
         """Write the checkpoint of this index: at once, or through a capture if objects are
         deferred or the calls written apart. `pending`: PendingCall.saved() tuples, in the
@@ -190,8 +212,13 @@ class Checkpoints:
         frames = self.state.frames
         state = self.saved_state(per_object=False)
         calls: list[Any] = []           # (`deferred` is in name order: _save_objects made it so)
-        if apart:       # format 6: the calls pickled by the capture, after this header
+        listed = type(deferred) is set
+        if listed:      # format 7: as 6, and the deferred objects listed after the frames
+            pickle.dump((state, len(pending), len(frames)), buf, protocol=5)
+        elif apart:     # format 6: the calls pickled by the capture, after this header
+            state["format"] = 6
             pickle.dump((state, len(pending), len(frames), list(deferred)), buf, protocol=5)
+        if apart:
             # a saved tuple is pickled whenever the capture comes to it: the same bytes,
             # unless its command is a decoded one (no log bytes: a test's, an old format's),
             # whose lists a method could change in the meantime
@@ -210,8 +237,14 @@ class Checkpoints:
             return
         # deferred (even with no object to save): the frames are joined by the idle slices
         index = self.state.index
-        self.deferred.capture = Capture(index, buf.getvalue(), list(frames.values()),
-                                        dict(deferred), keep, calls)
+        if listed:
+            assert isinstance(deferred, set)
+            self.deferred.capture = ListedCapture(index, buf.getvalue(), frames, deferred,
+                                                  keep, calls)
+        else:
+            assert isinstance(deferred, dict)
+            self.deferred.capture = Capture(index, buf.getvalue(), list(frames.values()),
+                                            dict(deferred), keep, calls)
         pending_blob = PendingBlob(index, self._blob_of_capture)
         self.result = pending_blob
 
@@ -272,6 +305,7 @@ class Checkpoints:
                 st.frames[name] = frame[0] if frame else None
                 if not frame:                            # format 1: saved at the next one
                     self.runner.changed.add(name)
+                    self.runner.changed_uploaded.add(name)
                 rec.size = size
                 st.usage.add(owner, "objects", 1)
                 st.usage.add(owner, "state_bytes", size)
@@ -336,7 +370,9 @@ class Checkpoints:
         saving = SAVING.set(True)
         try:
             # drops what cannot be saved: never fails
-            deferred = self._save_objects(keep, self.defer and bool(cmd.defer))
+            defer = self.defer and bool(cmd.defer)
+            deferred = self._save_objects(keep, defer,
+                                          defer and bool(cmd.calls_apart and cmd.listed_after))
             self._dump(pending, deferred, keep, bool(cmd.defer), bool(cmd.calls_apart))
             self.index = st.index
         finally:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 #: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
@@ -37,6 +37,10 @@ _NEW_IN_4 = frozenset({"more"})
 #: fields added by version 5 (Checkpoint.calls_apart: the waiting calls written after the
 #: checkpoint's header, by its capture), written only when set
 _NEW_IN_5 = frozenset({"calls_apart"})
+#: fields added by version 6 (Checkpoint.listed_after: the capture finds the objects changed
+#: since the last checkpoint itself, and lists the deferred ones after the frames), written
+#: only when set
+_NEW_IN_6 = frozenset({"listed_after"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -346,10 +350,13 @@ class Tick(Command):
 class Checkpoint(Command):
     """Interrupt every waiter, serialize the quiescent state, re-run the waiters (DESIGN §5).
     `defer`: the standard classes' objects are saved after the entry (kernel/capture.py).
-    `calls_apart`: the waiting calls too, one pickle each after the header (format 6)."""
+    `calls_apart`: the waiting calls too, one pickle each after the header (format 6).
+    `listed_after`: and the entry hands the set of changed objects to the capture as it is,
+    which lists the deferred ones after the frames (format 7; needs `calls_apart`)."""
     CODE: ClassVar[int] = 9
     defer: bool = False
     calls_apart: bool = False
+    listed_after: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,8 +399,11 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
+_FIELDS_V5: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_6) for c, names in _FIELDS.items()
+}
 _FIELDS_V4: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_5) for c, names in _FIELDS.items()
+    c: tuple(n for n in names if n not in _NEW_IN_5) for c, names in _FIELDS_V5.items()
 }
 _FIELDS_V3: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_4) for c, names in _FIELDS_V4.items()
@@ -404,12 +414,13 @@ _FIELDS_V2: dict[type, tuple[str, ...]] = {
 _FIELDS_V1: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
 }
-_BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, 4: _FIELDS_V4,
+_BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, 4: _FIELDS_V4, 5: _FIELDS_V5,
                FORMAT_VERSION: _FIELDS}
 #: per command type: (version, its new fields and their defaults), newest first
 _NEWER = {c: tuple((v, {f.name: (f.default if f.default_factory is MISSING
                                  else f.default_factory()) for f in fields(c) if f.name in new})
-                   for v, new in ((5, _NEW_IN_5), (4, _NEW_IN_4), (3, _NEW_IN_3)))
+                   for v, new in ((6, _NEW_IN_6), (5, _NEW_IN_5), (4, _NEW_IN_4),
+                                  (3, _NEW_IN_3)))
           for c in COMMANDS.values()}
 
 

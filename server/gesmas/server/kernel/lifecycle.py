@@ -115,9 +115,11 @@ class Lifecycle:
         if error is not None:
             raise KernelError(error.code, error.message, error.type)
         rec = self.state.objects[name] = ObjectRecord(name, cls, made[0], user)
-        self.state.frames[name] = None       # saved by the next checkpoint
+        self.runner.made(name)               # no frame: saved by the next checkpoint
         self.runner.touched.add(name)
         self.runner.changed.add(name)
+        if cls.name not in self.config.reserved_classes:
+            self.runner.changed_uploaded.add(name)
         self.state.usage.add(user, "objects", 1)
         self.state.dropped.pop(name, None)
         return rec
@@ -209,7 +211,7 @@ class Lifecycle:
         st = self.state
         self.runner.seal(name)              # an open checkpoint capture saves it first
         rec = st.objects.pop(name, None)    # a restore drops objects it never added
-        st.frames.pop(name, None)
+        self.runner.removed(name)           # its frame (capture.py)
         self.runner.touched.add(name)
         self.runner.changed.add(name)
         st.over_limit.pop(name, None)

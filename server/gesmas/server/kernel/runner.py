@@ -75,10 +75,17 @@ class Runner:
         self.topics: dict[str, list[str] | None] = {}
         self.changed: set[str] = set()   # objects run on, made or removed since the last
         #                                  checkpoint taken or loaded (checkpoint.py)
+        # ... those of them of uploaded classes (or of a class not known when marked): a
+        # checkpoint saves these at its index, and may leave the others to its capture
+        self.changed_uploaded: set[str] = set()
         self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None
         # saves an object for an open checkpoint capture before code runs on it (capture.py;
         # set by Checkpoints): seal(name, running)
         self.seal: Callable[..., None] = lambda name, running=False: None
+        # ... and keeps the table of frames (State.frames) as objects are made and removed
+        # (capture.py: a capture may hold it as it was at its checkpoint)
+        self.made: Callable[[str], None] = lambda name: state.frames.__setitem__(name, None)
+        self.removed: Callable[[str], None] = lambda name: state.frames.pop(name, None)
 
     # -- the log's position and time (sched.Host) -----------------------------------------------
 
@@ -202,6 +209,8 @@ class Runner:
         self.touched.add(req.obj)
         self.changed.add(req.obj)
         if rec is not None:
+            if rec.cls.name not in self.config.reserved_classes:
+                self.changed_uploaded.add(req.obj)
             rec.runs += 1
             rec.steps += self.budget.steps
             if rec.steps > self.measure_every:
