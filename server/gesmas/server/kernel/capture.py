@@ -373,7 +373,8 @@ class Deferred:
                     limit -= 1
         if cap.slots:
             return True
-        if cap.listed and not cap.deferred and cap.saved and not cap.failed:
+        if isinstance(cap, ListedCapture) and not cap.deferred and cap.saved and \
+                not cap.failed:
             cap.close()                  # sorts the saved names: a slice of its own
             return True
         if not cap.failed and limit > 0 and cap.join_some(JOIN_SLICE):
@@ -400,7 +401,7 @@ class Deferred:
     def _close(self) -> None:
         cap, self.capture = self.capture, None
         assert cap is not None
-        if not cap.listed or not cap.deferred:
+        if not isinstance(cap, ListedCapture) or not cap.deferred:
             cap.close()
         try:
             blob = cap.assemble()
