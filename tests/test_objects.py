@@ -1537,7 +1537,7 @@ def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_the
     calls = [pickle.load(buf) for _ in range(n_calls)]
     assert all(type(c[1]) is bytes for c in calls)         # the command's log bytes
     assert [pickle.load(buf)[0] for _ in range(n_frames)] == list(eager.kernel.objects)
-    deferred = pickle.load(buf) if listed else header[3]
+    deferred = pickle.load(buf)[0] if listed else header[3]
     assert deferred == ["other", "q"]                       # made since: in name order
     assert buf.read() == b""
 
@@ -1567,9 +1567,11 @@ def test_a_format_7_capture_finds_the_objects_of_its_index_whatever_happens_afte
         ss = h.sessions(2)
         for name in ("gone", "kept", "later", "still", "twice"):
             h.make("Counter", name)
-        for _ in range(2):                         # the second one saves their first sizes
+        for _ in range(3):     # the entry after the second applies their first sizes
             h.checkpoint()
-            h.kernel.checkpoint_blob               # all saved: none of them new at K
+            h.kernel.checkpoint_blob
+            h.apply(Tick(ts=h.ts))
+        # all saved with their sizes: none of them is changed at K but by what follows
         for name in ("gone", "kept", "twice"):
             h.ok(ss[0], name, "add", 5)
         h.make("Counter", "new")
@@ -1600,7 +1602,10 @@ def test_a_format_7_capture_finds_the_objects_of_its_index_whatever_happens_afte
     assert state["format"] == 7 and n_calls == 0
     frames = [pickle.load(buf) for _ in range(n_frames)]
     assert [f[0] for f in frames] == ["gone", "kept", "later", "still", "new"]
-    assert pickle.load(buf) == ["gone", "kept", "new"]  # changed since the last, in name order
+    deferred, sizes = pickle.load(buf)
+    assert deferred == ["gone", "kept", "new"]           # changed since the last, in name order
+    # the sizes the capture before measured, applied after K: not the removed one's
+    assert [n for n, _ in sizes] == ["gone", "kept", "later", "still"]
     assert buf.read() == b""
 
     for h in (eager, r, late):
@@ -1609,6 +1614,74 @@ def test_a_format_7_capture_finds_the_objects_of_its_index_whatever_happens_afte
     assert late.kernel.checkpoint_blob == eager.kernel.checkpoint_blob == \
         r.kernel.checkpoint_blob
     assert late.kernel.state_digest() == eager.kernel.state_digest() == r.kernel.state_digest()
+
+
+def test_a_format_7_checkpoint_applies_the_sizes_measured_before_it_after_its_entry(
+        monkeypatch):
+    """The sizes the capture before measured (capture.py: one checkpoint late) are applied
+    after a format-7 checkpoint's entry, a few at the start of each entry, in name order;
+    the blob lists them, so a kernel restored from it applies the same sizes at the same
+    entries: the same quota use and sizes after every entry. A size of an object removed or
+    measured again since is not applied."""
+    import io
+    import pickle
+
+    from gesmas.server.kernel import DeleteObject
+    from gesmas.server.kernel import kernel as kernel_module
+    monkeypatch.setattr(kernel_module, "SIZES_PER_ENTRY", 2)
+
+    h = OH()
+    s, = h.sessions(1)
+    names = [f"c{i}" for i in range(7)]
+    for i, name in enumerate(names):
+        h.make("Queue", name)
+        h.ok(s, name, "produce", "x" * (100 * i))   # states of different sizes
+    h.checkpoint()
+    h.kernel.checkpoint_blob                       # measured: applied after the next one
+    before = h.kernel.usage.get("", "state_bytes")
+    k2 = h.checkpoint().value
+    assert h.kernel.usage.get("", "state_bytes") == before       # not at the entry
+    blob = h.kernel.checkpoint_blob
+    buf = io.BytesIO(blob)
+    pickle.load(buf)
+    _, _, n_frames = pickle.load(buf)
+    for _ in range(n_frames):
+        pickle.load(buf)
+    deferred, sizes = pickle.load(buf)
+    assert [n for n, _ in sizes] == names and all(size > 0 for _, size in sizes)
+    r = h.restored()
+    assert r.kernel.index == k2
+
+    def state(k: OH) -> tuple[int, dict[str, int]]:
+        return (k.kernel.usage.get("", "state_bytes"),
+                {n: rec.size for n, rec in k.kernel.state.objects.items()})
+
+    seen = []
+    for k in (h, r):
+        k.kernel.runner.measure_every = -1           # every call measures its object again
+        k.run(DeleteObject(ts=k.ts, tag=k.tag(), name="c3"))   # removed before its turn
+        steps = [state(k)]
+        k.ok(s, "c5", "produce", "y" * 5000)        # measured again before its turn
+        steps.append(state(k))
+        for i in range(3):
+            k.ok(s, "c0", "produce", i)
+            steps.append(state(k))
+        seen.append(steps)
+    assert seen[0] == seen[1]
+    live = seen[0]
+    # two at the start of each entry after it: c0 and c1 at the delete's, then c2 (and c3,
+    # removed: not applied), then c4 (and c5, measured since: not applied), then c6
+    assert live[0][1]["c1"] > 0 and live[0][1]["c2"] == 0
+    assert live[1][1]["c2"] > 0 and live[1][1]["c4"] == 0
+    assert live[2][1]["c4"] > 0 and live[2][1]["c6"] == 0
+    assert live[3][1]["c6"] == dict(sizes)["c6"]
+    assert live[-1][1]["c5"] > dict(sizes)["c5"]     # its own measure, not the older one
+    assert "c3" not in live[-1][1]
+    assert live[-1][0] == sum(live[-1][1].values())
+    for k in (h, r):
+        k.checkpoint()
+    assert h.kernel.checkpoint_blob == r.kernel.checkpoint_blob
+    assert h.kernel.state_digest() == r.kernel.state_digest()
 
 
 def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restore(

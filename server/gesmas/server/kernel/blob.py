@@ -21,7 +21,8 @@ from .registry import Registry
 FORMAT = 7            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
 #                       5: the deferred objects listed (capture.py), their sizes one late;
 #                       6: the pending calls after the header, one pickle each (capture.py);
-#                       7: the deferred objects listed after the frames (ListedCapture)
+#                       7: the deferred objects listed after the frames (ListedCapture),
+#                          with the sizes still to apply after it
 
 
 def pickle_state(registry: Registry, obj: Any) -> bytes:
@@ -52,6 +53,7 @@ class Read:
     owners: dict[str, str]
     sizes: dict[str, int]
     deferred: list[str]
+    pending_sizes: list[tuple[str, int]]   # format 7: sizes applied after it (capture.py)
 
 
 def read(blob: bytes, registry: Registry) -> Read:
@@ -84,5 +86,9 @@ def read(blob: bytes, registry: Registry) -> Read:
             objects.append((name, cname, version, data, blob[start:buf.tell()]))
     else:
         raise ValueError(f"checkpoint format {fmt} is not supported")
-    deferred = pickle.load(buf) if fmt == 7 else loaded[3] if fmt >= 5 else []
-    return Read(state, pending, objects, owners, sizes, deferred)
+    pending_sizes: list[tuple[str, int]] = []
+    if fmt == 7:
+        deferred, pending_sizes = pickle.load(buf)
+    else:
+        deferred = loaded[3] if fmt >= 5 else []
+    return Read(state, pending, objects, owners, sizes, deferred, pending_sizes)

@@ -79,6 +79,7 @@ class Checkpoints:
                                  self._captured)
         runner.seal = self.deferred.seal
         runner.made, runner.removed = self.deferred.made, self.deferred.removed
+        runner.measured = self.deferred.measured
 
     @property
     def blob(self) -> bytes | None:
@@ -239,8 +240,9 @@ class Checkpoints:
         index = self.state.index
         if listed:
             assert isinstance(deferred, set)
-            self.deferred.capture = ListedCapture(index, buf.getvalue(), frames, deferred,
-                                                  keep, calls)
+            cap = ListedCapture(index, buf.getvalue(), frames, deferred, keep, calls)
+            cap.pending = self.deferred.applying     # not changed after this entry
+            self.deferred.capture = cap
         else:
             assert isinstance(deferred, dict)
             self.deferred.capture = Capture(index, buf.getvalue(), list(frames.values()),
@@ -281,6 +283,7 @@ class Checkpoints:
                 self.budget.steps = 0
                 self.deferred.sizes_next[name] = (rec, state_size(rec.instance, limit))
         self.deferred.sizes_at = st.index
+        self.deferred.restore_sizes(got.pending_sizes)
         self.runner.out = []
         self._rerun(got.pending)
 
@@ -347,7 +350,12 @@ class Checkpoints:
     def take(self, cmd: codec.Checkpoint) -> None:
         st, runner = self.state, self.runner
         self.finish()                        # the last checkpoint's capture, if still open
-        self.deferred.apply_sizes()          # what it measured (capture.py)
+        listed = bool(cmd.defer and cmd.calls_apart and cmd.listed_after) and self.defer
+        if listed:
+            self.deferred.take_sizes()       # what it measured: applied after this entry
+        else:
+            self.deferred.apply_some(None)   # (after a format-7 checkpoint)
+            self.deferred.apply_sizes()      # what it measured (capture.py)
         blocked = runner.blocked()
         keep = self._kept_objects()
         unwind = [] if len(keep) == len(runner.blocked_methods) else \
@@ -371,8 +379,7 @@ class Checkpoints:
         try:
             # drops what cannot be saved: never fails
             defer = self.defer and bool(cmd.defer)
-            deferred = self._save_objects(keep, defer,
-                                          defer and bool(cmd.calls_apart and cmd.listed_after))
+            deferred = self._save_objects(keep, defer, listed)
             self._dump(pending, deferred, keep, bool(cmd.defer), bool(cmd.calls_apart))
             self.index = st.index
         finally:

@@ -45,7 +45,7 @@ from typing import Any, Callable
 from . import codec, stack
 from .auth import AuthState, Usage
 from .budget import Budget
-from .capture import PendingBlob
+from .capture import SIZES_PER_ENTRY, PendingBlob
 from .checkpoint import Checkpoints
 from .codec import Command
 from .errors import Code, Error, KernelError
@@ -80,6 +80,7 @@ class Kernel:
                                                keeper)
         self.checkpoints = Checkpoints(state, config, self.registry, budget, runner, lifecycle,
                                        self._restart)
+        self._sizes = self.checkpoints.deferred
         self.queries = Queries(state, self.registry, runner, self.checkpoints)
         self.readers = Readers(state, config, self.registry, budget)
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -178,6 +179,8 @@ class Kernel:
 
     def _apply(self, cmd: Command) -> None:
         st, runner = self.state, self.runner
+        if self._sizes._next is not None:   # after a format-7 checkpoint (capture.py)
+            self._sizes.apply_some(SIZES_PER_ENTRY)
         ts = cmd.ts
         if type(ts) in (int, float) and st.now < ts < 1e15:    # not NaN, not infinite
             st.now = ts

@@ -188,8 +188,11 @@ class Lifecycle:
             size = limit + 1
         self.set_size(rec, size)
 
-    def set_size(self, rec: ObjectRecord, size: int) -> None:
-        """`rec`'s state measures `size` (now, or when a checkpoint saved it: capture.py)."""
+    def set_size(self, rec: ObjectRecord, size: int, again: bool = True) -> None:
+        """`rec`'s state measures `size` (now, or when a checkpoint saved it: capture.py).
+        `again`: measured now, so a size measured before is not to be applied."""
+        if again:
+            self.runner.measured(rec.name)
         self.state.usage.add(rec.owner, "state_bytes", size - rec.size)
         rec.size = size
         rec.measured_at = self.state.index

@@ -86,6 +86,8 @@ class Runner:
         # (capture.py: a capture may hold it as it was at its checkpoint)
         self.made: Callable[[str], None] = lambda name: state.frames.__setitem__(name, None)
         self.removed: Callable[[str], None] = lambda name: state.frames.pop(name, None)
+        # ... and is told of an object measured again (capture.py: Deferred.measured)
+        self.measured: Callable[[str], None] = lambda name: None
 
     # -- the log's position and time (sched.Host) -----------------------------------------------
 
