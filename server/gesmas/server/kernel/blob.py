@@ -87,8 +87,12 @@ def read(blob: bytes, registry: Registry) -> Read:
     else:
         raise ValueError(f"checkpoint format {fmt} is not supported")
     pending_sizes: list[tuple[str, int]] = []
-    if fmt == 7:
-        deferred, pending_sizes = pickle.load(buf)
+    if fmt == 7:                        # lists until an empty one: names, then sizes
+        deferred = []
+        while part := pickle.load(buf):
+            deferred.extend(part)
+        while part := pickle.load(buf):
+            pending_sizes.extend(tuple(x) for x in part)
     else:
         deferred = loaded[3] if fmt >= 5 else []
     return Read(state, pending, objects, owners, sizes, deferred, pending_sizes)

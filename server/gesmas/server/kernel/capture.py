@@ -47,7 +47,7 @@ import io
 import itertools
 import logging
 import pickle
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import stack
 
@@ -181,8 +181,11 @@ class ListedCapture(Capture):
         then (`added`), as if each had happened at its moment. So once every object is
         saved, the table's frames are the checkpoint's, and the idle slices join them
         straight from it;
-      * the deferred objects' names, in name order, follow the frames (a restore measures
-        them, as for formats 5 and 6); they and the sizes are sorted once all are saved.
+      * the deferred objects' names follow the frames (a restore measures them, as for
+        formats 5 and 6), in the table's order, which a restored replica's table has too
+        (no sort), gathered as the frames are joined; so do the sizes still to apply at K
+        (`take_sizes`), and the sizes this capture measured are applied in that order.
+        The parts after the frames are lists pickled one at a time by the idle slices.
 
     So the entry costs neither a slot per changed object in name order (~3.5 us each at
     40,000) nor a copy of the frames (~0.1 us a frame, every frame touched)."""
@@ -197,10 +200,12 @@ class ListedCapture(Capture):
         self.unsaved: set[str] = unsaved
         self.todo = list(unsaved)     # the idle slices' order: any (the bytes do not depend)
         self.saved: dict[str, Slot] = {}
-        self.deferred: list[str] = []  # the saved names in name order, once all are saved
+        self.deferred: list[str] = []  # the saved names in the table's order (the join)
         self.removed: list[str] = []   # objects of K removed since, to leave the table
         self.added: dict[str, None] = {}   # objects made since, to join the table
         self._rest: Any = None         # the table's frames not joined yet (an iterator)
+        self._after: Iterator[bytes] = iter(())   # the parts after the frames, to pickle
+        self._listed = False           # `deferred` and `sizes` in the table's order
         # the sizes of the capture before, still to apply at K (Deferred.applying: not
         # changed after K): name -> (record, size) or None
         self.pending: dict[str, tuple[Any, int] | None] = {}
@@ -233,42 +238,71 @@ class ListedCapture(Capture):
             self.removed.append(name)
 
     def close(self) -> None:
-        self.deferred = sorted(self.saved)
+        # the sizes in the order of the table (as `deferred`): made by the join, or here if
+        # the blob is not made (an object could not be saved)
+        if self.failed and not self._listed:
+            self.deferred = [name for name in self.frames if name in self.saved]
+            self._sizes_in_order()
+
+    def _sizes_in_order(self) -> None:
         sizes = self.sizes
         self.sizes = {name: sizes.get(name) for name in self.deferred}
+        self._listed = True
 
     def join_some(self, n: int) -> bool:
+        """As Capture's, and with the frames the saved objects' names in the table's order
+        (`deferred`: a restored replica has the same table, in the same order), then the
+        parts after the frames: the deferred names, and the sizes still to apply at K, in
+        lists of TRAILER_CHUNK, each list pickled on its own, an empty one after each."""
         calls, c = self.calls, self.pickled
         if c < len(calls):
             return super().join_some(n)
-        self.chunks.append(b"".join(self._frames(n)))
-        self.joined += n
-        return self.joined < self.count
+        if self.joined < self.count:
+            if self._rest is None:
+                assert len(self.frames) == self.count, "the table of frames changed size"
+                self._rest = iter(self.frames.items())
+            frames: list[bytes] = []
+            saved, deferred = self.saved, self.deferred
+            for name, frame in itertools.islice(self._rest, n):
+                if frame is None:     # an object made before K, not saved: a bug
+                    raise AssertionError(f"checkpoint {self.index}: {name!r} has no frame")
+                frames.append(frame)
+                if name in saved:
+                    deferred.append(name)
+            self.chunks.append(b"".join(frames))
+            self.joined += len(frames)
+            return True
+        if not self._listed:          # every frame joined (or none at K)
+            self._sizes_in_order()
+            self._after = self._parts_after()
+        part = next(self._after, None)
+        if part is None:
+            return False
+        self.chunks.append(part)
+        return True
 
-    def _frames(self, n: int) -> list[bytes]:
-        if self._rest is None:
-            assert len(self.frames) == self.count, "the table of frames changed size"
-            self._rest = iter(self.frames.values())
-        out = list(itertools.islice(self._rest, n))
-        if None in out:               # an object made before K, not saved: a bug
-            raise AssertionError(f"checkpoint {self.index}: an object has no frame")
-        return out
+    def _parts_after(self) -> Iterator[bytes]:
+        deferred = self.deferred
+        for i in range(0, len(deferred), TRAILER_CHUNK):
+            yield _unshared(deferred[i:i + TRAILER_CHUNK])
+        yield _unshared([])
+        pending = iter(self.pending.items())
+        while True:
+            chunk = list(itertools.islice(pending, TRAILER_CHUNK))
+            if not chunk:
+                break
+            part = [(name, got[1]) for name, got in chunk if got is not None]
+            if part:
+                yield _unshared(part)
+        yield _unshared([])
 
     def assemble(self) -> bytes | None:
         assert not self.unsaved, "a checkpoint's blob assembled with objects unsaved"
         if self.failed:
             return None
-        calls = [_call_bytes(x) for x in self.calls[self.pickled:]]
-        rest = self._frames(self.count)
-        sizes = [(name, got[1]) for name, got in self.pending.items() if got is not None]
-        # without a memo: whether a name here is the same string object as another (which
-        # depends on when the idle slices ran) must not change the bytes
-        buf = io.BytesIO()
-        p = pickle.Pickler(buf, protocol=5)
-        p.fast = True
-        p.dump((self.deferred, sizes))
-        trailer = buf.getvalue()
-        return b"".join([self.head, *self.chunks, *calls, *rest, trailer])
+        while self.join_some(1 << 40):
+            pass
+        return b"".join([self.head, *self.chunks])
 
     def settle(self) -> None:
         """The capture ended: the objects removed and made since K leave and join the
@@ -278,6 +312,20 @@ class ListedCapture(Capture):
             frames.pop(name, None)
         frames.update(self.added)
         self.removed, self.added = [], {}
+
+
+#: Names or sizes in one pickled list after a format-7 checkpoint's frames.
+TRAILER_CHUNK = 4096
+
+
+def _unshared(value: Any) -> bytes:
+    """`value` pickled without a memo: whether two equal strings in it are one object (which
+    depends on when the idle slices ran) must not change the bytes."""
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=5)
+    p.fast = True
+    p.dump(value)
+    return buf.getvalue()
 
 
 #: What pickling a waiting call costs, in frames joined (~3 us against ~0.2 us).
@@ -339,7 +387,8 @@ class Deferred:
         self._save, self._measure, self._captured = save, measure, captured
         self.capture: Capture | None = None
         # sizes measured by the last capture, for the next checkpoint: name -> (its record
-        # then, size), in name order; and the index they were measured at
+        # then, size), in name order (the table's order for a format-7 capture); and the
+        # index they were measured at
         self.sizes_next: dict[str, tuple[Any, int] | None] = {}
         self.sizes_at = 0
         # after a format-7 checkpoint: the sizes it took from the capture before, applied
@@ -412,12 +461,11 @@ class Deferred:
                     limit -= 1
         if cap.slots:
             return True
-        if isinstance(cap, ListedCapture) and not cap.deferred and cap.saved and \
-                not cap.failed:
-            cap.close()                  # sorts the saved names: a slice of its own
-            return True
-        if not cap.failed and limit > 0 and cap.join_some(JOIN_SLICE):
-            return True
+        if not cap.failed:
+            if limit <= 0:
+                return True              # the join starts at the next slice
+            if cap.join_some(JOIN_SLICE):
+                return True
         self._close()
         return False
 
@@ -440,8 +488,7 @@ class Deferred:
     def _close(self) -> None:
         cap, self.capture = self.capture, None
         assert cap is not None
-        if not isinstance(cap, ListedCapture) or not cap.deferred:
-            cap.close()
+        cap.close()
         try:
             blob = cap.assemble()
         finally:
@@ -514,7 +561,7 @@ class Deferred:
 
     def apply_some(self, limit: int | None) -> None:
         """Apply up to `limit` of the sizes taken by the last format-7 checkpoint (all that
-        are left if None), in name order: as `Lifecycle.set_size`, and marked for the next
+        are left if None), in their order: as `Lifecycle.set_size`, and marked for the next
         checkpoint to save again (its frame holds its size)."""
         it = self._next
         if it is None:
