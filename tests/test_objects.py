@@ -1494,7 +1494,7 @@ def test_a_waiter_that_changed_its_arguments_is_re_run_as_a_restored_replica_re_
 
 
 def after_frames(buf: Any) -> tuple[list[str], list[tuple[str, int]]]:
-    """What a format-7 checkpoint writes after its frames (capture.ListedCapture): lists of
+    """What a format-7 checkpoint writes after its frames (kernel/listed.py): lists of
     deferred names until an empty one, then lists of (name, size) until an empty one."""
     import pickle
     parts: tuple[list[Any], list[Any]] = ([], [])

@@ -15,7 +15,7 @@ checkpoints, `Checkpoint.calls_apart`) writes each waiting call after the header
 of its own, made by the capture (capture.py): a waiting call never changes, so it is the same
 bytes whenever it is made, and the entry pays for a list of the calls, not for their pickle.
 Format 7 (`Checkpoint.listed_after`, the leader's since) also hands the capture the set of
-changed objects as it is, and the table of frames itself (capture.ListedCapture): the entry
+changed objects as it is, and the table of frames itself (listed.ListedCapture): the entry
 saves only the uploaded classes' changed objects, which may have to be dropped at K, and does
 nothing per standard-class object; the deferred objects are listed after the frames.
 The pickled state is a plain dict (`saved_state`), never a part of the kernel.
@@ -51,9 +51,10 @@ from .auth import AuthState
 from .blob import FORMAT, pickle_state, read, unpickle_state
 from .budget import Budget
 from .digests import part_bytes, state_digest
-from .capture import Capture, Deferred, ListedCapture, PendingBlob, Slot
+from .capture import Capture, Deferred, PendingBlob, Slot
 from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
+from .listed import ListedCapture
 from .measure import state_size
 from .records import Completion, Config, ObjectRecord, PendingCall, Request, Session, State
 from .registry import Registry, safe_str, type_name
@@ -158,7 +159,7 @@ class Checkpoints:
 
         `listed` (format 7): only the objects of uploaded classes are saved here, in name
         order; the set of changed objects, less those, is returned as it is for the capture
-        to find its objects in (capture.ListedCapture), and nothing is done per object of
+        to find its objects in (listed.ListedCapture), and nothing is done per object of
         a standard class."""
         with stack.relative():
             return self._save_objects_here(keep, defer, listed)
