@@ -235,6 +235,11 @@ class Deferred:
         self.cancelled: set[str] = set()
         self._next: Any = None        # applying's items still to apply (an iterator)
 
+    @property
+    def applying_sizes(self) -> bool:
+        """Whether sizes taken by a format-7 checkpoint are still to apply (`apply_some`)."""
+        return self._next is not None
+
     def seal(self, name: str, running: bool = False) -> None:
         """Save `name` for the open capture now, if it is still to be saved: code is about to
         run on it, or it is about to be removed. `running`: a waiter on it runs again, which
@@ -335,43 +340,19 @@ class Deferred:
     def apply_sizes(self) -> None:
         """Apply the sizes the last capture measured, in name order: to the objects that were
         not removed and not measured again since. An object whose size changes is saved again
-        by this checkpoint (its frame holds its size).
-
-        What `Lifecycle.set_size` does for each, done here for all at once: at creation churn
-        a checkpoint applies ~20,000 first sizes, and one call per object (a quota update, a
-        look-up of `over_limit` each) cost ~3-9 us an object on the apply thread. The quota
-        deltas are summed per owner and applied after; `over_limit` is touched, in name
-        order, only by the objects that are or were over the limit. Same result."""
+        by this checkpoint (its frame holds its size). At the entry of a checkpoint of format
+        6 or older; a format-7 one applies them after its entry (`take_sizes`)."""
         sizes, at = self.sizes_next, self.sizes_at
         self.sizes_next = {}
-        if not sizes:
-            return
-        st = self.state
-        objects, over_limit, index = st.objects, st.over_limit, st.index
-        limit = self.lifecycle.config.max_object_bytes
-        deltas: dict[str, int] = {}
-        grew: list[str] = []
+        objects, set_size = self.state.objects, self.lifecycle.set_size
         for name, got in sizes.items():          # in name order (no sort: a dict made so)
             if got is None:
                 continue                         # could not be saved
             rec, size = got
-            old = rec.size
-            if size == old or rec.measured_at > at or objects.get(name) is not rec:
+            if objects.get(name) is not rec or rec.measured_at > at or size == rec.size:
                 continue
-            owner = rec.owner
-            deltas[owner] = deltas.get(owner, 0) + size - old
-            rec.size = size
-            rec.measured_at = index
-            if size > limit or (over_limit and name in over_limit):
-                if size > limit:
-                    over_limit[name] = size
-                else:
-                    del over_limit[name]
-            grew.append(name)
-        usage = st.usage
-        for owner, delta in deltas.items():
-            usage.add(owner, "state_bytes", delta)
-        self.runner.changed.update(grew)
+            set_size(rec, size, again=False)
+            self.runner.changed.add(name)
 
     # -- sizes applied after a format-7 checkpoint ------------------------------------------
 

@@ -179,7 +179,7 @@ class Kernel:
 
     def _apply(self, cmd: Command) -> None:
         st, runner = self.state, self.runner
-        if self._sizes._next is not None:   # after a format-7 checkpoint (capture.py)
+        if self._sizes.applying_sizes:      # after a format-7 checkpoint (capture.py)
             self._sizes.apply_some(SIZES_PER_ENTRY)
         ts = cmd.ts
         if type(ts) in (int, float) and st.now < ts < 1e15:    # not NaN, not infinite
