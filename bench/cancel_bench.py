@@ -108,10 +108,13 @@ def run(n: int, ttl: float, limit: float) -> bool:
                 t.join(30)
             during = [d for s, d in adds if k0 <= s <= k1]
             ka = [(d, e) for s, d, e in alives if k0 <= s <= k1]
+            # a withdrawal quicker than a keep-alive period (or an add) sees none of them
+            ka_max = f"{max(d for d, _ in ka) * 1e3:.0f} ms" if ka else "-"
+            adds_at = (f"longest {max(during) * 1e3:.0f} ms, p50 "
+                       f"{statistics.median(during) * 1e3:.0f} ms" if during else "none")
             print(f"withdrawn after {k1 - k0:.1f} s in {entries} log entries; "
-                  f"keep-alives meanwhile: {len(ka)}, longest {max(d for d, _ in ka) * 1e3:.0f}"
-                  f" ms, {sum(1 for _, e in ka if e)} refused; adds: {len(during)}, longest "
-                  f"{max(during) * 1e3:.0f} ms, p50 {statistics.median(during) * 1e3:.0f} ms; "
+                  f"keep-alives meanwhile: {len(ka)}, longest {ka_max}, "
+                  f"{sum(1 for _, e in ka if e)} refused; adds: {len(during)}, {adds_at}; "
                   f"the other client's session (TTL {ttl:g} s): "
                   f"{'LOST: ' + lost[0] if lost else 'kept'}", flush=True)
             c.close()
