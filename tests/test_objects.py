@@ -1697,6 +1697,55 @@ def test_a_format_7_checkpoint_applies_the_sizes_measured_before_it_after_its_en
     assert h.kernel.state_digest() == r.kernel.state_digest()
 
 
+def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied_later(
+        monkeypatch):
+    """A format-7 capture puts the sizes it measured in the table's order as its idle slices
+    join the frames (listed.py). An object measured again after its frame was joined there
+    (its own measure is newer) must lose the capture's size all the same: the next
+    checkpoint neither lists it nor applies it, live or restored."""
+    import io
+    import pickle
+
+    from gesmas.server.kernel import capture as capture_module
+    monkeypatch.setattr(capture_module, "JOIN_SLICE", 2)     # the join takes a few slices
+    h = OH()
+    s, = h.sessions(1)
+    names = [f"q{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        h.make("Queue", name)
+        h.ok(s, name, "produce", "x" * (100 * i + 10))
+    h.checkpoint()
+    k = h.kernel
+    assert k.capture_some(100)                  # every object saved, two frames joined
+    cap = k.checkpoints.capture
+    assert cap is not None and cap.listed and not cap.any_unsaved()
+    joined = cap.deferred[:]
+    assert joined and len(joined) < len(names)
+    again = joined[0]
+    k.runner.measure_every = -1                 # the next call measures its object again
+    h.ok(s, again, "produce", "y" * 3000)
+    k.runner.measure_every = 10 ** 9
+    own = k.state.objects[again].size
+    while k.capture_some(100):
+        pass
+    assert k.checkpoints.capture is None
+    h.checkpoint()                              # takes the sizes the capture measured
+    buf = io.BytesIO(k.checkpoint_blob)
+    pickle.load(buf)
+    _, _, n_frames = pickle.load(buf)
+    for _ in range(n_frames):
+        pickle.load(buf)
+    _, sizes = after_frames(buf)
+    assert sorted(n for n, _ in sizes) == sorted(set(names) - {again})
+    r = h.restored()
+    for x in (h, r):
+        for _ in range(4):
+            x.tick(x.ts + 0.01)                 # entries that apply the sizes
+        assert x.kernel.state.objects[again].size == own
+        assert all(x.kernel.state.objects[n].size > 0 for n in names)
+    assert h.kernel.state_digest() == r.kernel.state_digest()
+
+
 def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restore(
         monkeypatch):
     """With the capture of standard objects deferred off (as for uploaded classes)."""

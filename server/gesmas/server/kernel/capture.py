@@ -121,6 +121,31 @@ class Capture:
         """The slot `name` is saved into, and no longer to be saved; None if it is not."""
         return self.slots.pop(name, None)
 
+    def is_unsaved(self, name: str) -> bool:
+        """Whether `name` is one of the objects still to save."""
+        return name in self.slots
+
+    def any_unsaved(self) -> bool:
+        return bool(self.slots)
+
+    def next_todo(self) -> str | None:
+        """The next object an idle slice saves (any order: the bytes do not depend on it);
+        None once every object is saved."""
+        todo, slots = self.todo, self.slots
+        while todo:
+            name = todo.pop()
+            if name in slots:
+                return name
+        return None
+
+    def all_unsaved(self) -> list[str]:
+        return list(self.slots)
+
+    def forget_size(self, name: str) -> None:
+        """The size measured for `name` is not to be applied (measured again, or removed)."""
+        if name in self.sizes:
+            self.sizes[name] = None
+
     def made(self, name: str) -> None:
         """An object `name` was made after K: not one of this capture's (none can be: an
         object of K removed since was saved first)."""
@@ -187,12 +212,15 @@ def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str,
         return True
     rec = objects[name]
     rec.steps = 0                        # as at K: no code ran on it since (seal)
+    # whether its frame goes to the table: its slot is there (formats 5-6), or the table
+    # holds K's names (listed: format 7)
+    in_table = cap.listed or frames.get(name) is slot
     saving = SAVING.set(True)            # semaphores and sessions as a checkpoint writes them
     try:
         data, copy = save(rec.instance)  # (under stack.relative(), which the caller enters)
     except BaseException as e:           # memory, a bug: nothing is dropped (module docstring)
         cap.failed[name] = f"{type(e).__name__}: {e}"[:300]
-        if frames.get(name) is slot or cap.listed:
+        if in_table:
             frames[name] = None          # not saved: the next checkpoint saves it
         return False
     finally:
@@ -203,7 +231,7 @@ def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str,
     frame = pickle.dumps((name, rec.cls.name, rec.cls.version, data, rec.owner, rec.size),
                          protocol=5)
     slot.frame = frame
-    if frames.get(name) is slot or cap.listed:   # (listed: the table holds K's names)
+    if in_table:
         frames[name] = frame
     return True
 
@@ -245,7 +273,7 @@ class Deferred:
         run on it, or it is about to be removed. `running`: a waiter on it runs again, which
         only a kept object's can (any other was saved before its waiter blocked)."""
         cap = self.capture
-        if cap is None or name not in cap.slots:
+        if cap is None or not cap.is_unsaved(name):
             return
         assert not running or name in cap.keep, f"{name!r} runs again before it was saved"
         with stack.relative():
@@ -282,8 +310,8 @@ class Deferred:
         if removed or index > self.sizes_at:
             self.sizes_next.pop(name, None)
         cap = self.capture
-        if cap is not None and (removed or index > cap.index) and name in cap.sizes:
-            cap.sizes[name] = None
+        if cap is not None and (removed or index > cap.index):
+            cap.forget_size(name)
         if name in self.applying:
             self.cancelled.add(name)
 
@@ -293,14 +321,14 @@ class Deferred:
         cap = self.capture
         if cap is None:
             return False
-        todo = cap.todo
         with stack.relative():
-            while todo and limit > 0:
-                name = todo.pop()
-                if name in cap.slots:
-                    self._save_one(cap, name)
-                    limit -= 1
-        if cap.slots:
+            while limit > 0:
+                name = cap.next_todo()
+                if name is None:
+                    break
+                self._save_one(cap, name)
+                limit -= 1
+        if cap.any_unsaved():
             return True
         if not cap.failed:
             if limit <= 0:
@@ -315,7 +343,7 @@ class Deferred:
         cap = self.capture
         if cap is not None:
             with stack.relative():
-                for name in list(cap.slots):
+                for name in cap.all_unsaved():
                     self._save_one(cap, name)
             self._close()
 
