@@ -68,7 +68,7 @@ class Driver:
 
     def checkpoint(self) -> None:
         self.run(Checkpoint(ts=self.ts, tag="k", defer=True, calls_apart=True,
-                            listed_after=True), "checkpoint")
+                            listed_after=True, touched_in_parts=True), "checkpoint")
 
 
 class Collector:

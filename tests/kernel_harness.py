@@ -31,6 +31,7 @@ class H:
         self.defer = True                # checkpoint()'s defaults
         self.apart = True
         self.listed = True
+        self.parts = True
         self.log: list[tuple[int, Command]] = []
         self.results: dict[str, Completion] = {}    # every completion seen, by tag
         self.trace: list[tuple[int, list[Completion]]] = []   # per index, in order
@@ -98,15 +99,17 @@ class H:
         return self.apply(Tick(ts=ts))
 
     def checkpoint(self, defer: bool | None = None, apart: bool | None = None,
-                   listed: bool | None = None) -> Completion:
+                   listed: bool | None = None, parts: bool | None = None) -> Completion:
         """A Checkpoint as the leader proposes it: its standard-class objects and its waiting
         calls saved after it, the changed objects found by its capture (kernel/capture.py)
-        unless `defer`, `apart` and `listed` (or the harness's) say otherwise."""
+        and the sessions' objects written in parts, unless `defer`, `apart`, `listed` and
+        `parts` (or the harness's) say otherwise."""
         defer = self.defer if defer is None else defer
         apart = (self.apart and defer) if apart is None else apart
         listed = (self.listed and apart) if listed is None else listed
+        parts = (self.parts and listed) if parts is None else parts
         return self.run(Checkpoint(ts=self.ts, defer=defer, calls_apart=apart,
-                                   listed_after=listed))
+                                   listed_after=listed, touched_in_parts=parts))
 
     # -- reading results ----------------------------------------------------------------------
 

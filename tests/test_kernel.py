@@ -166,6 +166,8 @@ ALL_COMMANDS = [
     Checkpoint(ts=7.0, tag="k", defer=True),
     Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True),
     Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True, listed_after=True),
+    Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True, listed_after=True,
+               touched_in_parts=True),
     Query(ts=8.0, tag="q", what="class", arg=["A", 2]),
     Query(ts=8.0, tag="q", what="stats", arg=None),
     Cancel(ts=9.0, tag="x", session=1, seq=2, call_tag="i"),
@@ -180,9 +182,11 @@ def test_codec_round_trip(cmd):
     # version 3 to 6 only for a command that needs their fields: a replica of an earlier
     # gesmas reads every other command, and stops at a deferred checkpoint (version 3,
     # codec._NEW_IN_3), a cancel of many calls (version 4, codec._NEW_IN_4), a checkpoint
-    # that writes its waiting calls apart (version 5, codec._NEW_IN_5) or one that lists
-    # its deferred objects after the frames (version 6, codec._NEW_IN_6)
-    assert data[0] == (6 if getattr(cmd, "listed_after", False) else
+    # that writes its waiting calls apart (version 5, codec._NEW_IN_5), one that lists
+    # its deferred objects after the frames (version 6, codec._NEW_IN_6) or one that writes
+    # the sessions' objects in parts (version 7, codec._NEW_IN_7)
+    assert data[0] == (7 if getattr(cmd, "touched_in_parts", False) else
+                       6 if getattr(cmd, "listed_after", False) else
                        5 if getattr(cmd, "calls_apart", False) else
                        4 if getattr(cmd, "more", None) else
                        3 if getattr(cmd, "defer", False) else 2)

@@ -1504,7 +1504,7 @@ def after_frames(buf: Any) -> tuple[list[str], list[tuple[str, int]]]:
     return parts
 
 
-@pytest.mark.parametrize("listed", [False, True], ids=["format 6", "format 7"])
+@pytest.mark.parametrize("listed", [False, True], ids=["format 6", "format 8"])
 def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_they_are_pickled(
         listed):
     """Format 6 (Checkpoint.calls_apart): the header counts the waiting calls and each
@@ -1544,7 +1544,7 @@ def test_a_checkpoint_writes_its_waiting_calls_apart_the_same_bytes_whenever_the
     pickle.load(buf)                                       # the registry
     header = pickle.load(buf)
     state, n_calls, n_frames = header[:3]
-    assert state["format"] == (7 if listed else 6) and FORMAT == 7 and n_calls == 40
+    assert state["format"] == (8 if listed else 6) and FORMAT == 8 and n_calls == 40
     calls = [pickle.load(buf) for _ in range(n_calls)]
     assert all(type(c[1]) is bytes for c in calls)         # the command's log bytes
     assert [pickle.load(buf)[0] for _ in range(n_frames)] == list(eager.kernel.objects)
@@ -1612,7 +1612,7 @@ def test_a_format_7_capture_finds_the_objects_of_its_index_whatever_happens_afte
     buf = io.BytesIO(blob)
     pickle.load(buf)
     state, n_calls, n_frames = pickle.load(buf)
-    assert state["format"] == 7 and n_calls == 0
+    assert state["format"] == 8 and n_calls == 0
     frames = [pickle.load(buf) for _ in range(n_frames)]
     assert [f[0] for f in frames] == ["gone", "kept", "later", "still", "new"]
     deferred, sizes = after_frames(buf)
@@ -1695,6 +1695,45 @@ def test_a_format_7_checkpoint_applies_the_sizes_measured_before_it_after_its_en
         k.checkpoint()
     assert h.kernel.checkpoint_blob == r.kernel.checkpoint_blob
     assert h.kernel.state_digest() == r.kernel.state_digest()
+
+
+def test_a_format_8_checkpoint_writes_each_sessions_objects_in_parts_pickled_once(
+        monkeypatch):
+    """Format 8 (Checkpoint.touched_in_parts): a session's objects (`Session.touched`, for
+    its hooks) are written in parts of TOUCHED_CHUNK names, a full part pickled once and
+    kept; a restored replica holds the same names in the same order and the same full parts,
+    so the next checkpoint is the same bytes on both, and a format-7 checkpoint of the same
+    state restores to the same sessions."""
+    from gesmas.server.kernel import records
+    monkeypatch.setattr(records, "TOUCHED_CHUNK", 3)
+    h = OH()
+    s, = h.sessions(1)
+    names = [f"c{i}" for i in (4, 0, 7, 1, 6, 2, 5, 3, 9, 8, 10)]
+    for name in names:
+        h.make("Counter", name)
+    for name in names[:8]:
+        h.ok(s, name, "add", 1)
+    h.checkpoint()
+    live = h.kernel.state.sessions[s]
+    assert list(live.touched) == names[:8] and len(live._touched_parts) == 2
+    r = h.restored()
+    back = r.kernel.state.sessions[s]
+    assert list(back.touched) == names[:8] and back._touched_parts == live._touched_parts
+    made = []
+    real = records._names_pickle
+    monkeypatch.setattr(records, "_names_pickle", lambda n: made.append(list(n)) or real(n))
+    for k in (h, r):
+        for name in names[8:] + names[:1]:      # three first calls, and one called before
+            k.ok(s, name, "add", 1)
+        k.checkpoint()
+    # each checkpoint pickled one new full part and the tail, not the two kept parts
+    assert made == [names[6:9], names[9:11]] * 2
+    assert h.kernel.checkpoint_blob == r.kernel.checkpoint_blob
+    assert h.kernel.state_digest() == r.kernel.state_digest()
+    h.checkpoint(parts=False)                   # format 7: the same sessions, as a dict
+    r7 = h.restored()
+    assert list(r7.kernel.state.sessions[s].touched) == names
+    assert r7.kernel.state_digest() == h.kernel.state_digest()
 
 
 def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied_later(

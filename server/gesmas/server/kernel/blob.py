@@ -18,11 +18,12 @@ from typing import Any
 from .records import PendingCall
 from .registry import Registry
 
-FORMAT = 7            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
+FORMAT = 8            # 3: pending calls as PendingCall.saved() tuples; 4: objects as frames;
 #                       5: the deferred objects listed (capture.py), their sizes one late;
 #                       6: the pending calls after the header, one pickle each (capture.py);
 #                       7: the deferred objects listed after the frames (ListedCapture),
-#                          with the sizes still to apply after it
+#                          with the sizes still to apply after it;
+#                       8: as 7, each session's objects (Session.touched) in parts
 
 
 def pickle_state(registry: Registry, obj: Any) -> bytes:
@@ -76,7 +77,7 @@ def read(blob: bytes, registry: Registry) -> Read:
     elif fmt == 3:                      # objects in one list (<= 0141fe9)
         pending = [PendingCall.load(p) for p in loaded[1]]
         objects = loaded[2]
-    elif fmt in (4, 5, 6, 7):           # 5: the deferred objects listed too; 6: calls apart
+    elif fmt in (4, 5, 6, 7, 8):           # 5: the deferred objects listed too; 6: calls apart
         pending = [PendingCall.load(p) for p in loaded[1]] if fmt < 6 else \
             [PendingCall.load(pickle.load(buf)) for _ in range(loaded[1])]
         objects = []
@@ -87,7 +88,7 @@ def read(blob: bytes, registry: Registry) -> Read:
     else:
         raise ValueError(f"checkpoint format {fmt} is not supported")
     pending_sizes: list[tuple[str, int]] = []
-    if fmt == 7:                        # lists until an empty one: names, then sizes
+    if fmt >= 7:                        # lists until an empty one: names, then sizes
         deferred = []
         while part := pickle.load(buf):
             deferred.extend(part)

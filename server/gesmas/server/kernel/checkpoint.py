@@ -18,6 +18,9 @@ Format 7 (`Checkpoint.listed_after`, the leader's since) also hands the capture 
 changed objects as it is, and the table of frames itself (listed.ListedCapture): the entry
 saves only the uploaded classes' changed objects, which may have to be dropped at K, and does
 nothing per standard-class object; the deferred objects are listed after the frames.
+Format 8 (`Checkpoint.touched_in_parts`, the leader's since) writes each session's objects
+(`Session.touched`) as parts of TOUCHED_CHUNK names, each full part pickled once and kept, so
+the header costs the sessions' new objects, not all they ever called.
 The pickled state is a plain dict (`saved_state`), never a part of the kernel.
 
 Incremental. A checkpoint pickles only the objects run on, made or removed since the last
@@ -56,7 +59,8 @@ from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
 from .listed import ListedCapture
 from .measure import state_size
-from .records import Completion, Config, ObjectRecord, PendingCall, Request, Session, State
+from .records import (TOUCHED_IN_PARTS, Completion, Config, ObjectRecord, PendingCall, Request,
+                      Session, State)
 from .registry import Registry, safe_str, type_name
 from .runner import Runner
 from .sched import SAVING, Interrupted
@@ -205,7 +209,7 @@ class Checkpoints:
         return deferred
 
     def _dump(self, pending: list[tuple[Any, ...]], deferred: dict[str, Slot] | set[str],
-              keep: set[str], defer: bool, apart: bool) -> None:
+              keep: set[str], defer: bool, apart: bool, touched_in_parts: bool = False) -> None:
         """Write the checkpoint of this index: at once, or through a capture if objects are
         deferred or the calls written apart. `pending`: PendingCall.saved() tuples, in the
         order a restore re-runs them."""
@@ -216,7 +220,13 @@ class Checkpoints:
         calls: list[Any] = []           # (`deferred` is in name order: _save_objects made it so)
         listed = type(deferred) is set
         if listed:      # format 7: as 6, and the deferred objects listed after the frames
-            pickle.dump((state, len(pending), len(frames)), buf, protocol=5)
+            # (format 8: and the sessions' objects in parts, Session.touched_parts)
+            token = TOUCHED_IN_PARTS.set(touched_in_parts)
+            try:
+                state["format"] = 8 if touched_in_parts else 7
+                pickle.dump((state, len(pending), len(frames)), buf, protocol=5)
+            finally:
+                TOUCHED_IN_PARTS.reset(token)
         elif apart:     # format 6: the calls pickled by the capture, after this header
             state["format"] = 6
             pickle.dump((state, len(pending), len(frames), list(deferred)), buf, protocol=5)
@@ -381,7 +391,8 @@ class Checkpoints:
             # drops what cannot be saved: never fails
             defer = self.defer and bool(cmd.defer)
             deferred = self._save_objects(keep, defer, listed)
-            self._dump(pending, deferred, keep, bool(cmd.defer), bool(cmd.calls_apart))
+            self._dump(pending, deferred, keep, bool(cmd.defer), bool(cmd.calls_apart),
+                       listed and bool(cmd.touched_in_parts))
             self.index = st.index
         finally:
             SAVING.reset(saving)

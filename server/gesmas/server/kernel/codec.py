@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 #: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
@@ -41,6 +41,9 @@ _NEW_IN_5 = frozenset({"calls_apart"})
 #: since the last checkpoint itself, and lists the deferred ones after the frames), written
 #: only when set
 _NEW_IN_6 = frozenset({"listed_after"})
+#: fields added by version 7 (Checkpoint.touched_in_parts: each session's objects written in
+#: parts, the full ones pickled once: checkpoint format 8), written only when set
+_NEW_IN_7 = frozenset({"touched_in_parts"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -352,11 +355,14 @@ class Checkpoint(Command):
     `defer`: the standard classes' objects are saved after the entry (kernel/capture.py).
     `calls_apart`: the waiting calls too, one pickle each after the header (format 6).
     `listed_after`: and the entry hands the set of changed objects to the capture as it is,
-    which lists the deferred ones after the frames (format 7; needs `calls_apart`)."""
+    which lists the deferred ones after the frames (format 7; needs `calls_apart`).
+    `touched_in_parts`: and each session's objects (`Session.touched`) are written in parts,
+    the full ones pickled once (format 8; needs `listed_after`)."""
     CODE: ClassVar[int] = 9
     defer: bool = False
     calls_apart: bool = False
     listed_after: bool = False
+    touched_in_parts: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,8 +405,11 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
+_FIELDS_V6: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_7) for c, names in _FIELDS.items()
+}
 _FIELDS_V5: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_6) for c, names in _FIELDS.items()
+    c: tuple(n for n in names if n not in _NEW_IN_6) for c, names in _FIELDS_V6.items()
 }
 _FIELDS_V4: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_5) for c, names in _FIELDS_V5.items()
@@ -415,11 +424,11 @@ _FIELDS_V1: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
 }
 _BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, 4: _FIELDS_V4, 5: _FIELDS_V5,
-               FORMAT_VERSION: _FIELDS}
+               6: _FIELDS_V6, FORMAT_VERSION: _FIELDS}
 #: per command type: (version, its new fields and their defaults), newest first
 _NEWER = {c: tuple((v, {f.name: (f.default if f.default_factory is MISSING
                                  else f.default_factory()) for f in fields(c) if f.name in new})
-                   for v, new in ((6, _NEW_IN_6), (5, _NEW_IN_5), (4, _NEW_IN_4),
+                   for v, new in ((7, _NEW_IN_7), (6, _NEW_IN_6), (5, _NEW_IN_5), (4, _NEW_IN_4),
                                   (3, _NEW_IN_3)))
           for c in COMMANDS.values()}
 
