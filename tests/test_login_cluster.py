@@ -128,9 +128,18 @@ def test_every_log_entry_request_without_a_login_is_refused_and_commits_nothing(
             code, _ = refusal(lambda: stub.KeepAlive(pb.KeepAliveRequest(    # leader's memory
                 session=10**9, session_secret="x"), timeout=10))
             assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)  # follower
-            health = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service="gesmas.v1.Gesmas"), timeout=10)
-            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            # the health check needs no login either; a replica reports NOT_SERVING for a
+            # moment while it applies what was committed at its last check (node.serving),
+            # so this waits on the Watch stream for SERVING (what it sends first is the
+            # status now, then each change)
+            health = health_pb2_grpc.HealthStub(channel)
+            health.Check(health_pb2.HealthCheckRequest(service="gesmas.v1.Gesmas"), timeout=10)
+            watch = health.Watch(health_pb2.HealthCheckRequest(service="gesmas.v1.Gesmas"),
+                                 timeout=15)
+            try:
+                assert any(r.status == health_pb2.HealthCheckResponse.SERVING for r in watch)
+            finally:
+                watch.cancel()
     after = committed(cluster, leader)
     # the second Status is one entry; without the checks every refusal above was one or two
     assert after - before <= 2, f"{after - before} entries committed by refused requests"
