@@ -1720,8 +1720,8 @@ def test_a_format_8_checkpoint_writes_each_sessions_objects_in_parts_pickled_onc
     back = r.kernel.state.sessions[s]
     assert list(back.touched) == names[:8] and back._touched_parts == live._touched_parts
     made = []
-    real = records._names_pickle
-    monkeypatch.setattr(records, "_names_pickle", lambda n: made.append(list(n)) or real(n))
+    real = records.unshared_pickle
+    monkeypatch.setattr(records, "unshared_pickle", lambda n: made.append(list(n)) or real(n))
     for k in (h, r):
         for name in names[8:] + names[:1]:      # three first calls, and one called before
             k.ok(s, name, "add", 1)
@@ -1745,8 +1745,8 @@ def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied
     import io
     import pickle
 
-    from gesmas.server.kernel import capture as capture_module
-    monkeypatch.setattr(capture_module, "JOIN_SLICE", 2)     # the join takes a few slices
+    from gesmas.server.kernel import deferred as deferred_module
+    monkeypatch.setattr(deferred_module, "JOIN_SLICE", 2)    # the join takes a few slices
     h = OH()
     s, = h.sessions(1)
     names = [f"q{i}" for i in range(6)]
@@ -1821,7 +1821,7 @@ def test_idle_slices_join_the_frames_in_chunks_into_the_same_blob(monkeypatch, c
     """After its objects are saved, a capture's frames are joined a slice at a time (a join of
     a million frames at once held the GIL for ~0.25 s); with three frames a slice the blob is
     the bytes of a kernel that assembles it at once, with objects to save or none."""
-    from gesmas.server.kernel import capture
+    from gesmas.server.kernel import deferred
     twins = [OH(), OH()]
     for h in twins:
         s = h.open_session()
@@ -1833,7 +1833,7 @@ def test_idle_slices_join_the_frames_in_chunks_into_the_same_blob(monkeypatch, c
             h.ok(s, f"c{i:02d}", "add", 1)
         h.checkpoint()
     slow, fast = twins
-    monkeypatch.setattr(capture, "JOIN_SLICE", 3)
+    monkeypatch.setattr(deferred, "JOIN_SLICE", 3)
     slices = 0
     while slow.kernel.capture_some(1):
         slices += 1

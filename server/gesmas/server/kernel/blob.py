@@ -77,7 +77,7 @@ def read(blob: bytes, registry: Registry) -> Read:
     elif fmt == 3:                      # objects in one list (<= 0141fe9)
         pending = [PendingCall.load(p) for p in loaded[1]]
         objects = loaded[2]
-    elif fmt in (4, 5, 6, 7, 8):           # 5: the deferred objects listed too; 6: calls apart
+    elif fmt in (4, 5, 6, 7, 8):        # 5: the deferred objects listed too; 6: calls apart
         pending = [PendingCall.load(p) for p in loaded[1]] if fmt < 6 else \
             [PendingCall.load(pickle.load(buf)) for _ in range(loaded[1])]
         objects = []

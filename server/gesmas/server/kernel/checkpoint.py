@@ -54,7 +54,8 @@ from .auth import AuthState
 from .blob import FORMAT, pickle_state, read, unpickle_state
 from .budget import Budget
 from .digests import part_bytes, state_digest
-from .capture import Capture, Deferred, PendingBlob, Slot
+from .capture import Capture, PendingBlob, Slot
+from .deferred import Deferred
 from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
 from .listed import ListedCapture

@@ -45,7 +45,8 @@ from typing import Any, Callable
 from . import codec, stack
 from .auth import AuthState, Usage
 from .budget import Budget
-from .capture import SIZES_PER_ENTRY, PendingBlob
+from .capture import PendingBlob
+from .deferred import SIZES_PER_ENTRY
 from .checkpoint import Checkpoints
 from .codec import Command
 from .errors import Code, Error, KernelError

@@ -5,12 +5,11 @@ one thing format 7 does differently, in `ListedCapture`'s docstring).
 """
 from __future__ import annotations
 
-import io
 import itertools
-import pickle
 from typing import Any, Iterator
 
 from .capture import Capture, Slot
+from .records import unshared_pickle
 
 
 #: Names or sizes in one pickled list after a format-7 checkpoint's frames.
@@ -24,16 +23,6 @@ LISTED_JOIN_SLICE = 4096
 #: The slot `ListedCapture.take` hands out: a saved object's frame goes to the kernel's
 #: table, so no slot per object is made (nor freed when the capture ends).
 _SCRATCH = Slot()
-
-
-def _unshared(value: Any) -> bytes:
-    """`value` pickled without a memo: whether two equal strings in it are one object (which
-    depends on when the idle slices ran) must not change the bytes."""
-    buf = io.BytesIO()
-    p = pickle.Pickler(buf, protocol=5)
-    p.fast = True
-    p.dump(value)
-    return buf.getvalue()
 
 
 class ListedCapture(Capture):
@@ -179,8 +168,8 @@ class ListedCapture(Capture):
     def _parts_after(self) -> Iterator[bytes]:
         deferred = self.deferred
         for i in range(0, len(deferred), TRAILER_CHUNK):
-            yield _unshared(deferred[i:i + TRAILER_CHUNK])
-        yield _unshared([])
+            yield unshared_pickle(deferred[i:i + TRAILER_CHUNK])
+        yield unshared_pickle([])
         pending = iter(self.pending.items())
         while True:
             chunk = list(itertools.islice(pending, TRAILER_CHUNK))
@@ -188,8 +177,8 @@ class ListedCapture(Capture):
                 break
             part = [(name, got[1]) for name, got in chunk if got is not None]
             if part:
-                yield _unshared(part)
-        yield _unshared([])
+                yield unshared_pickle(part)
+        yield unshared_pickle([])
 
     def assemble(self) -> bytes | None:
         assert not self.unsaved, "a checkpoint's blob assembled with objects unsaved"

@@ -198,13 +198,14 @@ TOUCHED_IN_PARTS: contextvars.ContextVar[bool] = contextvars.ContextVar("touched
                                                                        default=False)
 
 
-def _names_pickle(names: list[str]) -> bytes:
-    """A list of distinct names pickled without a memo: the same bytes whichever string
-    objects hold them (a live replica's or a restored one's)."""
+def unshared_pickle(value: Any) -> bytes:
+    """`value` (no cycles) pickled without a memo: the same bytes whether or not two equal
+    strings in it are one object, which depends on a replica's history (live or restored,
+    when its idle slices ran)."""
     buf = io.BytesIO()
     p = pickle.Pickler(buf, protocol=5)
     p.fast = True
-    p.dump(names)
+    p.dump(value)
     return buf.getvalue()
 
 
@@ -241,11 +242,11 @@ class Session:
         if len(parts) < full:
             rest = itertools.islice(touched, len(parts) * TOUCHED_CHUNK, None)
             while len(parts) < full:
-                parts.append(_names_pickle(list(itertools.islice(rest, TOUCHED_CHUNK))))
+                parts.append(unshared_pickle(list(itertools.islice(rest, TOUCHED_CHUNK))))
         if len(touched) == full * TOUCHED_CHUNK:
             return list(parts)
         tail = list(itertools.islice(touched, full * TOUCHED_CHUNK, None))
-        return [*parts, _names_pickle(tail)]
+        return [*parts, unshared_pickle(tail)]
 
     def __getstate__(self) -> tuple[Any, ...]:
         inflight = [] if SAVING.get() else \
