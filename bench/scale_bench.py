@@ -21,10 +21,11 @@ Throughout, every replica's metrics are read every 0.1 s: when each checkpoint h
 how long it took (gesmas_checkpoint_seconds), the Raft term and who leads.
 
 Reported per run: creation rate per tenth; RSS of each replica per object and per waiter;
-checkpoint durations and size; per phase the longest produce call, and the longest within
-0.5 s of a checkpoint; term and leader before and after each phase (an election or a leader
+checkpoint durations and size; per phase the longest produce call, the longest within 0.5 s
+of a checkpoint, the median and 99th percentile, and how many took over 50 and 100 ms; term and leader before and after each phase (an election or a leader
 change is named); catch-up times; list latency. With --runs > 1: median and min-max. The
-JSON goes to --json. Bounded: each phase has a deadline, the cluster is stopped on exit.
+JSON goes to --json (with --timeline: every produce call, checkpoint, term change and the
+kill, start and catch-up of each restart, in seconds from the run's start). Bounded: each phase has a deadline, the cluster is stopped on exit.
 """
 from __future__ import annotations
 
@@ -174,6 +175,17 @@ class Producer:
     def longest(self, start: float, end: float) -> float:
         return max((ms for t, ms in self.calls if start <= t < end), default=0.0)
 
+    def spread(self, start: float, end: float) -> dict[str, Any]:
+        """The median and 99th percentile of the calls started in [start, end), and how many
+        took over 50 and over 100 ms (a longest call alone does not say if it was one)."""
+        ms = sorted(x for t, x in self.calls if start <= t < end)
+        if not ms:
+            return {}
+        return {"produce_p50_ms": round(ms[len(ms) // 2], 1),
+                "produce_p99_ms": round(ms[min(len(ms) - 1, len(ms) * 99 // 100)], 1),
+                "produce_over_50ms": sum(1 for x in ms if x > 50),
+                "produce_over_100ms": sum(1 for x in ms if x > 100)}
+
     def near(self, spans: list[tuple[float, float]], within: float = 0.5) -> float:
         """The longest call started within `within` s of any (start, end) span."""
         return max((ms for t, ms in self.calls
@@ -201,9 +213,11 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
            # a checkpoint is seen when it has ended: it began `seconds` (+ a poll) before
            "produce_max_near_checkpoint_ms": round(prod.near(
                [(c["t"] - (c["seconds"] or 0) - 0.1, c["t"]) for c in ckpts]), 1),
-           "produce_calls": sum(1 for t, _ in prod.calls if start <= t < end)}
+           "produce_calls": sum(1 for t, _ in prod.calls if start <= t < end),
+           **prod.spread(start, end), "start": start, "end": end}
     out.update(extra)
-    print(f"  {name}: {json.dumps(out)}", flush=True)
+    print(f"  {name}: {json.dumps({k: v for k, v in out.items() if k not in ('start', 'end', 'marks')})}",
+          flush=True)
     return out
 
 
@@ -372,8 +386,11 @@ def restart(cl: LocalCluster, watch: Watch, wipe: bool) -> dict[str, Any]:
         shutil.rmtree(m.data_dir)
     else:
         cl.kill(m, signal.SIGKILL)
+    stopped = time.monotonic()
     cl.start_member(m)
-    return {"node": m.node_id, "caught_up_seconds": caught_up(cl, m, 600)}
+    started = time.monotonic()
+    return {"node": m.node_id, "caught_up_seconds": caught_up(cl, m, 600),
+            "marks": {"stopped": stopped, "started": started, "caught_up": time.monotonic()}}
 
 
 def listing(cl: LocalCluster) -> dict[str, Any]:
@@ -417,12 +434,30 @@ def one_run(a: argparse.Namespace) -> dict[str, Any]:
             with watch.lock:
                 out["checkpoint_seconds"] = [c["seconds"] for c in watch.checkpoints]
                 out["elections"] = len({t for _, _, t in watch.terms}) - 1
+                if a.timeline:
+                    out["timeline"] = timeline(out, prod, watch)
             return out
         finally:
             if holder:
                 holder["holders"].stop()
             prod.close()
             watch.close()
+
+
+def timeline(out: dict[str, Any], prod: Producer, watch: Watch) -> dict[str, Any]:
+    """Everything timed in a run, in seconds from its first phase (--timeline): to find what
+    a long call coincided with (a checkpoint, a kill, a restart, catch-up)."""
+    t0 = out["phases"][0]["start"]
+
+    def rel(t: float) -> float:
+        return round(t - t0, 3)
+    return {"phases": [{"phase": p["phase"], "start": rel(p["start"]), "end": rel(p["end"]),
+                        **{k: rel(v) for k, v in p.get("marks", {}).items()}}
+                       for p in out["phases"]],
+            "produce": [(rel(t), round(ms, 1)) for t, ms in prod.calls],
+            "checkpoints": [dict(c, t=rel(c["t"])) for c in watch.checkpoints],
+            "terms": [(rel(t), node, term) for t, node, term in watch.terms],
+            "leaders": [(rel(t), node) for t, node in watch.leaders]}
 
 
 def summary(runs: list[dict[str, Any]]) -> None:
@@ -438,6 +473,12 @@ def summary(runs: list[dict[str, Any]]) -> None:
     for i, name in enumerate(names):
         ps = [r["phases"][i] for r in runs]
         print(f"| {name}: longest produce, ms | {spread([p['produce_max_ms'] for p in ps])} |")
+        print(f"| {name}: produce p50 / p99, ms | "
+              f"{spread([p.get('produce_p50_ms') for p in ps])} / "
+              f"{spread([p.get('produce_p99_ms') for p in ps])} |")
+        print(f"| {name}: produces over 50 / over 100 ms | "
+              f"{', '.join(str(p.get('produce_over_50ms')) for p in ps)} / "
+              f"{', '.join(str(p.get('produce_over_100ms')) for p in ps)} |")
         print(f"| {name}: longest produce near a checkpoint, ms | "
               f"{spread([p['produce_max_near_checkpoint_ms'] for p in ps])} |")
         print(f"| {name}: longest checkpoint, s | "
@@ -473,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="1,000 objects, 50 waiters, one checkpoint in the idle phase")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--timeline", action="store_true",
+                    help="with --json: every produce call, checkpoint, term and phase mark in "
+                         "time, per run")
     ap.add_argument("--phase-limit", type=float, default=PHASE_LIMIT,
                     help="seconds any phase may take (default %(default)s)")
     ap.add_argument("--hold-waiters", type=int, help=argparse.SUPPRESS)
