@@ -1785,6 +1785,67 @@ def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied
     assert h.kernel.state_digest() == r.kernel.state_digest()
 
 
+def test_a_large_blob_is_joined_on_a_thread_and_is_not_done_before_it_is(monkeypatch):
+    """A capture hands its blob's parts to the PendingBlob; one of JOIN_APART_FROM bytes or
+    more is joined by a thread of its own while the apply thread goes on. Until the join
+    ends the blob is not done (replication takes no snapshot from it), `result()` waits for
+    it, and the bytes are those of a blob joined at once. A join that fails leaves that
+    checkpoint without a blob, saying why, and the next one has its blob."""
+    import threading
+
+    from gesmas.server.kernel import capture
+    from gesmas.server.kernel.capture import CheckpointUnavailable, PendingBlob
+    from gesmas.server.replication.applier import Gen
+
+    def build() -> OH:
+        h = OH()
+        s, = h.sessions(1)
+        for i in range(5):
+            h.make("Queue", f"q{i}")
+            h.ok(s, f"q{i}", "produce", "x" * (10 + i))
+        h.checkpoint()
+        return h
+
+    at_once = build()
+    expected = at_once.kernel.checkpoint_blob
+    monkeypatch.setattr(capture, "JOIN_APART_FROM", 0)
+    release, joining = threading.Event(), []
+
+    def slow_join(parts: list[bytes]) -> bytes:
+        joining.append(threading.current_thread().name)
+        release.wait(30)
+        return b"".join(parts)
+    monkeypatch.setattr(capture, "join", slow_join)
+    h = build()
+    k = h.kernel
+    while k.capture_some(100):
+        pass
+    pending = k.checkpoint_result
+    assert isinstance(pending, PendingBlob) and k.checkpoints.capture is None
+    assert not pending.done and k.checkpoint_size is None
+    assert Gen(pending.index, pending).capturing()      # no snapshot from it yet
+    h.tick(h.ts + 0.01)                                 # the apply thread goes on
+    release.set()
+    assert pending.result() == expected and pending.done
+    assert joining == [f"gesmas-blob-{pending.index}"]
+    assert not Gen(pending.index, pending).capturing()
+
+    def no_memory(parts: list[bytes]) -> bytes:
+        raise MemoryError("the test's")
+    monkeypatch.setattr(capture, "join", no_memory)
+    h.ok(h.sessions(1)[0], "q0", "produce", "y")
+    h.checkpoint()
+    while k.capture_some(100):
+        pass
+    failed = k.checkpoint_result
+    with pytest.raises(CheckpointUnavailable, match="joining its parts failed.*the test's"):
+        failed.result()
+    assert not failed.done
+    monkeypatch.setattr(capture, "join", lambda parts: b"".join(parts))
+    h.checkpoint()
+    assert h.restored().kernel.state_digest() == k.state_digest()
+
+
 def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restore(
         monkeypatch):
     """With the capture of standard objects deferred off (as for uploaded classes)."""

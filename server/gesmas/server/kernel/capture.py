@@ -37,17 +37,21 @@ states stay the same; only the log is not compacted until a checkpoint succeeds.
 Interface: `Deferred(state, runner, lifecycle, save, measure, captured)`, owned by
 `Checkpoints`, which opens a `Capture(index, head, parts, slots, keep)` at each checkpoint with
 deferred objects (at a format-7 one a `ListedCapture`, listed.py); `Deferred` (deferred.py)
-saves its objects (`seal`, `capture_some`, `finish`), calls `captured(capture, blob or None)` when it
-ends, applies the sizes it measured at the next checkpoint (`apply_sizes`) or after it
+saves its objects (`seal`, `capture_some`, `finish`), calls `captured(capture, parts or None)`
+when it ends (`PendingBlob.take` joins the parts, on a thread of its own if they are large), applies the sizes it measured at the next checkpoint (`apply_sizes`) or after it
 (`take_sizes`), and keeps the table of frames as objects are made and removed (`made`,
 `removed`: the runner's hooks).
 """
 from __future__ import annotations
 
+import logging
 import pickle
+import threading
 from typing import Any, Callable
 
 from .sched import SAVING
+
+log = logging.getLogger(__name__)
 
 
 class Slot:
@@ -59,25 +63,66 @@ class Slot:
         self.frame: bytes | None = None
 
 
+#: A blob of at least this many bytes is joined on a thread of its own (`PendingBlob.take`):
+#: at 10^6 objects the blob is ~105 MB, and copying it into one bytes object took 120-190 ms
+#: here, which every call waited for when the apply thread did it. bytes.join of exact bytes
+#: over 1 MiB releases the GIL while it copies, so the apply thread goes on meanwhile.
+JOIN_APART_FROM = 8 << 20
+
+
+def join(parts: list[bytes]) -> bytes:
+    """A blob's parts joined (a seam: the tests make it fail)."""
+    return b"".join(parts)
+
+
 class PendingBlob:
     """A checkpoint's blob that may not be assembled yet (`Kernel.checkpoint_result`):
-    `done` once it is; `result()` assembles it first if need be (on the kernel's thread)."""
+    `done` once it is; `result()` assembles it first if need be (on the kernel's thread), and
+    waits for it if a thread joins it (`take`)."""
 
-    __slots__ = ("index", "_finish", "blob", "error")
+    __slots__ = ("index", "_finish", "blob", "error", "_joining")
 
     def __init__(self, index: int, finish: Callable[[], None]) -> None:
         self.index = index
         self._finish = finish
         self.blob: bytes | None = None
         self.error = ""               # why it has no blob (an object could not be saved)
+        self._joining: threading.Thread | None = None
 
     @property
     def done(self) -> bool:
         return self.blob is not None
 
+    def take(self, parts: list[Any] | None, error: str = "") -> None:
+        """The capture ended: the blob's parts in order, or None and why it has none. A blob
+        under JOIN_APART_FROM is joined at once; a larger one by a thread, and `done` is
+        False until it has (no snapshot is taken from it before: replication's `capturing`).
+        The bytes are the same either way."""
+        if parts is None:
+            self.error = error
+            return
+        if not all(type(p) is bytes for p in parts) or sum(map(len, parts)) < JOIN_APART_FROM:
+            self.blob = join(parts)   # a part left None (an object unsaved: a bug) fails here
+            return
+        t = threading.Thread(target=self._join, args=(parts,), daemon=True,
+                             name=f"gesmas-blob-{self.index}")
+        self._joining = t
+        t.start()
+
+    def _join(self, parts: list[bytes]) -> None:
+        try:
+            blob = join(parts)
+        except BaseException as e:    # memory: this checkpoint has no blob, as if unsaved
+            self.error = f"checkpoint {self.index} has no blob: joining its parts failed ({e!r})"
+            log.error("%s", self.error)
+            return
+        self.blob = blob
+
     def result(self) -> bytes:
-        if self.blob is None and not self.error:
+        if self.blob is None and not self.error and self._joining is None:
             self._finish()
+        if self._joining is not None:
+            self._joining.join()
         if self.blob is None:
             raise CheckpointUnavailable(self.error or f"checkpoint {self.index} not assembled")
         return self.blob
@@ -172,15 +217,16 @@ class Capture:
         self.joined = j
         return j < len(parts)
 
-    def assemble(self) -> bytes | None:
-        """The blob, once every slot is filled; None if an object could not be saved."""
+    def assemble(self) -> list[Any] | None:
+        """The blob's parts in order (PendingBlob.take joins them), once every slot is filled;
+        None if an object could not be saved."""
         assert not self.slots, "a checkpoint's blob assembled with objects unsaved"
         if self.failed:
             return None
         calls = [_call_bytes(x) for x in self.calls[self.pickled:]]
         rest: list[Any] = [p.frame if type(p) is Slot else p
                            for p in self.parts[self.joined:]]
-        return b"".join([self.head, *self.chunks, *calls, *rest])   # None (unsaved) fails here
+        return [self.head, *self.chunks, *calls, *rest]     # None (unsaved) fails in take
 
 
 #: What pickling a waiting call costs, in frames joined (~3 us against ~0.2 us).

@@ -121,14 +121,14 @@ class Checkpoints:
         self.budget.steps = 0
         return state_size(instance, self.config.max_object_bytes)
 
-    def _captured(self, cap: Capture, blob: bytes | None) -> None:
-        """A capture ended: its checkpoint's blob (None if an object could not be saved)."""
+    def _captured(self, cap: Capture, parts: list[Any] | None) -> None:
+        """A capture ended: its checkpoint's blob in parts (None if an object could not be
+        saved), joined by the PendingBlob."""
         r = self.result
         if isinstance(r, PendingBlob) and r.index == cap.index:
-            r.blob = blob
-            if blob is None:
-                r.error = (f"checkpoint {cap.index} has no blob: objects could not be saved "
-                           f"({'; '.join(f'{n!r}: {w}' for n, w in sorted(cap.failed.items()))})")
+            r.take(parts, "" if parts is not None else (
+                f"checkpoint {cap.index} has no blob: objects could not be saved "
+                f"({'; '.join(f'{n!r}: {w}' for n, w in sorted(cap.failed.items()))})"))
 
     # -- the saved form ------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ class Deferred:
 
     def __init__(self, state: Any, runner: Any, lifecycle: Any,
                  save: Callable[[Any], tuple[bytes, Any]], measure: Callable[[Any], int],
-                 captured: Callable[[Capture, bytes | None], None]) -> None:
+                 captured: Callable[[Capture, list[Any] | None], None]) -> None:
         self.state, self.runner, self.lifecycle = state, runner, lifecycle
         self._save, self._measure, self._captured = save, measure, captured
         self.capture: Capture | None = None
@@ -118,7 +118,7 @@ class Deferred:
         return False
 
     def finish(self) -> None:
-        """Save every object the open capture has left, and assemble its blob."""
+        """Save every object the open capture has left, and hand its blob's parts over."""
         cap = self.capture
         if cap is not None:
             with stack.relative():
@@ -138,11 +138,11 @@ class Deferred:
         assert cap is not None
         cap.close()
         try:
-            blob = cap.assemble()
+            parts = cap.assemble()
         finally:
             cap.settle()
         self.sizes_next, self.sizes_at = cap.sizes, cap.index
-        self._captured(cap, blob)
+        self._captured(cap, parts)
 
     def apply_sizes(self) -> None:
         """Apply the sizes the last capture measured, in name order: to the objects that were

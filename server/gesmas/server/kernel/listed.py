@@ -180,13 +180,13 @@ class ListedCapture(Capture):
                 yield unshared_pickle(part)
         yield unshared_pickle([])
 
-    def assemble(self) -> bytes | None:
+    def assemble(self) -> list[bytes] | None:
         assert not self.unsaved, "a checkpoint's blob assembled with objects unsaved"
         if self.failed:
             return None
         while self.join_some(1 << 40):
             pass
-        return b"".join([self.head, *self.chunks])
+        return [self.head, *self.chunks]
 
     def settle(self) -> None:
         """The capture ended: the objects removed and made since K leave and join the

@@ -90,8 +90,9 @@ class ApplyFailed(Exception):
 @dataclass
 class Gen:
     """A checkpoint (index 0 and no blob: the empty state) and the entries applied after it.
-    `blob` is bytes, or, while the state machine still captures it, a handle with `done` and
-    `result()` (kernel/capture.py's PendingBlob; `result()` only on the apply thread)."""
+    `blob` is bytes, or, while the state machine still captures it (or a thread joins its
+    parts), a handle with `done` and `result()` (kernel/capture.py's PendingBlob; `result()`
+    only on the apply thread)."""
     index: int
     blob: Any
     entries: List[Entry] = field(default_factory=list)
