@@ -312,6 +312,66 @@ def test_frames_are_grouped_by_size():
     assert len(list(overrides._size_runs([chunk, chunk], 2 ** 20))) == 2
 
 
+def _unbatched(messages) -> list:
+    return [x for m in messages
+            for x in (m["messages"] if m.get("type") == overrides.BATCH else [m])]
+
+
+class _Conn:
+    """What _send_grouped reads of a TcpConnection: its socket and its unwritten bytes."""
+
+    def __init__(self) -> None:
+        self._TcpConnection__socket = object()
+        self.unwritten = 0
+
+    def getSendBufferSize(self) -> int:
+        return self.unwritten
+
+
+def test_a_flush_hands_a_connection_a_bounded_amount_and_keeps_the_rest_in_order(
+        monkeypatch):
+    """Override 17: a snapshot queued whole in one tick goes out SEND_AHEAD frames per flush
+    beyond what the connection has not written, in order, each frame once; what waits is not
+    sent to a node whose connection was replaced meanwhile (a cut transmission is started
+    over by pysyncobj), and a node with room gets everything at once."""
+    limit = 2 ** 20
+    t = object.__new__(overrides._DurableTransport)
+    t._syncObj = type("S", (), {"encryptor": None, "conf": type(
+        "C", (), {"appendEntriesBatchSizeBytes": limit})()})()
+    slow, fast = _Conn(), _Conn()
+    t._connections = {"slow": slow, "fast": fast}
+    t._backlog = {}
+    sent: list = []
+    monkeypatch.setattr(overrides.TCPTransport, "send",
+                        lambda self, node, m: sent.append((node, m)) or True)
+    chunks = [{"type": "append_entries", "term": 1, "commit_index": 9,
+               "serialized": (bytes([k]) * 900_000, k == 0, k == 9)} for k in range(10)]
+    ack = {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False}
+    assert t._send_grouped([("slow", c) for c in chunks] + [("fast", ack)]) == []
+    assert [m for n, m in sent if n == "fast"] == [ack]
+    first = _unbatched(m for n, m in sent if n == "slow")
+    assert first == chunks[:3]                  # 2 MiB of room: three chunks of 0.9 MB
+    assert t.backlog_bytes() > 6 * 900_000
+    sent.clear()
+    slow.unwritten = 3 * limit                  # nothing written since: no room
+    t._send_grouped([])
+    assert sent == []
+    slow.unwritten = 0
+    heartbeat = {"type": "append_entries", "term": 1, "commit_index": 9, "prevLogIdx": 9,
+                 "prevLogTerm": 1, "entries": []}
+    t._send_grouped([("slow", heartbeat)])      # newer messages wait behind the backlog
+    while t._backlog:
+        t._send_grouped([])
+    assert _unbatched(m for _, m in sent) == chunks[3:] + [heartbeat]
+    sent.clear()
+    t._send_grouped([("slow", c) for c in chunks])
+    assert _unbatched(m for _, m in sent) == chunks[:3]
+    sent.clear()
+    slow._TcpConnection__socket = object()      # reconnected: the rest is not sent
+    t._send_grouped([("slow", ack)])
+    assert _unbatched(m for _, m in sent) == [ack] and not t._backlog
+
+
 def test_a_restarted_follower_catches_up_over_many_bounded_frames(tmp_path, monkeypatch,
                                                                   caplog):
     """A catching-up follower is sent the whole log tail in one tick; the leader must split
