@@ -15,9 +15,9 @@ checkpoint apply the sizes it took, SIZES_PER_ENTRY at a time).
 
 Prints per round: the entry, the number of slices, the longest slice, the longest slice in
 which no garbage-collector pass ran (and what it was doing: saving objects, joining the
-blob, or ending the capture), the longest collector pass, and the blob's size (a blob of
-JOIN_APART_FROM bytes or more is joined by a thread of its own after the last slice: how much
-longer that took is printed too). A call that
+blob, or ending the capture), the longest collector pass, and the blob's size (the parts of a
+blob of JOIN_APART_FROM bytes or more are joined apart, on a thread of a replica's own: how
+long that took is printed too). A call that
 arrives while a slice runs waits for it, so the longest slice is the stall a checkpoint can
 still cause. Wall-clock times: run it on a quiet machine.
 """
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 clean, what = dt, doing if more else "end"
             if not more:
                 break
-        apart = k.checkpoint_size is None       # a large blob is joined by a thread
+        apart = k.checkpoint_size is None       # a large blob: a replica joins it on a thread
         t = time.perf_counter()
         try:
             size: int | None = len(k.checkpoint_blob or b"")
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r}: entry {entry * 1e3:.1f} ms, {n} slices, longest {worst * 1e3:.0f} ms,"
               f" longest without a collection {clean * 1e3:.0f} ms ({what}), longest "
               f"collection {collector.longest * 1e3:.0f} ms, blob {size} bytes"
-              + (f" (joined by a thread; {waited * 1e3:.0f} ms more after the last slice)"
-                 if apart else ""), flush=True)
+              + (f" (its parts joined apart in {waited * 1e3:.0f} ms: a replica does that "
+                 "on a thread of its own)" if apart else ""), flush=True)
         if size is None:
             print("FAILED: the capture ended without a blob", flush=True)
             return 1

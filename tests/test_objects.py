@@ -1785,12 +1785,14 @@ def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied
     assert h.kernel.state_digest() == r.kernel.state_digest()
 
 
-def test_a_large_blob_is_joined_on_a_thread_and_is_not_done_before_it_is(monkeypatch):
-    """A capture hands its blob's parts to the PendingBlob; one of JOIN_APART_FROM bytes or
-    more is joined by a thread of its own while the apply thread goes on. Until the join
-    ends the blob is not done (replication takes no snapshot from it), `result()` waits for
-    it, and the bytes are those of a blob joined at once. A join that fails leaves that
-    checkpoint without a blob, saying why, and the next one has its blob."""
+def test_a_large_blob_is_joined_on_the_hosts_thread_and_is_not_done_before_it_is(
+        monkeypatch):
+    """A capture hands its blob's parts to the PendingBlob; those of JOIN_APART_FROM bytes or
+    more are left for the host to join on a thread of its own (replication's
+    `Gen.join_apart`) while the apply thread goes on. Until the join ends the blob is not
+    done (replication takes no snapshot from it), asking for it waits, and the bytes are
+    those of a blob joined at once; with no host thread `result()` joins them itself. A join
+    that fails leaves that checkpoint without a blob, saying why, and the next has one."""
     import threading
 
     from gesmas.server.kernel import capture
@@ -1806,6 +1808,13 @@ def test_a_large_blob_is_joined_on_a_thread_and_is_not_done_before_it_is(monkeyp
         h.checkpoint()
         return h
 
+    def capture_all(h: OH) -> PendingBlob:
+        while h.kernel.capture_some(100):
+            pass
+        pending = h.kernel.checkpoint_result
+        assert isinstance(pending, PendingBlob) and h.kernel.checkpoints.capture is None
+        return pending
+
     at_once = build()
     expected = at_once.kernel.checkpoint_blob
     monkeypatch.setattr(capture, "JOIN_APART_FROM", 0)
@@ -1817,33 +1826,90 @@ def test_a_large_blob_is_joined_on_a_thread_and_is_not_done_before_it_is(monkeyp
         return b"".join(parts)
     monkeypatch.setattr(capture, "join", slow_join)
     h = build()
-    k = h.kernel
-    while k.capture_some(100):
-        pass
-    pending = k.checkpoint_result
-    assert isinstance(pending, PendingBlob) and k.checkpoints.capture is None
-    assert not pending.done and k.checkpoint_size is None
-    assert Gen(pending.index, pending).capturing()      # no snapshot from it yet
-    h.tick(h.ts + 0.01)                                 # the apply thread goes on
+    pending = capture_all(h)
+    assert pending.joinable and not pending.done and h.kernel.checkpoint_size is None
+    gen = Gen(pending.index, pending)
+    assert gen.capturing()                      # no snapshot from it yet
+    gen.join_apart()
+    h.tick(h.ts + 0.01)                         # the apply thread goes on meanwhile
+    assert gen.capturing()
     release.set()
-    assert pending.result() == expected and pending.done
+    assert gen.blob_bytes() == expected and pending.done and not gen.capturing()
     assert joining == [f"gesmas-blob-{pending.index}"]
-    assert not Gen(pending.index, pending).capturing()
+
+    monkeypatch.setattr(capture, "join", lambda parts: b"".join(parts))
+    alone = capture_all(build())                # no host: result() joins them
+    assert alone.joinable and alone.result() == expected
 
     def no_memory(parts: list[bytes]) -> bytes:
         raise MemoryError("the test's")
     monkeypatch.setattr(capture, "join", no_memory)
     h.ok(h.sessions(1)[0], "q0", "produce", "y")
     h.checkpoint()
-    while k.capture_some(100):
-        pass
-    failed = k.checkpoint_result
+    failed = capture_all(h)
+    failed.join_parts()
     with pytest.raises(CheckpointUnavailable, match="joining its parts failed.*the test's"):
         failed.result()
-    assert not failed.done
+    assert not failed.done and not failed.joinable
     monkeypatch.setattr(capture, "join", lambda parts: b"".join(parts))
     h.checkpoint()
-    assert h.restored().kernel.state_digest() == k.state_digest()
+    assert h.restored().kernel.state_digest() == h.kernel.state_digest()
+
+
+def test_the_applier_joins_a_large_blob_on_a_thread_once_idle_and_snapshots_it_after(
+        monkeypatch):
+    """Replication's side of JOIN_APART_FROM: once the capture ended (at an entry or in an
+    idle slice), the apply thread's next idle turn (`Applier.background`) starts the join
+    on a thread of its own; until it ends the newest checkpoint counts as being captured
+    (no log compaction: `capturing`) and no snapshot is taken; then the snapshot holds the
+    joined bytes."""
+    import threading
+
+    from gesmas.server.kernel import capture
+    from gesmas.server.kernel.capture import PendingBlob
+    from gesmas.server.replication.applier import Applier
+
+    monkeypatch.setattr(capture, "JOIN_APART_FROM", 0)
+    release = threading.Event()
+    monkeypatch.setattr(capture, "join", lambda parts: release.wait(30) and b"".join(parts))
+    parts = [b"head", b"frames" * 3, b"more"]
+
+    class SM:                                   # a checkpoint at each entry "ckpt"
+        checkpoint_index = None
+        checkpoint_result: Any = None
+        checkpoint_blob = None
+
+        def apply(self, index: int, data: bytes) -> list:
+            if data == b"ckpt":
+                self.checkpoint_index = index
+                self.checkpoint_result = PendingBlob(index, lambda: None)
+                self.checkpoint_result.take(list(parts))     # the capture ended at once
+            return []
+
+        def capture_some(self, limit: int) -> bool:
+            return False
+
+        @staticmethod
+        def is_checkpoint(data: bytes) -> bool:
+            return data == b"ckpt"
+
+    a = Applier(SM, lambda blob: SM(), lambda out: None)
+    a.apply(1, b"x")
+    a.apply(2, b"ckpt")
+    assert a.capturing() and a.gens[-1].joiner is None
+    assert a.background() is False              # the idle turn: the join starts
+    joiner = a.gens[-1].joiner
+    assert joiner is not None and joiner.name == "gesmas-blob-2" and joiner.is_alive()
+    a.apply(3, b"y")                            # entries go on meanwhile
+    assert a.capturing()
+    with pytest.raises(RuntimeError, match="being captured"):
+        a.snapshot(3)
+    release.set()
+    joiner.join(30)
+    assert not a.capturing()
+    payload, _ = a.snapshot(3)
+    assert payload["checkpoint_blob"] == b"".join(parts)
+    assert payload["checkpoint_index"] == 2 and payload["commands"] == [(3, b"y")]
 
 
 def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restore(

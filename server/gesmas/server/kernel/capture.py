@@ -38,7 +38,7 @@ Interface: `Deferred(state, runner, lifecycle, save, measure, captured)`, owned 
 `Checkpoints`, which opens a `Capture(index, head, parts, slots, keep)` at each checkpoint with
 deferred objects (at a format-7 one a `ListedCapture`, listed.py); `Deferred` (deferred.py)
 saves its objects (`seal`, `capture_some`, `finish`), calls `captured(capture, parts or None)`
-when it ends (`PendingBlob.take` joins the parts, on a thread of its own if they are large), applies the sizes it measured at the next checkpoint (`apply_sizes`) or after it
+when it ends (`PendingBlob.take` joins the parts, or leaves large ones to its host's thread), applies the sizes it measured at the next checkpoint (`apply_sizes`) or after it
 (`take_sizes`), and keeps the table of frames as objects are made and removed (`made`,
 `removed`: the runner's hooks).
 """
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import threading
 from typing import Any, Callable
 
 from .sched import SAVING
@@ -63,10 +62,11 @@ class Slot:
         self.frame: bytes | None = None
 
 
-#: A blob of at least this many bytes is joined on a thread of its own (`PendingBlob.take`):
-#: at 10^6 objects the blob is ~105 MB, and copying it into one bytes object took 120-190 ms
-#: here, which every call waited for when the apply thread did it. bytes.join of exact bytes
-#: over 1 MiB releases the GIL while it copies, so the apply thread goes on meanwhile.
+#: A blob of at least this many bytes is not joined by the capture (`PendingBlob.take`): its
+#: host joins it on a thread of its own (replication's `Gen.join_apart`). At 10^6 objects the
+#: blob is ~105 MB, and copying it into one bytes object took 120-190 ms here, which every
+#: call waited for when the apply thread did it; bytes.join of exact bytes over 1 MiB
+#: releases the GIL while it copies, so the apply thread goes on meanwhile.
 JOIN_APART_FROM = 8 << 20
 
 
@@ -77,52 +77,64 @@ def join(parts: list[bytes]) -> bytes:
 
 class PendingBlob:
     """A checkpoint's blob that may not be assembled yet (`Kernel.checkpoint_result`):
-    `done` once it is; `result()` assembles it first if need be (on the kernel's thread), and
-    waits for it if a thread joins it (`take`)."""
+    `done` once it is; `result()` assembles it first if need be (on the kernel's thread).
+    A large blob's parts wait for `join_parts` (`joinable`), which its host calls on a
+    thread of its own, or `result()` at the latest."""
 
-    __slots__ = ("index", "_finish", "blob", "error", "_joining")
+    __slots__ = ("index", "_finish", "blob", "error", "parts")
 
     def __init__(self, index: int, finish: Callable[[], None]) -> None:
         self.index = index
         self._finish = finish
         self.blob: bytes | None = None
         self.error = ""               # why it has no blob (an object could not be saved)
-        self._joining: threading.Thread | None = None
+        self.parts: list[bytes] | None = None    # handed over by `take`, not joined yet
 
     @property
     def done(self) -> bool:
         return self.blob is not None
 
+    @property
+    def joinable(self) -> bool:
+        """Whether the capture ended and handed its parts over to be joined (`join_parts`)."""
+        return self.parts is not None and self.blob is None and not self.error
+
     def take(self, parts: list[Any] | None, error: str = "") -> None:
         """The capture ended: the blob's parts in order, or None and why it has none. A blob
-        under JOIN_APART_FROM is joined at once; a larger one by a thread, and `done` is
-        False until it has (no snapshot is taken from it before: replication's `capturing`).
-        The bytes are the same either way."""
+        under JOIN_APART_FROM is joined at once; a larger one waits for `join_parts` (`done`
+        is False until then: no snapshot is taken from it). The bytes are the same."""
         if parts is None:
             self.error = error
             return
         if not all(type(p) is bytes for p in parts) or sum(map(len, parts)) < JOIN_APART_FROM:
             self.blob = join(parts)   # a part left None (an object unsaved: a bug) fails here
             return
-        t = threading.Thread(target=self._join, args=(parts,), daemon=True,
-                             name=f"gesmas-blob-{self.index}")
-        self._joining = t
-        t.start()
+        self.parts = parts
 
-    def _join(self, parts: list[bytes]) -> None:
+    def join_parts(self) -> None:
+        """Join the parts `take` handed over (any thread: it only reads them; two joins at
+        once give the same bytes). A join that fails (memory) leaves this checkpoint without
+        a blob, as an object that could not be saved does."""
+        parts = self.parts
+        if parts is None or self.blob is not None:
+            return
         try:
             blob = join(parts)
-        except BaseException as e:    # memory: this checkpoint has no blob, as if unsaved
-            self.error = f"checkpoint {self.index} has no blob: joining its parts failed ({e!r})"
-            log.error("%s", self.error)
+        except BaseException as e:
+            if self.blob is None:
+                self.error = (f"checkpoint {self.index} has no blob: joining its parts failed "
+                              f"({e!r})")
+                log.error("%s", self.error)
+            self.parts = None
             return
         self.blob = blob
+        self.parts = None
 
     def result(self) -> bytes:
-        if self.blob is None and not self.error and self._joining is None:
-            self._finish()
-        if self._joining is not None:
-            self._joining.join()
+        if self.blob is None and not self.error:
+            if self.parts is None:
+                self._finish()
+            self.join_parts()
         if self.blob is None:
             raise CheckpointUnavailable(self.error or f"checkpoint {self.index} not assembled")
         return self.blob

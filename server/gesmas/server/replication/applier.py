@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -96,10 +97,25 @@ class Gen:
     index: int
     blob: Any
     entries: List[Entry] = field(default_factory=list)
+    joiner: Optional[threading.Thread] = None   # joins a large blob's parts (`join_apart`)
 
     def blob_bytes(self) -> Optional[bytes]:
         b = self.blob
-        return b if b is None or isinstance(b, bytes) else b.result()
+        if b is None or isinstance(b, bytes):
+            return b
+        if self.joiner is not None:
+            self.joiner.join()
+        return b.result()
+
+    def join_apart(self) -> None:
+        """Join the blob's parts on a thread of its own once its capture handed them over
+        (kernel/capture.py, JOIN_APART_FROM): bytes.join releases the GIL while it copies
+        ~100 MB at 10^6 objects, so the apply thread goes on meanwhile."""
+        b = self.blob
+        if self.joiner is None and getattr(b, "joinable", False):
+            self.joiner = threading.Thread(target=b.join_parts, daemon=True,
+                                           name=f"gesmas-blob-{self.index}")
+            self.joiner.start()
 
     def capturing(self) -> bool:
         b = self.blob
@@ -335,7 +351,11 @@ class Applier:
         """One slice of the state machine's open checkpoint capture (apply thread, nothing
         queued); whether more is left."""
         fn = getattr(self.sm, "capture_some", None)
-        return bool(fn is not None and not self.held and fn(CAPTURE_SLICE))
+        if fn is not None and not self.held and fn(CAPTURE_SLICE):
+            return True
+        for g in self.gens:          # a capture that ended (here, or at an entry) has left
+            g.join_apart()           # its parts to join
+        return False
 
     def capturing(self) -> bool:
         """Whether the newest checkpoint is still being captured, or could not be (any
