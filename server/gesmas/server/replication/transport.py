@@ -1,11 +1,12 @@
 """Pure functions over Raft messages: conflict-only truncation of append_entries, coalescing
-and batching of outgoing messages, and which ones may leave before the journal is synced.
+and batching of outgoing messages, which ones may leave before the journal is synced, and
+how much of a node's backlog one flush sends.
 No I/O: `overrides.py` calls them and the tests check them directly."""
 from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 
 from .journal import DurableJournal
@@ -152,3 +153,54 @@ def split_early(outbox: List[Tuple[Any, Any]]) -> Tuple[List[Tuple[Any, Any]],
             blocked.add(node)
             late.append((node, message))
     return early, late
+
+
+# ------------------------------------ what one flush sends a node (overrides 6 and 17)
+def _approx_bytes(message: Any) -> int:
+    """About what a Raft message costs pickled: its payload bytes plus an allowance."""
+    if not isinstance(message, dict):
+        return 64
+    size = 64 + sum(len(e[0]) + 48 for e in message.get("entries") or ())
+    for key in ("command", "data"):  # apply_command; a 'transmission' chunk of a big entry
+        if isinstance(message.get(key), bytes):
+            size += len(message[key])
+    if message.get("serialized"):  # snapshot chunk: (data, is_first, is_last)
+        size += len(message["serialized"][0] or b"")
+    return size
+
+
+#: Frames of appendEntriesBatchSizeBytes one flush may hand a connection beyond what it has
+#: not written yet (override 17, ``_DurableTransport``): 2 MiB with the default tuning, ~10 ms
+#: of framing on the tick thread.
+SEND_AHEAD = 2
+
+
+def _size_runs(messages: List[Any], limit: int) -> Iterator[List[Any]]:
+    """Consecutive runs of ~``limit`` bytes at most (or one bigger message): each becomes at
+    most one frame, so a catching-up follower gets many bounded frames, not one huge one
+    (``__sendAppendEntries`` queues a whole log tail, or snapshot, per tick; override 7)."""
+    run: List[Any] = []
+    size = 0
+    for message in messages:
+        n = _approx_bytes(message)
+        if run and size + n > limit:
+            yield run
+            run, size = [], 0
+        run.append(message)
+        size += n
+    if run:
+        yield run
+
+
+def _superseded_dropped(waiting: List[Any], newer: List[Any]) -> List[Any]:
+    """A node's backlog without the append_entries that newer ones send again: pysyncobj
+    moves a follower's nextIndex back to each ack, so while a backlog waits the leader
+    queues the same entries again from the follower's last ack. The entries of the waiting
+    append_entries are then on the follower (up to that ack) or in the newer ones (after
+    it), so those messages are dropped (as a lossy network may); anything else (a snapshot
+    chunk: its transmission has no sequence numbers) is kept, in order."""
+    first = next((m for m in newer if _plain_ae(m)), None)
+    tails = [_ae_tail(m)[0] for m in waiting if _plain_ae(m)]
+    if first is None or not tails or first["prevLogIdx"] >= max(tails):
+        return waiting
+    return [m for m in waiting if not _plain_ae(m)]
