@@ -7,6 +7,10 @@ pickle, owner, size). Format 6 writes the number of waiting calls in the header 
 call after it as a pickle of its own (capture.py); format 7 lists the deferred objects after
 the frames instead of in the header, so that its header holds nothing per object. Formats 1 to 3 are read for backups and
 data dirs of older gesmas.
+The state in the header names the objects whose waiters the checkpoint kept in place
+(`kept`, any format, written only when there are some): a restore re-runs their calls
+uncharged, as the live replicas did not run them. A header without it (an earlier gesmas
+wrote it, or no waiter was kept) is restored as before: every re-run charged.
 """
 from __future__ import annotations
 

@@ -218,6 +218,8 @@ class Checkpoints:
         pickle.dump(self.registry.dump(), buf, protocol=5)
         frames = self.state.frames
         state = self.saved_state(per_object=False)
+        if keep:        # whose waiters stayed in place: a restore re-runs them uncharged
+            state["kept"] = sorted(keep)
         calls: list[Any] = []           # (`deferred` is in name order: _save_objects made it so)
         listed = type(deferred) is set
         if listed:      # format 7: as 6, and the deferred objects listed after the frames
@@ -297,7 +299,7 @@ class Checkpoints:
         self.deferred.sizes_at = st.index
         self.deferred.restore_sizes(got.pending_sizes)
         self.runner.out = []
-        self._rerun(got.pending)
+        self._rerun(got.pending, frozenset(state.get("kept", ())))
 
     def _load_objects(self, objects: list[tuple[Any, ...]], owners: dict[str, str],
                       sizes: dict[str, int]) -> None:
@@ -328,16 +330,23 @@ class Checkpoints:
                 self.lifecycle.drop(name, f"its state cannot be restored ({type_name(e)}: "
                                           f"{safe_str(e, 200)})")
 
-    def _rerun(self, pending: list[PendingCall]) -> None:
+    def _rerun(self, pending: list[PendingCall], kept: frozenset[str] = frozenset()) -> None:
+        """Run the pending calls again, in order. Those on the `kept` objects waited in
+        place through the checkpoint on a live replica (`take`), which neither ran them nor
+        marked their objects changed: re-run here, they are not charged either, and block
+        again with the next block numbers, which `take` counts."""
         runner = self.runner
         for p in pending:
             s = self.state.sessions[p.cmd.session]
+            runner.quiet = p.cmd.name in kept
             try:
                 self.restart(p, s)
             except KernelError as e:         # its object was dropped by this checkpoint
                 s.results[p.cmd.seq] = (None, e.error)
                 for tag in p.tags:
                     runner.out.append(Completion(tag, None, e.error))
+            finally:
+                runner.quiet = False
             runner.drain()
 
     # -- the state digest ----------------------------------------------------------------------
@@ -397,9 +406,13 @@ class Checkpoints:
             self.index = st.index
         finally:
             SAVING.reset(saving)
+        # A kept waiter is left as it is, but counted as re-run: a restore re-runs it, and
+        # its wait takes the next block number there (`_rerun`). With calls re-run here, it
+        # is renumbered, so that it stays behind them in the same order as there.
         renumber = bool(interrupted)
         if not renumber and all(name in st.objects for name in keep):
-            runner.complete(cmd.tag, st.index)   # nothing below to do for any waiter
+            runner.order += len(blocked) - len(unwind)     # nothing else to do for a waiter
+            runner.complete(cmd.tag, st.index)
             return
         for req in blocked:
             if req.obj in keep:
@@ -407,6 +420,8 @@ class Checkpoints:
                     self._abandon(req)
                 elif renumber:                   # as if re-run: it would wait again at once
                     runner.renumber(req)
+                else:
+                    runner.order += 1
             elif req.index in interrupted:
                 self._rerun([interrupted[req.index]])
         if renumber and keep:

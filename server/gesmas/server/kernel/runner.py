@@ -78,6 +78,9 @@ class Runner:
         # ... those of them of uploaded classes (or of a class not known when marked): a
         # checkpoint saves these at its index, and may leave the others to its capture
         self.changed_uploaded: set[str] = set()
+        # set while a restore re-runs a call that the live replicas kept waiting through the
+        # checkpoint (Checkpoints._rerun): they did not run it, so the re-run is not charged
+        self.quiet = False
         self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None
         # saves an object for an open checkpoint capture before code runs on it (capture.py;
         # set by Checkpoints): seal(name, running)
@@ -207,18 +210,24 @@ class Runner:
             req.interrupting = isinstance(throw, Interrupted)
             outcome = task.throw(throw)
             req.interrupting = False
-        rec = self.state.objects.get(req.obj)     # charge the run's steps to its object
-        self.touched.add(req.obj)
-        self.changed.add(req.obj)
+        if not self.quiet:
+            self._charge(req.obj)
+        if task.dead:
+            self._finish(req, outcome)
+
+    def _charge(self, name: str) -> None:
+        """A run on object `name` ended: it is changed (and touched), and charged the run's
+        steps."""
+        rec = self.state.objects.get(name)
+        self.touched.add(name)
+        self.changed.add(name)
         if rec is not None:
             if rec.cls.name not in self.config.reserved_classes:
-                self.changed_uploaded.add(req.obj)
+                self.changed_uploaded.add(name)
             rec.runs += 1
             rec.steps += self.budget.steps
             if rec.steps > self.measure_every:
                 self.grown(rec)
-        if task.dead:
-            self._finish(req, outcome)
 
     def _finish(self, req: Request, outcome: Any) -> None:
         req.task = None
