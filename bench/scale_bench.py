@@ -404,7 +404,8 @@ def listing(cl: LocalCluster) -> dict[str, Any]:
 
 
 def one_run(a: argparse.Namespace) -> dict[str, Any]:
-    env = {"GESMAS_CHECKPOINT_EVERY": str(a.checkpoint_every)}
+    env = {"GESMAS_CHECKPOINT_EVERY": str(a.checkpoint_every),
+           **dict(kv.split("=", 1) for kv in a.server_env)}
     holder: dict[str, Any] = {}
     with LocalCluster(metrics=True, env=env, fsync=not a.unsafe_no_fsync) as cl:
         watch = Watch(cl)
@@ -517,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeline", action="store_true",
                     help="with --json: every produce call, checkpoint, term and phase mark in "
                          "time, per run")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable of the servers (repeatable)")
     ap.add_argument("--phase-limit", type=float, default=PHASE_LIMIT,
                     help="seconds any phase may take (default %(default)s)")
     ap.add_argument("--hold-waiters", type=int, help=argparse.SUPPRESS)

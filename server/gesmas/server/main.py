@@ -61,6 +61,14 @@ def tune_gc() -> None:
         atexit.register(_leak_report)
 
 
+def tune_switching() -> None:
+    """How long a thread that wants the GIL waits for the one holding it (CPython's default,
+    5 ms). GESMAS_SWITCH_INTERVAL_MS sets it."""
+    raw = os.environ.get("GESMAS_SWITCH_INTERVAL_MS", "").strip()
+    if raw:
+        sys.setswitchinterval(float(raw) / 1000)
+
+
 def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
     if phase == "stop" and info.get("generation", 0) >= 1:
         gc.freeze()
@@ -128,6 +136,7 @@ def run_server(args: Any) -> int:
     os.makedirs(config.data_dir, exist_ok=True)
     from .node import Node, ReplicaFailed
     tune_gc()
+    tune_switching()
 
     async def main() -> None:
         stop = asyncio.Event()
