@@ -3,6 +3,7 @@ only gathers what a snapshot holds; a thread of its own writes it, and pysyncobj
 SERIALIZING until the file is in place; a snapshot received from the leader meanwhile wins."""
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 
@@ -96,3 +97,55 @@ def test_a_snapshot_received_meanwhile_is_never_replaced_by_the_older_one(tmp_pa
     # the cancelled job compacted nothing: pysyncobj must not drop entries up to 10
     assert s.checkSerializing()[0] == SERIALIZER_STATE.NOT_SERIALIZING
     assert not (tmp_path / "snapshot.bin.tmp").exists()
+
+
+def test_a_snapshot_is_synced_to_disk_a_megabyte_at_a_time(tmp_path, monkeypatch):
+    """PacedFile: the file holds exactly what was written, whatever the sizes of the writes
+    (pickle writes small frames, and each large bytes object whole), and its data is synced
+    each time SYNC_EVERY more bytes have been written, so the fsync at the end has at most
+    that much left (a whole snapshot written back at once held the journal's fsyncs for
+    50-70 ms). Without fsync (--unsafe-no-fsync), nothing is synced."""
+    from gesmas.server.replication import snapshots
+    monkeypatch.setattr(snapshots, "SYNC_EVERY", 1000)
+    synced: list[int] = []
+    path = tmp_path / "snap"
+    with open(path, "wb") as f:
+        monkeypatch.setattr(snapshots.os, "fdatasync",
+                            lambda fd: synced.append(f.tell()) if fd == f.fileno() else None)
+        paced = snapshots.PacedFile(f, sync=True)
+        payload = {"blob": bytes(range(256)) * 13, "commands": [(i, b"c" * i) for i in range(60)],
+                   "more": bytearray(b"x" * 2500)}
+        pickle.dump(payload, paced, protocol=5)
+        assert paced.write(memoryview(b"tail")) == 4
+        paced.flush_to_disk()
+    data = path.read_bytes()
+    assert pickle.loads(data) == payload and data.endswith(b"tail")
+    assert synced[:-1] == list(range(1000, len(data), 1000))   # every 1000 bytes written
+    assert synced[-1] == len(data)                             # and the rest at the end
+    synced.clear()
+    with open(path, "wb") as f:
+        paced = snapshots.PacedFile(f, sync=False)
+        paced.write(b"y" * 5000)
+        paced.flush_to_disk()
+    assert synced == [] and path.read_bytes() == b"y" * 5000
+
+
+def test_a_received_snapshot_is_synced_chunk_by_chunk(tmp_path, monkeypatch):
+    """The chunks of a snapshot from the leader are synced as they are written (the last
+    one by the load, which fsyncs the whole file before reading it); the file is the
+    concatenation of the chunks."""
+    from gesmas.server.replication import snapshots
+    synced: list[int] = []
+    monkeypatch.setattr(snapshots.os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size))
+    path, s = make(tmp_path, Writer())
+    chunks = [b"a" * 300, b"b" * 200, b"c" * 100]
+    assert s.setTransmissionData((chunks[0], True, False)) is False
+    assert s.setTransmissionData((chunks[1], False, False)) is False
+    assert synced == [300, 500]
+    assert s.setTransmissionData((chunks[2], False, True)) is True
+    assert (tmp_path / "snapshot.bin").read_bytes() == b"".join(chunks)
+    assert synced == [300, 500]
+    unsynced = BackgroundSerializer(str(tmp_path / "other.bin"), 1 << 16, lambda d: d,
+                                    Writer(), lambda p: None, sync=False)
+    assert unsynced.setTransmissionData((b"z" * 10, True, False)) is False
+    assert synced == [300, 500]

@@ -21,7 +21,7 @@ from .applier import ABORT_PREFIX, Applier, ApplyFailed, decode_abort
 from .journal import DurableJournal, fsync_dir
 from .reads import AppliedReads, IndexCallback, ReadIndex
 from .rejoin import RejoinGuard
-from .snapshots import BackgroundSerializer
+from .snapshots import BackgroundSerializer, PacedFile
 from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
@@ -120,7 +120,7 @@ class Replica:
         # override 13: snapshot files are written on a thread of their own (snapshots.py)
         self.snapshots = BackgroundSerializer(conf.fullDumpFile, conf.logCompactionBatchSize,
                                               self._snapshot_payload, self._write_snapshot,
-                                              self._read_snapshot)
+                                              self._read_snapshot, fsync)
         self._node._SyncObj__serializer = self.snapshots
         self._tick_thread = self._node._SyncObj__thread
         self._node.addOnTickCallback(self._on_tick)
@@ -277,7 +277,17 @@ class Replica:
             "snapshots_loaded": self.snapshots_loaded,
             "fatal": repr(self.fatal) if self.fatal is not None else None,
             "rejoining": self.rejoin is not None,     # no vote until caught up (rejoin.py)
+            # queued for peers beyond what their connections were handed (override 17)
+            "send_backlog_bytes": self._send_backlog_bytes(node),
         }
+
+    @staticmethod
+    def _send_backlog_bytes(node: Any) -> int:
+        backlog = getattr(node._SyncObj__transport, "backlog_bytes", None)
+        try:
+            return backlog() if backlog is not None else 0
+        except RuntimeError:        # the tick thread changed the backlogs meanwhile
+            return 0
 
     def _journal_last_index(self) -> Optional[int]:
         try:
@@ -475,8 +485,9 @@ class Replica:
     def _write_snapshot(self, filename: str, payload: dict) -> None:
         """Write a snapshot file (BackgroundSerializer's ``write``, on its thread)."""
         with open(filename, "wb") as f:
-            pickle.dump(payload, f, protocol=5)
-            f.flush()
+            paced = PacedFile(f, self._journal.fsync_enabled)   # synced a MB at a time
+            pickle.dump(payload, paced, protocol=5)
+            paced.flush_to_disk()
             if self._journal.fsync_enabled:
                 os.fsync(f.fileno())
         # BackgroundSerializer renames it into place; DurableJournal.deleteEntriesTo fsyncs
