@@ -9,6 +9,10 @@
 - `heal()` ends the partition: the connections that lost bytes are closed (their streams
   have holes, as a TCP connection that timed out would be), so the peers reconnect; new
   connections are forwarded again.
+- `stall()` models a congested link: nothing is read from either side until `flow()`, so
+  what a peer sends piles up in its own socket's buffer (with `buffer_bytes`, the proxy's
+  sockets buffer no more than that: the kernel would otherwise grow a loopback receive
+  buffer to tens of MB).
 - `close()` stops the proxy and closes every socket it holds.
 
 Only loopback addresses are used; every thread is a daemon and stops on `close()`.
@@ -48,8 +52,12 @@ class _Pair:
 
 
 class FaultProxy:
-    def __init__(self, listen_port: int, target_port: int, name: str = "") -> None:
+    def __init__(self, listen_port: int, target_port: int, name: str = "",
+                 buffer_bytes: int | None = None) -> None:
         self.listen_port = listen_port
+        self.buffer_bytes = buffer_bytes
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.target_port = target_port
         self.name = name or f"{listen_port}->{target_port}"
         self._cut = False
@@ -72,6 +80,7 @@ class FaultProxy:
     def start(self) -> FaultProxy:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._clamp(s)                   # inherited by the accepted sockets
         s.bind(("127.0.0.1", self.listen_port))
         s.listen(16)
         s.settimeout(_POLL)
@@ -86,6 +95,17 @@ class FaultProxy:
             self._cut = True
             for p in self._pairs:
                 p.tainted = True
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def flow(self) -> None:
+        self._flowing.set()
+
+    def _clamp(self, s: socket.socket) -> None:
+        if self.buffer_bytes is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.buffer_bytes)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buffer_bytes)
 
     def heal(self) -> None:
         with self._lock:
@@ -126,10 +146,14 @@ class FaultProxy:
             down.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             up = None
             if not self._cut:
+                up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 try:
-                    up = socket.create_connection(("127.0.0.1", self.target_port), timeout=2.0)
+                    self._clamp(up)
+                    up.settimeout(2.0)
+                    up.connect(("127.0.0.1", self.target_port))
                     up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 except OSError:          # the target is down: refuse, as it would
+                    up.close()
                     down.close()
                     continue
             pair = _Pair(down, up)
@@ -146,6 +170,8 @@ class FaultProxy:
         try:
             src.settimeout(_POLL)        # in the try: a cut may close it before this runs
             while not self._stop.is_set() and not pair.closed:
+                if not self._flowing.wait(_POLL):
+                    continue
                 try:
                     data = src.recv(65536)
                 except socket.timeout:

@@ -129,3 +129,69 @@ def _wait_path(path: str, exists: bool, timeout: float = 30.0) -> None:
             raise AssertionError(f"{path} {'never appeared' if exists else 'still exists'} "
                                  f"after {timeout}s")
         time.sleep(0.02)
+
+
+def test_a_snapshot_cut_off_on_its_way_is_sent_again_whole(tmp_path):
+    """A wiped follower is sent the leader's snapshot, ~16 MB of queued items that do not
+    compress: far more than the leader hands a connection at once, so the rest waits in the
+    leader's backlog for that peer (override 17, gesmas_raft_send_backlog_bytes). The link is
+    cut while the follower has written part of the snapshot and the backlog holds more (the
+    link stalled meanwhile, so that the backlog cannot drain). What waited for the old
+    connection must not reach the new one: after the lost bytes, the rest of the old
+    transmission would complete a snapshot with a hole, which the follower would install and
+    fail to load. (Here it is dropped as the node is seen disconnected; a reconnection within
+    one flush is caught by the socket check, tests/test_raft_port.py.) The leader starts the
+    snapshot over, and the follower loads it with no error and ends with the leader's state."""
+    from faultcluster import FaultCluster
+    from faultproxy import FaultProxy
+    cluster = FaultCluster(nodes=3, data_dir=str(tmp_path / "cluster"), metrics=True,
+                           proxy_factory=lambda *a: FaultProxy(*a, buffer_bytes=1 << 16),
+                           env={"GESMAS_CHECKPOINT_EVERY": "50", "GESMAS_SNAPSHOT_EVERY": "100"})
+    try:
+        cluster.start(timeout=90)
+        leader = cluster.find_leader()
+        victim = next(m for m in cluster.members if m is not leader)
+        items = [os.urandom(150_000) for _ in range(110)]
+        with Client(cluster.addresses, retry_timeout=RETRY, **cluster.client_options()) as c:
+            for i, item in enumerate(items):
+                c.queue(f"big{i % 4}").produce(item)
+            cluster.kill(victim)
+            shutil.rmtree(victim.data_dir)
+            n = c.counter("after")
+            for _ in range(120):                 # the leader compacts past the wiped follower
+                n.add(1)
+        victim.new_cluster = False               # an emptied replica rejoins
+        cluster.start_member(victim)
+        end = time.monotonic() + 60
+        while not any(f.endswith(".1.tmp") for f in os.listdir(victim.data_dir)):   # incoming
+            assert time.monotonic() < end, "the wiped follower was never sent a snapshot"
+            time.sleep(0.002)
+        link = cluster.link(leader, victim)
+        link.stall()                                     # the snapshot is on its way
+        try:
+            end = time.monotonic() + 30
+            while (held := _gauge(leader, "gesmas_raft_send_backlog_bytes")) == 0:
+                assert time.monotonic() < end, "nothing waited in the leader's backlog"
+                time.sleep(0.01)
+            link.cut()
+        finally:
+            link.flow()
+        end = time.monotonic() + 30
+        while link.dropped == 0:                  # what the link reads now is lost
+            assert time.monotonic() < end, "nothing was lost at the cut"
+            time.sleep(0.005)
+        cluster.heal()                  # the connections that lost bytes are closed
+        print(f"\ncut with {held / 1e6:.1f} MB waiting for the follower; "
+              f"{link.dropped / 1e6:.1f} MB lost at the cut")
+        cluster.wait_caught_up(victim, timeout=90)
+        assert cluster.member_status(victim, digest=True)["state_digest"] == \
+            cluster.member_status(leader, digest=True)["state_digest"]
+        with open(victim.log_path, encoding="utf-8", errors="replace") as f:
+            log = f.read()
+        assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+        with Client([victim.client_addr], retry_timeout=RETRY, route="replica",
+                    consistency="sequential", **cluster.client_options()) as c:
+            got = [c.queue(f"big{i}").size() for i in range(4)]
+        assert got == [28, 28, 27, 27]
+    finally:
+        cluster.stop()
