@@ -61,7 +61,7 @@ from .lifecycle import Lifecycle
 from .listed import ListedCapture
 from .measure import state_size
 from .records import (TOUCHED_IN_PARTS, Completion, Config, ObjectRecord, PendingCall, Request,
-                      Session, State)
+                      Session, State, unshared_pickle)
 from .registry import Registry, safe_str, type_name
 from .runner import Runner
 from .sched import SAVING, Interrupted
@@ -224,10 +224,12 @@ class Checkpoints:
         listed = type(deferred) is set
         if listed:      # format 7: as 6, and the deferred objects listed after the frames
             # (format 8: and the sessions' objects in parts, Session.touched_parts)
+            # without a memo: whether two equal strings of the sessions' results are one
+            # object depends on the replica's history (an error type made live, or loaded)
             token = TOUCHED_IN_PARTS.set(touched_in_parts)
             try:
                 state["format"] = 8 if touched_in_parts else 7
-                pickle.dump((state, len(pending), len(frames)), buf, protocol=5)
+                buf.write(unshared_pickle((state, len(pending), len(frames))))
             finally:
                 TOUCHED_IN_PARTS.reset(token)
         elif apart:     # format 6: the calls pickled by the capture, after this header
