@@ -149,3 +149,19 @@ def test_a_received_snapshot_is_synced_chunk_by_chunk(tmp_path, monkeypatch):
                                     Writer(), lambda p: None, sync=False)
     assert unsynced.setTransmissionData((b"z" * 10, True, False)) is False
     assert synced == [300, 500]
+
+
+def test_a_chunk_that_cannot_be_synced_does_not_stop_the_transmission(tmp_path, monkeypatch,
+                                                                       caplog):
+    """A failed sync of a received chunk is logged and the chunks go on being written; the
+    load's fsync of the whole file decides whether the snapshot is durable."""
+    from gesmas.server.replication import snapshots
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(snapshots.os, "fdatasync", broken)
+    path, s = make(tmp_path, Writer())
+    assert s.setTransmissionData((b"a" * 10, True, False)) is False
+    assert s.setTransmissionData((b"b" * 10, False, True)) is True
+    assert (tmp_path / "snapshot.bin").read_bytes() == b"a" * 10 + b"b" * 10
+    assert "syncing a received snapshot chunk failed" in caplog.text

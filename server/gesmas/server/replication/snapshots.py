@@ -171,8 +171,11 @@ class BackgroundSerializer(Serializer):
         done = bool(super().setTransmissionData(data))
         incoming = self._Serializer__incomingTransmissionFile
         if self._sync and hasattr(incoming, "fileno") and not done:   # a chunk written to it
-            incoming.flush()
-            os.fdatasync(incoming.fileno())
+            try:
+                incoming.flush()
+                os.fdatasync(incoming.fileno())
+            except OSError:    # the load's fsync of the whole file says whether it is durable
+                log.warning("syncing a received snapshot chunk failed", exc_info=True)
         return done
 
 
