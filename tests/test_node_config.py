@@ -144,3 +144,33 @@ def test_status_gives_a_replica_its_own_log_end_as_its_match_index():
     assert (peer["node_id"], peer["match_index"]) == ("127.0.0.1:4", 42)
     raft["log_last_index"] = None          # compacted under the read: the applied index
     assert node.status()["nodes"][0]["match_index"] == 40
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "abc", "inf", "nan", "1e9"])
+def test_a_bad_switch_interval_is_a_usage_error_and_a_good_one_is_applied(
+        tmp_path, capsys, monkeypatch, value):
+    """GESMAS_SWITCH_INTERVAL_MS (main.tune_switching): a value that is not a number of
+    milliseconds from 0.01 to 1000 stops the server with a usage error naming it, before
+    anything starts; unset, replicas take 1 ms; a good value is applied as it is."""
+    import sys
+
+    from gesmas.server import main
+    monkeypatch.setattr("gesmas.server.main.ensure_hash_seed", lambda: None)
+    before = sys.getswitchinterval()
+    try:
+        monkeypatch.setenv("GESMAS_SWITCH_INTERVAL_MS", value)
+        good = {"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2",
+                "data_dir": str(tmp_path / "d"), "insecure": True,
+                "secret": "s3cret-for-tests"}
+        rc = cli.main(["server", "--config", write(tmp_path, good)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "GESMAS_SWITCH_INTERVAL_MS" in err and repr(value) in err, err
+        assert sys.getswitchinterval() == before
+        monkeypatch.setenv("GESMAS_SWITCH_INTERVAL_MS", "2.5")
+        main.tune_switching()
+        assert sys.getswitchinterval() == pytest.approx(0.0025)
+        monkeypatch.delenv("GESMAS_SWITCH_INTERVAL_MS")
+        main.tune_switching()
+        assert sys.getswitchinterval() == pytest.approx(main.SWITCH_INTERVAL_MS / 1000)
+    finally:
+        sys.setswitchinterval(before)
