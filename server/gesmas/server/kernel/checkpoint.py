@@ -3,7 +3,7 @@
 Taking one (`Checkpoints.take`): interrupt the waiters that cannot be left in place so that
 they unwind, pickle the state with every waiter written as a pending call, re-run the
 interrupted calls (DESIGN §5). Waiters of the standard classes stay where they are
-(`_kept_objects`): unwinding and re-running 10^4 of them held the apply thread for ~0.5 s; a
+(`Waiters.kept_objects`): unwinding and re-running 10^4 of them held the apply thread for ~0.5 s; a
 restored replica re-runs them, which puts it in the same state. The result is the state that
 unwinding and re-running every waiter in block order gives (what gesmas did before, and what
 a replica of that version still does), block numbers included.
@@ -38,16 +38,15 @@ everywhere (`Runner.changed_uploaded` names those of uploaded classes).
 Interface: `Checkpoints(state, config, registry, budget, runner, lifecycle, restart)`; the
 kernel hands it `Checkpoint` commands (`take`), a fresh kernel's `load(blob)` restores one,
 and `digest` hashes the state. It keeps the last checkpoint (`index`, `blob`). `restart(p,
-session)` starts a pending call again (Kernel._start, with the call's saved deadlines); the
-runner unwinds waiters and re-runs them, and `lifecycle` drops and measures objects.
+session)` starts a pending call again (Kernel._start, with the call's saved deadlines), for
+its `waiters` part (waiters.py: which waiters stay in place, unwinding the others, re-running
+calls); the runner runs them, and `lifecycle` drops and measures objects.
 """
 from __future__ import annotations
 
 import io
 import pickle
 from typing import Any, Callable
-
-import greenlet
 
 from . import codec, stack
 from .auth import AuthState
@@ -56,15 +55,15 @@ from .budget import Budget
 from .digests import part_bytes, state_digest
 from .capture import Capture, PendingBlob, Slot
 from .deferred import Deferred
-from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle
 from .listed import ListedCapture
 from .measure import state_size
-from .records import (TOUCHED_IN_PARTS, Completion, Config, ObjectRecord, PendingCall, Request,
-                      Session, State, unshared_pickle)
+from .records import (TOUCHED_IN_PARTS, Config, ObjectRecord, PendingCall, Session, State,
+                      unshared_pickle)
 from .registry import Registry, safe_str, type_name
 from .runner import Runner
-from .sched import SAVING, Interrupted
+from .sched import SAVING
+from .waiters import Waiters
 
 class Checkpoints:
     def __init__(self, state: State, config: Config, registry: Registry, budget: Budget,
@@ -76,13 +75,13 @@ class Checkpoints:
         self.budget = budget
         self.runner = runner
         self.lifecycle = lifecycle
-        self.restart = restart
         self.index: int | None = None     # the log index of the last checkpoint taken or loaded
         self.result: bytes | PendingBlob | None = None   # ... and its bytes (`blob`)
         self.format: int | None = None    # ... and the format they are in (4, 5 or 6 written)
         self.defer = True                 # defer (capture.py) when the Checkpoint asks to
         self.deferred = Deferred(state, runner, lifecycle, self._save_copy, self._measure,
                                  self._captured)
+        self.waiters = Waiters(state, config, runner, restart)
         runner.seal = self.deferred.seal
         runner.made, runner.removed = self.deferred.made, self.deferred.removed
         runner.measured = self.deferred.measured
@@ -301,7 +300,7 @@ class Checkpoints:
         self.deferred.sizes_at = st.index
         self.deferred.restore_sizes(got.pending_sizes)
         self.runner.out = []
-        self._rerun(got.pending, frozenset(state.get("kept", ())))
+        self.waiters.rerun(got.pending, frozenset(state.get("kept", ())))
 
     def _load_objects(self, objects: list[tuple[Any, ...]], owners: dict[str, str],
                       sizes: dict[str, int]) -> None:
@@ -332,25 +331,6 @@ class Checkpoints:
                 self.lifecycle.drop(name, f"its state cannot be restored ({type_name(e)}: "
                                           f"{safe_str(e, 200)})")
 
-    def _rerun(self, pending: list[PendingCall], kept: frozenset[str] = frozenset()) -> None:
-        """Run the pending calls again, in order. Those on the `kept` objects waited in
-        place through the checkpoint on a live replica (`take`), which neither ran them nor
-        marked their objects changed: re-run here, they are not charged either, and block
-        again with the next block numbers, which `take` counts."""
-        runner = self.runner
-        for p in pending:
-            s = self.state.sessions[p.cmd.session]
-            runner.quiet = p.cmd.name in kept
-            try:
-                self.restart(p, s)
-            except KernelError as e:         # its object was dropped by this checkpoint
-                s.results[p.cmd.seq] = (None, e.error)
-                for tag in p.tags:
-                    runner.out.append(Completion(tag, None, e.error))
-            finally:
-                runner.quiet = False
-            runner.drain()
-
     # -- the state digest ----------------------------------------------------------------------
 
     def digest(self, volatile: bool = True, parts: dict[str, str] | None = None) -> str:
@@ -380,14 +360,14 @@ class Checkpoints:
             self.deferred.apply_some(None)   # (after a format-7 checkpoint)
             self.deferred.apply_sizes()      # what it measured (capture.py)
         blocked = runner.blocked()
-        keep = self._kept_objects()
+        keep = self.waiters.kept_objects()
         unwind = [] if len(keep) == len(runner.blocked_methods) else \
             [r for r in blocked if r.obj not in keep]
         for req in unwind:                   # detach first: no handler can wake another waiter
             runner.detach(req)
         runner.pending = []
         for req in unwind:
-            self._interrupt(req)
+            self.waiters.interrupt(req)
         if unwind:
             runner.prune_deadlines()
         assert not runner.ready and runner.waiting == len(blocked) - len(unwind)
@@ -409,7 +389,7 @@ class Checkpoints:
         finally:
             SAVING.reset(saving)
         # A kept waiter is left as it is, but counted as re-run: a restore re-runs it, and
-        # its wait takes the next block number there (`_rerun`). With calls re-run here, it
+        # its wait takes the next block number there (`Waiters.rerun`). With calls re-run here, it
         # is renumbered, so that it stays behind them in the same order as there.
         renumber = bool(interrupted)
         if not renumber and all(name in st.objects for name in keep):
@@ -419,69 +399,13 @@ class Checkpoints:
         for req in blocked:
             if req.obj in keep:
                 if req.obj not in st.objects:    # dropped just now: as its re-run would fail
-                    self._abandon(req)
+                    self.waiters.abandon(req)
                 elif renumber:                   # as if re-run: it would wait again at once
                     runner.renumber(req)
                 else:
                     runner.order += 1
             elif req.index in interrupted:
-                self._rerun([interrupted[req.index]])
+                self.waiters.rerun([interrupted[req.index]])
         if renumber and keep:
             runner.reorder_deadlines()       # the kept waiters' numbers changed
         runner.complete(cmd.tag, st.index)
-
-    def _kept_objects(self) -> set[str]:
-        """The objects whose waiters a checkpoint leaves waiting instead of interrupting them.
-
-        Running such a call again from its start, in the state of the checkpoint, must end in
-        the same wait with nothing else changed, so that a replica restored from the checkpoint
-        (which re-runs it) and one that kept it waiting are the same. Only the standard classes
-        (names that only the replicas may register) are trusted to say so: their methods listed
-        in the class's `_restartable` block before they change anything, and while they wait,
-        what made them wait still holds. A call waiting for the second time (woken and blocked
-        again) is not kept: its first wait is behind it. One object's waiters are kept all or
-        none, so that an interrupted call's handler can never wake a kept waiter.
-
-        The runner counts the waiters of each object by method as they block (None, never a
-        restartable method: waiting again, or no command), so this looks at the objects, not
-        at every waiter."""
-        kept: set[str] = set()
-        reserved = self.config.reserved_classes
-        for name, methods in self.runner.blocked_methods.items():
-            rec = self.state.objects.get(name)
-            if rec is None or rec.cls.name not in reserved:
-                continue
-            names = tuple(getattr(rec.cls.cls, "_restartable", ()))
-            if all(m in names for m in methods):
-                kept.add(name)
-        return kept
-
-    def _abandon(self, req: Request) -> None:
-        """A kept waiter whose object the checkpoint dropped: end it with the error its re-run
-        meets on a restored replica (`_rerun`, object not found)."""
-        self._end(req, Error(Code.NOT_FOUND, self.state.dropped[req.obj]))
-
-    def _interrupt(self, req: Request) -> None:
-        """Unwind a detached waiter with Interrupted; it lands in the runner's `pending`."""
-        for _ in range(3):
-            self.runner.run(req, Interrupted("checkpoint"))
-            if req.task is None:
-                return
-            self.runner.detach(req)          # it caught Interrupted and waited again
-        self._end(req, Error(Code.APPLICATION, f"{req.label} caught Interrupted and waited "
-                                               "again, so a checkpoint cannot re-run it",
-                             "Interrupted"))
-
-    def _end(self, req: Request, error: Error) -> None:
-        """End a waiting call for good with `error`: its greenlet is closed now,
-        deterministically, not whenever the garbage collector runs."""
-        task, req.task = req.task, None
-        if task is not None:
-            self.runner.use_limit()          # its finally blocks are uploaded code
-            task.throw(greenlet.GreenletExit)
-        self.runner.detach(req)
-        s = self.state.sessions.get(req.session)
-        if s is not None:
-            s.inflight.pop(req.seq, None)
-        self.runner.finish_error(req, error)
-

@@ -64,7 +64,7 @@ class Runner:
         # the waiting requests by block number, oldest first (blocked(): no sort, no scan)
         self.by_order: dict[int, Request] = {}
         # per object with waiters: how many wait in each method, under None those that a
-        # checkpoint cannot keep waiting whatever their class (checkpoint._kept_objects)
+        # checkpoint cannot keep waiting whatever their class (Waiters.kept_objects)
         self.blocked_methods: dict[str, dict[str | None, int]] = {}
         self.deadlines: list[tuple[float, int, Waiter[Request]]] = []
         self.ready: deque[tuple[Request, BaseException | None]] = deque()
