@@ -517,6 +517,26 @@ def _messages(message) -> list:
     return [message]
 
 
+def _two_peers_sorting_below_the_replica():
+    """Two listening sockets played as peers, and an address for the replica that sorts above
+    both (pysyncobj connects only to peers whose address sorts below its own). Three sockets
+    are bound and the one whose address sorts highest is given up for the replica: drawing
+    ports until one happened to sort higher failed when both peers drew ports like 59xxx."""
+    socks = []
+    for _ in range(3):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        socks.append(sock)
+    socks.sort(key=lambda s: "127.0.0.1:%d" % s.getsockname()[1])
+    mine = socks.pop()
+    addr = "127.0.0.1:%d" % mine.getsockname()[1]
+    mine.close()
+    for sock in socks:
+        sock.listen(4)
+        sock.settimeout(COMMIT_TIMEOUT)
+    return socks, ["127.0.0.1:%d" % s.getsockname()[1] for s in socks], addr
+
+
 def test_no_message_leaves_before_the_handshake_has_finished(tmp_path):
     """pysyncobj's handshake on an outgoing connection: the replica sends its random key, the
     peer answers (that key, its own key), and from then on every frame is (peer's key,
@@ -529,17 +549,7 @@ def test_no_message_leaves_before_the_handshake_has_finished(tmp_path):
     prevote.py: it stands for election only once a majority would vote for it), the other
     holds its answer back while the replica asks twice. Nothing may reach the second but the
     key; once it answers, every frame carries its key."""
-    listeners = []
-    for _ in range(2):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(4)
-        sock.settimeout(COMMIT_TIMEOUT)
-        listeners.append(sock)
-    peer_addrs = ["127.0.0.1:%d" % s.getsockname()[1] for s in listeners]
-    # pysyncobj connects only to peers whose address sorts below its own
-    addr = next(a for a in (f"127.0.0.1:{p}" for _ in range(100) for p in free_ports(1))
-                if a > max(peer_addrs))
+    listeners, peer_addrs, addr = _two_peers_sorting_below_the_replica()
     replica = Replica(addr, [addr] + peer_addrs, str(tmp_path / "r"), fresh=DigestSM,
                       restore=DigestSM, on_completions=lambda c: None, password=TEST_SECRET,
                       fsync=False, new_cluster=True,
@@ -600,16 +610,7 @@ def test_messages_held_for_a_silent_handshake_are_dropped_when_it_times_out(tmp_
     process: the kernel still accepts) must not make the replica hold messages for ever: at
     connectionTimeout the connection is closed, as a send would have found (holding them, no
     send checked it any more), and the messages are dropped as for any disconnected peer."""
-    listeners = []
-    for _ in range(2):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(4)
-        sock.settimeout(COMMIT_TIMEOUT)
-        listeners.append(sock)
-    peer_addrs = ["127.0.0.1:%d" % s.getsockname()[1] for s in listeners]
-    addr = next(a for a in (f"127.0.0.1:{p}" for _ in range(100) for p in free_ports(1))
-                if a > max(peer_addrs))
+    listeners, peer_addrs, addr = _two_peers_sorting_below_the_replica()
     replica = Replica(addr, [addr] + peer_addrs, str(tmp_path / "r"), fresh=DigestSM,
                       restore=DigestSM, on_completions=lambda c: None, password=TEST_SECRET,
                       fsync=False, new_cluster=True,
