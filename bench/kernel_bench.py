@@ -31,10 +31,14 @@ from typing import Any, Callable
 
 import greenlet
 
-from gesmas.objects import standard_sources
-from gesmas.server.kernel import (Checkpoint, CreateObject, Invoke, Kernel, OpenSession,
-                                  RegisterClass, encode)
+from gesmas.objects import RESERVED_CLASSES, standard_sources
+from gesmas.server.kernel import (Checkpoint, Config, CreateObject, Invoke, Kernel,
+                                  OpenSession, RegisterClass, encode)
+from gesmas.server.kernel.auth import SYSTEM
 from gesmas.server.kernel.codec import Command
+
+CONFIG = Config(reserved_classes=RESERVED_CLASSES)
+PARK = True        # --no-park: every waiting call keeps its greenlet
 
 # CPU time of this process by default: the kernel is single-threaded, and CPU time does not
 # count the time other processes on a shared machine take from us. --wall uses perf_counter.
@@ -45,11 +49,12 @@ class Driver:
     """Numbers the log and keeps per-session seqs; `apply` takes a Command or bytes."""
 
     def __init__(self) -> None:
-        self.k = Kernel()
+        self.k = Kernel(CONFIG)               # as the replicas run the standard classes
+        self.k.runner.park = PARK
         self.index = 0
         self.seqs: dict[int, int] = {}
         for _, src in standard_sources():
-            self.apply(RegisterClass(source=src))
+            self.apply(RegisterClass(source=src, user=SYSTEM))
 
     def apply(self, cmd: Command | bytes) -> list[Any]:
         self.index += 1
@@ -240,7 +245,7 @@ def bench_checkpoint(n: int) -> tuple[float, float, int]:
     blob = d.k.checkpoint_blob
     assert blob is not None
     t2 = clock()
-    k2 = Kernel.restore(blob)
+    k2 = Kernel.restore(blob, CONFIG)
     t3 = clock()
     assert k2._waiting == n
     return (t1 - t0) * 1e3, (t3 - t2) * 1e3, len(blob)
@@ -255,8 +260,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="time budget of each timed loop (default 2, quick 0.1)")
     ap.add_argument("--wall", action="store_true",
                     help="time with the wall clock instead of this process's CPU time")
+    ap.add_argument("--no-park", action="store_true",
+                    help="keep every waiting call's greenlet (the kernel parks the standard "
+                         "classes' restartable waits by default: kernel/runner.py)")
     a = ap.parse_args(argv)
-    global clock
+    global clock, PARK
+    PARK = not a.no_park
     if a.wall:
         clock = time.perf_counter
     quick = a.quick
@@ -291,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     row(f"Checkpoint with {nwait:,} waiters", f"{cp:,.1f} ms",
         f"blob {size / 1024:,.0f} KiB; Kernel.restore {rs:,.1f} ms")
 
-    print(f"\nkernel bench{' (quick)' if quick else ''}: Python {platform.python_version()}, "
+    print(f"\nkernel bench{' (quick)' if quick else ''}"
+          f"{'' if PARK else ' (waits not parked)'}: Python {platform.python_version()}, "
           f"greenlet {greenlet.__version__}, {platform.machine()}, "
           f"{'wall' if a.wall else 'CPU'} time, budget {budget:g} s per timed loop, "
           f"total {clock() - t_all:.1f} s\n")

@@ -12,6 +12,14 @@ again from its start would end in the same wait: a replica restored from the che
 exactly that. tests/test_objects.py checks each class's waits against a restored replica.
 Only the reserved class names below are trusted with it.
 
+`_parked` lists the methods whose wait holds no greenlet (server kernel, runner.py, parked
+calls): the call unwinds when it blocks, and runs again from its start when its wait is
+granted, its first acquire of that semaphore taking the permit handed to it. A method may be
+listed only if, in addition, the code before that acquire reads nothing a grant changes (so
+the re-run reaches the same acquire), and no handler surrounds the wait (a timed-out or
+aborted wait ends the call without running it again). tests/test_parked.py runs each such
+method with and without parking and compares answers, state and steps.
+
 `_constructor_args` lists the constructor parameters an object keeps, each in the attribute
 of its name or as a (parameter, attribute) pair: a get-or-create of an existing object that
 names one of them with another value is refused (ALREADY_EXISTS, type ConstructorMismatch;

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 class LeaderElection:
     _restartable = ("campaign", "observe", "watch")  # waits a checkpoint leaves in place
+    _parked = ("campaign",)      # waits that hold no greenlet
     _readers = ('leader', 'observe', 'watch')  # read-only: served without a log entry (observe's
     # wait too: in a reader, an acquire that would wait is NotYet, run again after entries)
     def __init__(self):

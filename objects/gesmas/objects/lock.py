@@ -23,6 +23,7 @@ class LockNotOwned(RuntimeError):
 
 class Lock:
     _restartable = ("acquire",)  # waits a checkpoint leaves in place
+    _parked = ("acquire",)       # waits that hold no greenlet
     _readers = ('holder', 'waiters')  # read-only: served without a log entry
     _constructor_args = ("reentrant",)    # a get-or-create naming another one is refused
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class Queue:
     _restartable = ("produce", "consume", "reserve")  # waits a checkpoint leaves in place
+    _parked = ("produce", "consume", "reserve")   # waits that hold no greenlet
     _readers = ('size', 'peek', '__len__')  # read-only: served without a log entry
     _constructor_args = ("capacity",)     # a get-or-create naming another one is refused
     def __init__(self, capacity=None):

@@ -24,6 +24,7 @@ else:
 
 class Semaphore:
     _restartable = ("acquire",)  # waits a checkpoint leaves in place
+    _parked = ("acquire",)       # waits that hold no greenlet
     _readers = ('available', 'waiters', 'holders')  # read-only: served without a log entry
     _constructor_args = ("permits", "owned", "bounded")  # a get-or-create naming others: refused
     owned = True                          # class defaults: objects saved before these existed

@@ -335,7 +335,8 @@ class Request:
 
     __slots__ = ("runner", "kind", "index", "session", "seq", "tags", "task", "deadline",
                  "deadlines", "replay", "draws", "waiter", "obj", "cmd", "nowait", "label",
-                 "outcome", "interrupting", "user", "raw", "counted", "saved")
+                 "outcome", "interrupting", "user", "raw", "counted", "saved", "parked",
+                 "grant")
 
     def __init__(self, runner: Host, kind: Kind, index: int, session: int, label: str,
                  obj: str) -> None:
@@ -365,6 +366,8 @@ class Request:
         # that a checkpoint does not make 10^5 of them at its entry; cleared when its tags
         # change (made again when a checkpoint asks)
         self.saved: tuple[Any, ...] | None = None
+        self.parked = False        # waiting without a greenlet (runner.py, parked calls)
+        self.grant: Any = None     # ... granted: the semaphore whose permit it was handed
 
     def saved_form(self) -> tuple[Any, ...]:
         """How a checkpoint writes this call while it waits: PendingCall.saved() of it."""

@@ -57,6 +57,13 @@ class Interrupted(WaitError):
     order. A method that changed state before it blocked must undo that change here."""
 
 
+class Parked(BaseException):
+    """Raised by the kernel at the blocking point of a call it parks (runner.py): the call's
+    greenlet unwinds and ends, and only its waiter stays queued. Not in the dialect: object
+    code can neither raise nor name it, and only the standard classes' `_parked` methods,
+    which hold no handler around their wait, are parked."""
+
+
 class BudgetExceeded(BaseException):
     """The request used more steps than its budget. A BaseException so that `except Exception`
     in object code does not swallow it; every later step raises it again."""
@@ -79,6 +86,8 @@ class Host(Protocol):
     def block(self, request: Any, semaphore: Semaphore, timeout: float | None) -> bool: ...
 
     def wake(self, waiter: Waiter[Any]) -> None: ...
+
+    def granted(self) -> None: ...
 
 
 class Call(Protocol):
@@ -170,7 +179,7 @@ class Semaphore:
     value / waiters: free permits / number of requests waiting.
     """
 
-    __slots__ = ("_value", "_queue", "_live")
+    __slots__ = ("_value", "_queue", "_live", "_grant")
 
     def __init__(self, value: int = 1) -> None:
         if type(value) is not int or value < 0:
@@ -178,6 +187,9 @@ class Semaphore:
         self._value = value
         self._queue: deque[Waiter[Any]] = deque()   # may hold dead waiters, skipped lazily
         self._live = 0
+        # the task re-running a parked call this semaphore handed a permit to: its first
+        # acquire here takes that permit (runner.py, parked calls); not part of the state
+        self._grant: Task | None = None
 
     @property
     def value(self) -> int:
@@ -202,6 +214,11 @@ class Semaphore:
             if timeout == 0:
                 return False
             raise NotYet()
+        grant = self._grant
+        if grant is not None and grant is greenlet.getcurrent():
+            self._grant = None                   # the permit handed to a parked call
+            grant.runner.granted()
+            return True
         if self._value > 0:                      # I1: value > 0 means nobody is waiting
             self._value -= 1
             return True
@@ -254,6 +271,7 @@ class Semaphore:
             raise ValueError("cannot restore a semaphore that had waiters")
         self._value = state["value"]
         self._queue = deque()
+        self._grant = None
         self._live = len(state["waiting"])     # a reader's copy: counted, never woken
 
     def __repr__(self) -> str:
