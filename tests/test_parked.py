@@ -215,9 +215,11 @@ def test_a_replica_restored_from_a_parking_kernel_goes_on_as_one_that_never_park
 # -- what parking is for, and where it must not apply ---------------------------------------
 
 def _tasks() -> int:
-    """Greenlets of requests started and not ended (waiting)."""
+    """Greenlets running a request that has not ended (a waiting one: idle workers, kept
+    for the next runs, hold none)."""
     gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, Task) and o and not o.dead)
+    return sum(1 for o in gc.get_objects() if isinstance(o, Task) and not o.dead
+               and getattr(o, "request", None) is not None)
 
 
 def _standard(park: bool = True) -> H:
@@ -345,3 +347,67 @@ def test_a_restored_replica_parks_the_waits_it_runs_again():
     for n in range(20):
         h2.call(s, "q", "produce", n)
     assert [h2.value(t) for t in tags] == list(range(20))
+
+
+# -- workers: a request's greenlet runs the next request once it ended --------------------------
+
+PROBE = ("def probe(n):\n    try:\n        return probe(n + 1)\n    except RecursionError:\n"
+         "        return n\n"
+         "class P:\n    def __init__(self):\n        self.w = Semaphore(0)\n"
+         "    def deep(self):\n        return probe(0)\n"
+         "    def wait_deep(self):\n        self.w.acquire()\n        return probe(0)\n"
+         "    def go(self):\n        self.w.release()\n")
+
+
+def test_a_worker_runs_the_next_request_at_the_same_depth():
+    """A request that ended leaves its worker for the next: a new greenlet is not made for
+    each call, and uploaded code meets RecursionError at the same depth in a new worker, in
+    one reused, and in one resumed after a wait."""
+    h = H()
+    s = h.open_session()
+    assert h.register(PROBE).error is None
+    h.create("P", "p")
+    runner = h.kernel.runner
+    runner._idle.clear()                         # the next call makes a new worker
+    first = h.value(h.call(s, "p", "deep"))
+    worker = runner._idle[-1]
+    again = [h.value(h.call(s, "p", "deep")) for _ in range(3)]
+    assert runner._idle[-1] is worker            # the same greenlet ran them
+    waiting = h.call(s, "p", "wait_deep")         # holds that worker while it waits
+    assert worker not in runner._idle
+    other = h.value(h.call(s, "p", "deep"))      # in another
+    h.call(s, "p", "go")
+    assert again == [first] * 3 and other == first and h.value(waiting) == first
+
+
+def test_idle_workers_are_bounded_and_a_finished_waiter_returns_its_worker():
+    from gesmas.server.kernel.runner import IDLE_WORKERS
+    h = _standard()
+    h.create("Queue", "q", 5)
+    s = h.open_session()
+    for n in range(5):
+        h.call(s, "q", "produce", n)
+    waits = [h.call(s, "q", "produce", 10 + n) for n in range(3)]  # full: parked
+    assert all(r.task is None for r in h.kernel.runner.blocked())
+    for _ in range(8):
+        h.value(h.call(s, "q", "consume"))
+    assert all(h.value(t) is None for t in waits)
+    assert 1 <= len(h.kernel.runner._idle) <= IDLE_WORKERS
+    assert all(w.request is None and not w.dead for w in h.kernel.runner._idle)
+
+
+def test_a_kernel_applied_from_another_thread_makes_workers_there():
+    """Greenlets belong to the thread that made them: a kernel applied by one thread, then
+    by another (a restore, then the apply thread), does not switch to the first's workers."""
+    import threading
+    h = _standard()
+    h.create("Queue", "q")
+    s = h.open_session()
+    h.value(h.call(s, "q", "size"))
+    assert h.kernel.runner._idle
+    got = []
+    t = threading.Thread(target=lambda: got.append(h.value(h.call(s, "q", "size"))))
+    t.start()
+    t.join()
+    assert got == [0]
+    assert h.value(h.call(s, "q", "size")) == 0      # and back

@@ -104,11 +104,13 @@ R = TypeVar("R", bound=Call)
 
 
 class Task(greenlet.greenlet):
-    """The greenlet that runs one request."""
+    """The greenlet that runs a request: a worker of the runner, which runs one request
+    after another (runner.py)."""
 
-    __slots__ = ("runner", "request")
+    __slots__ = ("runner", "request", "job")
     runner: Host
     request: Call
+    job: Any        # what a worker runs next (runner.py)
 
 
 #: the reader running now (its label), else None: a reader may not wait, wake or draw
