@@ -149,7 +149,7 @@ def last_blob(log, k_park: Kernel, k_keep: Kernel) -> tuple[bytes, bytes]:
     return k_park.checkpoint_blob, k_keep.checkpoint_blob
 
 
-SETTINGS = settings(max_examples=60, deadline=None, database=None,
+SETTINGS = settings(max_examples=50, deadline=None, database=None,
                     phases=[Phase.explicit, Phase.generate, Phase.shrink],
                     suppress_health_check=[HealthCheck.too_slow])
 
@@ -193,7 +193,7 @@ def test_parking_or_keeping_greenlets_gives_the_same_run(script):
     assert b1 == b2
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=30)
 @given(ops, st.data())
 def test_a_replica_restored_from_a_parking_kernel_goes_on_as_one_that_never_parked(script,
                                                                                   data):
