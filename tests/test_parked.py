@@ -411,3 +411,58 @@ def test_a_kernel_applied_from_another_thread_makes_workers_there():
     t.join()
     assert got == [0]
     assert h.value(h.call(s, "q", "size")) == 0      # and back
+
+
+# -- a kernel that is dropped lets its memory go ------------------------------------------------
+
+def test_a_closed_kernel_is_freed_with_its_parked_waiters():
+    """CPython's collector never frees a suspended greenlet, and a runner's launcher and
+    idle workers refer to it: a kernel replaced by a snapshot's would stay in memory, state
+    and all, unless closed."""
+    import weakref
+    h = _standard()
+    h.create("Queue", "q")
+    s = h.open_session()
+    for _ in range(5):
+        h.call(s, "q", "consume")
+    h.value(h.call(s, "q", "size"))
+    k = weakref.ref(h.kernel)
+    assert h.kernel.runner._idle and h.kernel.runner._launch is not None
+    h.kernel.close()
+    del h
+    gc.collect()
+    assert k() is None
+
+
+def test_the_applier_closes_the_state_machine_a_snapshot_replaces():
+    from gesmas.server.replication.applier import Applier
+
+    class SM:
+        checkpoint_index = None
+        checkpoint_blob = None
+        made: list = []
+
+        def __init__(self):
+            self.closed = False
+            SM.made.append(self)
+
+        def apply(self, index, data):
+            return []
+
+        def capture_some(self, limit):
+            return False
+
+        @staticmethod
+        def is_checkpoint(data):
+            return False
+
+        def close(self):
+            self.closed = True
+
+    a = Applier(SM, lambda blob: SM(), lambda out: None)
+    a.apply(1, b"x")
+    payload, _ = a.snapshot(1)
+    b = Applier(SM, lambda blob: SM(), lambda out: None)
+    old = b.sm
+    b.load(payload, 1)
+    assert b.sm is not old and old.closed and not b.sm.closed

@@ -74,6 +74,10 @@ class StateMachine:
     def capture_some(self, limit: int) -> bool:
         return self.kernel.capture_some(limit)
 
+    def close(self) -> None:
+        """Replaced by another state machine (the replica's applier)."""
+        self.kernel.close()
+
     def apply(self, index: int, data: bytes) -> list[Completion]:
         try:
             cmd = codec.decode(data)

@@ -391,6 +391,10 @@ class Kernel:
 
     # -- the state, as the host and the tests read it ------------------------------------------
 
+    def close(self) -> None:
+        """This kernel is no longer used (Runner.close): let its memory go."""
+        self.runner.close()
+
     @property
     def index(self) -> int:
         return self.state.index

@@ -220,6 +220,22 @@ class Runner:
             self._idle.append(task)
         return outcome
 
+    def close(self) -> None:
+        """This kernel is dropped (a snapshot installed over it, a rollback): end the
+        greenlets only it uses, its launcher and its idle workers, which run no object code
+        now, so that it can be freed (CPython's collector never frees a suspended greenlet,
+        and theirs refer to this runner). A call still waiting in its greenlet (not parked)
+        keeps it: ending that would run its object code (finally blocks). From another
+        thread than theirs, nothing is ended (a greenlet is switched to in its own)."""
+        root = self._root()
+        idle, self._idle = self._idle, []
+        launch, self._launch = self._launch, None
+        if self._idle_root is root:
+            for w in idle:
+                w.throw(greenlet.GreenletExit)
+        if launch is not None and launch[2] is root:
+            launch[0].throw(greenlet.GreenletExit)
+
     @staticmethod
     def _root() -> greenlet.greenlet:
         root = greenlet.getcurrent()

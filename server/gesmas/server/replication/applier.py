@@ -334,7 +334,7 @@ class Applier:
                     "(%d entries re-applied)", base.index, index, len(replay) - 1)
         try:
             blob = base.blob_bytes()
-            self.sm = self._restore(blob) if blob is not None else self._fresh()
+            self._replace(self._restore(blob) if blob is not None else self._fresh())
         except BaseException as exc:
             raise ApplyFailed(f"cannot restore the checkpoint at {base.index}", exc) from exc
         self.gens = self.gens[:at] + [Gen(base.index, base.blob)]
@@ -378,6 +378,17 @@ class Applier:
                  "aborted": dict(self.aborted), "checkpoint_marks": list(self.marks)},
                 any(i in self.aborted for i, _ in commands))
 
+    def _replace(self, sm: Any) -> None:
+        """Apply to `sm` from now on; the state machine it replaces is closed (a kernel
+        holds greenlets that only an explicit close lets go: Runner.close)."""
+        old, self.sm = self.sm, sm
+        close = getattr(old, "close", None)
+        if close is not None and old is not sm:
+            try:
+                close()
+            except Exception:             # its memory stays; the replica goes on
+                log.exception("closing the replaced state machine failed")
+
     def load(self, payload: Dict[str, Any], last_index: int) -> None:
         """Replace the state by a snapshot's (completions are not delivered: nobody waits
         for them)."""
@@ -397,7 +408,7 @@ class Applier:
             finally:
                 if self.monitor is not None:
                     self.monitor.end()
-        self.sm = sm
+        self._replace(sm)
         self.gens = [Gen(ckpt if blob is not None else 0, blob, commands)]
         self.marks = list(payload.get("checkpoint_marks") or ([ckpt] if ckpt else []))
         self.aborted, self.stands = aborted, set()
