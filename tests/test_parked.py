@@ -466,3 +466,33 @@ def test_the_applier_closes_the_state_machine_a_snapshot_replaces():
     old = b.sm
     b.load(payload, 1)
     assert b.sm is not old and old.closed and not b.sm.closed
+
+
+def test_a_waiter_ended_for_good_ends_its_worker():
+    """Ended for good (here: it caught Interrupted and waited again), a call's worker ends
+    with it, even where its code catches BaseException: object code cannot catch the
+    GreenletExit that ends it (had it returned, its worker would wait for another run,
+    holding the request)."""
+    h = H()
+    s = h.open_session()
+    h.register('''
+class Stubborn:
+    def __init__(self):
+        self.s = Semaphore(0)
+
+    def wait(self):
+        while True:
+            try:
+                return self.s.acquire()
+            except Interrupted:
+                pass
+            except BaseException:
+                return "swallowed"
+''')
+    h.create("Stubborn", "st")
+    before = _tasks()
+    t = h.call(s, "st", "wait")
+    assert _tasks() == before + 1
+    h.checkpoint(defer=False)
+    assert h.error(t).type == "Interrupted"
+    assert _tasks() == before
