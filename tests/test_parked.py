@@ -496,3 +496,40 @@ class Stubborn:
     h.checkpoint(defer=False)
     assert h.error(t).type == "Interrupted"
     assert _tasks() == before
+
+
+def test_another_process_replays_parked_calls_to_the_same_state():
+    """The same log, with parked calls granted, timed out and interrupted, replayed in another
+    process (other addresses, another hash seed): the same completions, digest and
+    checkpoint bytes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.path.insert(0, %r); import test_parked as t; "
+            "print(t._replayed())" % str(Path(__file__).resolve().parent))
+    here = _replayed()
+    for seed in ("0", "4242"):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONHASHSEED=seed), timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == here
+
+
+def _replayed() -> str:
+    """Digest, completions and final checkpoint of a fixed log that parks, as text."""
+    import hashlib
+    calls = [("call", 0, m, i, x, t) for m, i, x, t in
+             [(0, 0, 1, None), (0, 1, 2, None), (1, 2, 0, 1.0), (1, 0, 0, None),
+              (2, 1, 0, None), (0, 2, 3, 2.5), (1, 1, 0, None), (3, 0, 1, None)]]
+    script = (["qb", "lr"], calls + [("checkpoint", 1, 0, 0, 1, None)] +
+              [(k, 1 - w, m, i, x, t) for k, w, m, i, x, t in calls] +
+              [("tick", 0, 0, 0, 3, None), ("expire", 0, 0, 1, 0, None)])
+    log = build(script)
+    k, trace = replay(log, kernel(True), encoded=True)
+    end = Checkpoint(ts=0.0, tag="end", defer=False)
+    k.apply(log[-1][0] + 1, end)
+    return " ".join([k.state_digest(), hashlib.sha256(repr(trace).encode()).hexdigest(),
+                     hashlib.sha256(k.checkpoint_blob).hexdigest(),
+                     str(sum(1 for _, out in trace for _ in out))])
