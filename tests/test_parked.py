@@ -368,20 +368,20 @@ def test_a_worker_runs_the_next_request_at_the_same_depth():
     assert h.register(PROBE).error is None
     h.create("P", "p")
     runner = h.kernel.runner
-    runner._idle.clear()                         # the next call makes a new worker
+    runner.workers.idle.clear()                         # the next call makes a new worker
     first = h.value(h.call(s, "p", "deep"))
-    worker = runner._idle[-1]
+    worker = runner.workers.idle[-1]
     again = [h.value(h.call(s, "p", "deep")) for _ in range(3)]
-    assert runner._idle[-1] is worker            # the same greenlet ran them
+    assert runner.workers.idle[-1] is worker            # the same greenlet ran them
     waiting = h.call(s, "p", "wait_deep")         # holds that worker while it waits
-    assert worker not in runner._idle
+    assert worker not in runner.workers.idle
     other = h.value(h.call(s, "p", "deep"))      # in another
     h.call(s, "p", "go")
     assert again == [first] * 3 and other == first and h.value(waiting) == first
 
 
 def test_idle_workers_are_bounded_and_a_finished_waiter_returns_its_worker():
-    from gesmas.server.kernel.runner import IDLE_WORKERS
+    from gesmas.server.kernel.workers import IDLE_WORKERS
     h = _standard()
     h.create("Queue", "q", 5)
     s = h.open_session()
@@ -392,8 +392,8 @@ def test_idle_workers_are_bounded_and_a_finished_waiter_returns_its_worker():
     for _ in range(8):
         h.value(h.call(s, "q", "consume"))
     assert all(h.value(t) is None for t in waits)
-    assert 1 <= len(h.kernel.runner._idle) <= IDLE_WORKERS
-    assert all(w.request is None and not w.dead for w in h.kernel.runner._idle)
+    assert 1 <= len(h.kernel.runner.workers.idle) <= IDLE_WORKERS
+    assert all(w.request is None and not w.dead for w in h.kernel.runner.workers.idle)
 
 
 def test_a_kernel_applied_from_another_thread_makes_workers_there():
@@ -404,7 +404,7 @@ def test_a_kernel_applied_from_another_thread_makes_workers_there():
     h.create("Queue", "q")
     s = h.open_session()
     h.value(h.call(s, "q", "size"))
-    assert h.kernel.runner._idle
+    assert h.kernel.runner.workers.idle
     got = []
     t = threading.Thread(target=lambda: got.append(h.value(h.call(s, "q", "size"))))
     t.start()
@@ -427,7 +427,7 @@ def test_a_closed_kernel_is_freed_with_its_parked_waiters():
         h.call(s, "q", "consume")
     h.value(h.call(s, "q", "size"))
     k = weakref.ref(h.kernel)
-    assert h.kernel.runner._idle and h.kernel.runner._launch is not None
+    assert h.kernel.runner.workers.idle and h.kernel.runner.workers._launch is not None
     h.kernel.close()
     del h
     gc.collect()

@@ -1,12 +1,12 @@
-"""Running requests: each in a greenlet of its own, until it returns or blocks (GESMAS
-Algorithm 1, DESIGN §3.4).
+"""Running requests: each in a greenlet (a worker, workers.py), until it returns or blocks
+(GESMAS Algorithm 1, DESIGN §3.4).
 
 Theory of operation
 -------------------
-`spawn` starts a request (a call, a constructor or a session hook) in a `sched.Task` and runs
-it until it returns or blocks in `Semaphore.acquire`, which calls `block`: the request's
-waiter joins the semaphore's FIFO queue (and the deadline heap when it has a deadline) and
-the greenlet switches back here. `Semaphore.release` calls `wake`, which only moves the woken
+`spawn` starts a request (a call, a constructor or a session hook) in a worker and runs it
+until it returns or blocks in `Semaphore.acquire`, which calls `block`: the request's waiter
+joins the semaphore's FIFO queue (and the deadline heap when it has a deadline) and the
+greenlet switches back here, or, for a parked call (below), unwinds and ends. `Semaphore.release` calls `wake`, which only moves the woken
 request to the tail of the ready queue; `drain` runs the ready requests in FIFO order, and the
 kernel drains after every command, so at every command boundary each request in flight is
 blocked on exactly one semaphore. `abort` takes a waiter out of its queue and readies it with
@@ -17,7 +17,7 @@ waits for it; a call unwound by a checkpoint lands in `pending` instead.
 
 Interface: the kernel's other parts call `spawn`, `drain`, `abort`, `detach`, `blocked`,
 `deadline`, `complete`, `finish_error`, `expire_due`, `next_deadline`; the semaphores call
-`block` and `wake` (the `sched.Host` protocol). The runner owns the ready queue, the deadline
+`block`, `wake` and `granted` (the `sched.Host` protocol); `close` when the kernel is dropped. The runner owns the ready queue, the deadline
 heap, the count of live waiters (`waiting`), the block numbers (`order`, saved by a checkpoint),
 the completions of the command being applied (`out`) and the budget of the running request.
 It reads the shared `State` (sessions and objects, the clock) and writes the sessions' results
@@ -34,20 +34,15 @@ from typing import Any, Callable
 
 import greenlet
 
-from . import codec, stack
-from .budget import Budget, ResourceLimit
+from . import codec
+from .budget import Budget
 from .errors import Code, Error, KernelError
 from .records import Completion, Config, Kind, ObjectRecord, PendingCall, Request, State
-from .registry import safe_str, type_name
-from .sched import (Aborted, BudgetExceeded, Interrupted, Parked, Semaphore, SessionEnded,
-                    Task, Timeout, Waiter)
+from .sched import Interrupted, Parked, Semaphore, SessionEnded, Task, Timeout, Waiter
+from .workers import INTERRUPTED, PARKED, Workers
 
 log = logging.getLogger("gesmas.server.kernel.kernel")
 
-INTERRUPTED = object()          # a request's outcome: interrupted by a checkpoint
-PARKED = object()               # ... parked: its greenlet ended, its waiter stays queued
-DONE = object()                 # a worker's run ended: (DONE, outcome) is what it hands back
-IDLE_WORKERS = 4                # workers kept for the next runs (each holds ~6 KB)
 
 
 def _ANY(r: Request) -> bool:
@@ -87,10 +82,7 @@ class Runner:
         # park the waits of the standard classes' `_parked` methods (see Parked calls, below);
         # off, every waiting call keeps its greenlet (the tests compare the two)
         self.park = True
-        self._launch: tuple[greenlet.greenlet, int, greenlet.greenlet] | None = None
-        # workers whose last run ended, and the main greenlet of the thread they belong to
-        self._idle: list[Task] = []
-        self._idle_root: greenlet.greenlet | None = None
+        self.workers = Workers(self)     # the greenlets requests run in (workers.py)
         # saves an object for an open checkpoint capture before code runs on it (capture.py;
         # set by Checkpoints): seal(name, running)
         self.seal: Callable[..., None] = lambda name, running=False: None
@@ -113,168 +105,19 @@ class Runner:
 
     # -- running a request ---------------------------------------------------------------------
 
-    def _body(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> Any:
-        """Runs inside the request's greenlet; returns (value, error) or INTERRUPTED.
-        Whatever the method raises, BaseException included, is the caller's error."""
-        budget = self.budget
-        try:
-            value = fn(*args, **kwargs)
-            if budget.steps > budget.limit:
-                raise BudgetExceeded(budget.limit)
-            value = codec.plain_copy(value, "result")
-            if codec.may_exceed(value, self.config.max_result_bytes) and \
-                    codec.encoded_size(value) > self.config.max_result_bytes:
-                return None, Error(Code.RESOURCE_EXHAUSTED,
-                                   f"{req.label} returned more than "
-                                   f"{self.config.max_result_bytes} bytes", "ResourceLimit")
-            return value, None
-        except greenlet.GreenletExit:
-            raise                            # the kernel ends this greenlet (waiters.end)
-        except Parked as e:
-            if req.parked:                   # raised by block(), for this call
-                return PARKED
-            return self._failed(req, e)
-        except BaseException as e:
-            return self._failed(req, e)
-
-    def _failed(self, req: Request, e: BaseException) -> Any:
-        """The outcome of a call whose method raised `e` (BaseException included: it is the
-        caller's error), or INTERRUPTED for a checkpoint's Interrupted."""
-        if isinstance(e, BudgetExceeded):
-            return None, Error(Code.RESOURCE_EXHAUSTED,
-                               f"{req.label} exceeded its budget of {self.budget.limit} steps",
-                               "BudgetExceeded")
-        if isinstance(e, Interrupted):
-            if req.interrupting:
-                return INTERRUPTED
-            return None, Error(Code.APPLICATION, f"{req.label} raised Interrupted itself "
-                               "(only a checkpoint may)", "Interrupted")
-        if isinstance(e, Timeout):
-            return None, Error(Code.TIMEOUT, f"{req.label}: {safe_str(e) or 'timed out'}",
-                               "Timeout")
-        if isinstance(e, SessionEnded):
-            return None, Error(Code.ABORTED, f"{req.label}: {safe_str(e)}", "SessionExpired")
-        if isinstance(e, Aborted):
-            return None, Error(Code.ABORTED, f"{req.label}: {safe_str(e)}", "Aborted")
-        if isinstance(e, KernelError):
-            return None, e.error
-        if isinstance(e, codec.NotPlainValue):
-            return None, Error(Code.APPLICATION, f"{req.label} returned {e}", "TypeError")
-        if isinstance(e, (ResourceLimit, codec.TooLarge)):
-            return None, Error(Code.RESOURCE_EXHAUSTED, f"{req.label}: {safe_str(e)}",
-                               "ResourceLimit")
-        if isinstance(e, MemoryError):
-            return None, Error(Code.RESOURCE_EXHAUSTED, f"{req.label}: out of memory",
-                               "MemoryError")
-        return None, Error(Code.APPLICATION, safe_str(e), type_name(e))
-
     def spawn(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> None:
         """Start `req` in a greenlet of its own that runs `fn(*args, **kwargs)`."""
-        self._assign(req, fn, args, kwargs)
+        self.workers.assign(req, fn, args, kwargs)
         self.run(req, start=True)
-
-    # -- workers -------------------------------------------------------------------------------
-    #
-    # A request runs in a worker: a `Task` greenlet that runs one request after another
-    # (`_work`). A request that waits keeps its worker until it ends; one that ends hands its
-    # worker back for the next. Starting a new greenlet costs ~10 µs on CPython 3.11 (the
-    # chunk of frames CPython maps for it), switching into a waiting one under 1 µs. Every
-    # run starts at the same depth (the launcher's, plus `_work`), as a greenlet of its own
-    # did (plus its lambda): the recursion limit requests meet is unchanged.
-
-    def _assign(self, req: Request, fn: Callable[..., Any], args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Task:
-        """Give `req` a worker that will run `fn(*args, **kwargs)` when switched to."""
-        idle = self._idle
-        task = idle.pop() if idle and self._idle_root is self._root() else None
-        if task is None:
-            task = Task(self._work)
-            task.runner = self
-        task.request = req
-        task.job = (req, fn, args, kwargs)
-        req.task = task
-        return task
-
-    def _work(self) -> None:
-        """A worker's loop: run its job, hand back (DONE, outcome), wait for the next."""
-        me = greenlet.getcurrent()
-        assert isinstance(me, Task)
-        while True:
-            req, fn, args, kwargs = me.job
-            me.job = None
-            outcome = self._body(req, fn, args, kwargs)
-            me.parent.switch((DONE, outcome))   # type: ignore[union-attr]
-
-    def _ended(self, task: Task, outcome: Any) -> Any:
-        """The outcome a worker handed back, once its request ended (None if it did not);
-        the worker is kept for the next runs."""
-        if type(outcome) is not tuple or len(outcome) != 2 or outcome[0] is not DONE:
-            return None
-        task.request = None     # type: ignore[assignment]
-        root = self._root()
-        if self._idle_root is not root:
-            self._idle, self._idle_root = [], root
-        if len(self._idle) < IDLE_WORKERS:
-            self._idle.append(task)
-        return outcome
-
-    def close(self) -> None:
-        """This kernel is dropped (a snapshot installed over it, a rollback): end the
-        greenlets only it uses, its launcher and its idle workers, which run no object code
-        now, so that it can be freed (CPython's collector never frees a suspended greenlet,
-        and theirs refer to this runner). A call still waiting in its greenlet (not parked)
-        keeps it: ending that would run its object code (finally blocks). From another
-        thread than theirs, nothing is ended (a greenlet is switched to in its own)."""
-        root = self._root()
-        idle, self._idle = self._idle, []
-        launch, self._launch = self._launch, None
-        if self._idle_root is root:
-            for w in idle:
-                w.throw(greenlet.GreenletExit)
-        if launch is not None and launch[2] is root:
-            launch[0].throw(greenlet.GreenletExit)
-
-    @staticmethod
-    def _root() -> greenlet.greenlet:
-        root = greenlet.getcurrent()
-        while root.parent is not None:
-            root = root.parent
-        return root
-
-    def _launcher(self) -> tuple[greenlet.greenlet, int]:
-        """The greenlet every request is first switched to from, and the recursion limit
-        that puts stack.HEADROOM frames above it. A greenlet starts at the call depth of the
-        switch that starts it, so starting every request from this one greenlet, which never
-        returns from its loop, starts them all at one depth, whoever applies the entry; its
-        depth is read once (per thread: greenlets belong to the thread that made them)."""
-        root = greenlet.getcurrent()
-        while root.parent is not None:
-            root = root.parent               # this thread's main greenlet
-        got = self._launch
-        if got is not None and got[2] is root and not got[0].dead:
-            return got[0], got[1]
-        limit: list[int] = []
-
-        def launch(task: greenlet.greenlet) -> None:
-            limit.append(stack.limit_for(stack.depth()))
-            parent = greenlet.getcurrent().parent
-            assert parent is not None
-            task = parent.switch()
-            while True:         # the request runs, then its parent (the kernel) gets control
-                task = task.switch()
-
-        g = greenlet.greenlet(launch)
-        g.switch(None)
-        self._launch = (g, limit[0], root)
-        return g, limit[0]
 
     def use_limit(self) -> greenlet.greenlet:
         """Set the recursion limit requests run under; returns the launcher."""
-        launcher, limit = self._launcher()
-        stack.use(limit)
-        return launcher
+        return self.workers.use_limit()
+
+    def close(self) -> None:
+        """The kernel is dropped: let its memory go (Workers.close)."""
+        self.workers.close()
 
     def run(self, req: Request, throw: BaseException | None = None,
             woken: bool = False, start: bool = False) -> None:
@@ -304,7 +147,7 @@ class Runner:
     def _after(self, req: Request, task: Task, outcome: Any) -> None:
         """A run of `req` in `task` stopped with `outcome`: it waits, or it was parked, or
         it ended."""
-        ended = self._ended(task, outcome)
+        ended = self.workers.ended(task, outcome)
         if ended is None:
             return                               # it waits in its worker
         if ended[1] is PARKED:
@@ -325,7 +168,7 @@ class Runner:
     # acquire of the semaphore that granted it takes the permit handed to it; the steps
     # spent before that acquire are not charged (they were when it blocked). Timed out,
     # aborted or interrupted, it ends with the outcome its acquire's exception gives
-    # (`_failed`), as it would have unwound, without running again.
+    # (`Workers.failed`), as it would have unwound, without running again.
 
     def _parks(self, req: Request) -> bool:
         if not self.park or req.cmd is None:
@@ -341,7 +184,7 @@ class Runner:
         req.parked = False
         if throw is not None:
             req.interrupting = isinstance(throw, Interrupted)
-            outcome = self._failed(req, throw)
+            outcome = self.workers.failed(req, throw)
             req.interrupting = False
             if not self.quiet:
                 self._charge(req.obj)
@@ -353,7 +196,7 @@ class Runner:
         found = rec.cls.method(req.cmd.method)
         assert found is not None
         fn = found[0]
-        task = self._assign(req, fn, (rec.instance, *req.cmd.args), req.cmd.kwargs)
+        task = self.workers.assign(req, fn, (rec.instance, *req.cmd.args), req.cmd.kwargs)
         sem._grant = task
         try:
             outcome = self.use_limit().switch(task)
