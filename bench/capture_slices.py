@@ -58,7 +58,8 @@ class Driver:
         return out[0].value
 
     def make(self, name: str) -> None:
-        self.run(CreateObject(ts=self.ts, tag="c", class_name="Counter", name=name), name)
+        self.run(CreateObject(ts=self.ts, tag="c", class_name="Counter", name=name,
+                              measured=True), name)
 
     def call(self, name: str) -> None:
         self.seq += 1
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         worst = clean = 0.0
         what = "-"
         n = 0
+        spent: dict[str, float] = {"save": 0.0, "join": 0.0, "end": 0.0}
         while True:
             cap = k.checkpoints.capture
             doing = "end" if cap is None else "join" if cap.joined or cap.pickled or \
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             more = k.capture_some(CAPTURE_SLICE)
             dt = time.perf_counter() - t
             n += 1
+            spent[doing] += dt
             worst = max(worst, dt)
             if collector.total == g0 and dt > clean:
                 clean, what = dt, doing if more else "end"
@@ -141,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         waited = time.perf_counter() - t
         print(f"round {r}: entry {entry * 1e3:.1f} ms, {n} slices, longest {worst * 1e3:.0f} ms,"
               f" longest without a collection {clean * 1e3:.0f} ms ({what}), longest "
-              f"collection {collector.longest * 1e3:.0f} ms, blob {size} bytes"
+              f"collection {collector.longest * 1e3:.0f} ms, in all "
+              + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in spent.items())
+              + f", blob {size} bytes"
               + (f" (its parts joined apart in {waited * 1e3:.0f} ms: a replica does that "
                  "on a thread of its own)" if apart else ""), flush=True)
         if size is None:

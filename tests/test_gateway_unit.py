@@ -130,3 +130,46 @@ def test_the_read_memo_answers_at_the_state_it_was_filled_at_only():
         memo.put(k, i, (True, i))
     assert len(memo._answers) == ReadMemo.SIZE and memo.get(k, ReadMemo.SIZE + 4) == \
         (True, ReadMemo.SIZE + 4)
+
+
+# -- what the gateway proposes -------------------------------------------------------------
+
+def test_a_create_is_proposed_measured_and_a_plain_call_is_not():
+    """Every command that can make an object asks the kernel to measure it as it is made
+    (`measured`, command version 8: lifecycle.py); an Invoke without `create` stays a
+    version-2 command, which a replica of an earlier gesmas still reads."""
+    from gesmas.protocol import values
+    from gesmas.server.kernel import codec
+    from gesmas.v1 import gesmas_pb2 as pb
+
+    proposed: list = []
+    node = Node(auth_on_after_catch_up=False, catches_up=True)
+    node.kernel, node.metrics = None, None
+    node.new_tag = lambda: f"t{len(proposed)}"
+    gw = Gateway(node)
+
+    async def user(context):
+        return ""
+
+    async def answer(context, cmd):
+        proposed.append(cmd)
+        return {"created": True, "version": 1} if isinstance(cmd, codec.CreateObject) else 7
+
+    gw._user, gw._answer = user, answer
+
+    async def main() -> None:
+        await gw._create_object(pb.CreateObjectRequest(class_name="Queue", object_name="q"),
+                                Context())
+        plain = pb.InvokeRequest(object_name="q", method="size", seq=1)
+        await gw._invoke(plain, Context())
+        made = pb.InvokeRequest(object_name="c", method="add", seq=2, ack=1,
+                                class_name="Counter", create=True)
+        made.ctor_args.append(values.to_value(5, "arg"))
+        await gw._invoke(made, Context())
+
+    asyncio.run(main())
+    create, plain, made = proposed
+    assert type(create) is codec.CreateObject and create.measured is True
+    assert type(plain) is codec.Invoke and plain.measured is False
+    assert type(made) is codec.Invoke and made.create is True and made.measured is True
+    assert [codec.encode(c)[0] for c in proposed] == [8, 2, 8]

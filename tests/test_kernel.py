@@ -160,6 +160,9 @@ ALL_COMMANDS = [
            args=[[1, [2, [3]]]], kwargs={"x": -1.5e300}, timeout=2.5),
     Invoke(ts=4.0, tag="i2", session=1, seq=1, name="a", method="m", timeout=None),
     Invoke(ts=4.0, tag="i3", session=1, seq=1, name="a", method="m", timeout=0),
+    CreateObject(ts=3.0, tag="c2", session=1, class_name="A", name="a", measured=True),
+    Invoke(ts=4.0, tag="i4", session=1, seq=1, class_name="A", name="a", method="m",
+           create=True, ctor_args=[1], measured=True),
     DeleteObject(ts=5.0, tag="d", name="a"),
     Tick(ts=6.0),
     Checkpoint(ts=7.0, tag="k"),
@@ -184,8 +187,10 @@ def test_codec_round_trip(cmd):
     # codec._NEW_IN_3), a cancel of many calls (version 4, codec._NEW_IN_4), a checkpoint
     # that writes its waiting calls apart (version 5, codec._NEW_IN_5), one that lists
     # its deferred objects after the frames (version 6, codec._NEW_IN_6) or one that writes
-    # the sessions' objects in parts (version 7, codec._NEW_IN_7)
-    assert data[0] == (7 if getattr(cmd, "touched_in_parts", False) else
+    # the sessions' objects in parts (version 7, codec._NEW_IN_7); a create measured at once
+    # (version 8, codec._NEW_IN_8) the same: a replica of an earlier gesmas stops at it
+    assert data[0] == (8 if getattr(cmd, "measured", False) else
+                       7 if getattr(cmd, "touched_in_parts", False) else
                        6 if getattr(cmd, "listed_after", False) else
                        5 if getattr(cmd, "calls_apart", False) else
                        4 if getattr(cmd, "more", None) else

@@ -147,7 +147,8 @@ def build(script, subject: str = "uploaded") -> list[tuple[int, object]]:
         elif what == "delete":
             add(DeleteObject(ts=ts, tag=tag, name="buf"))
         elif what == "create":
-            add(CreateObject(ts=ts, tag=tag, class_name=cls, name="buf", args=[1 + x % 2]))
+            add(CreateObject(ts=ts, tag=tag, class_name=cls, name="buf", args=[1 + x % 2],
+                             measured=x % 3 == 0))        # version 8: measured as made
         else:
             add(Query(ts=ts, tag=tag, what="stats"))
     clock += 100.0

@@ -335,7 +335,7 @@ class Gateway(pb_grpc.GesmasServicer):
             args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
             timeout=timeout, secret=request.session_secret, user=user,
             create=request.create, ctor_args=values.from_values(request.ctor_args),
-            ctor_kwargs=values.from_value_map(request.ctor_kwargs))
+            ctor_kwargs=values.from_value_map(request.ctor_kwargs), measured=request.create)
         started = time.perf_counter()
         try:
             value = await self._answer(context, cmd)
@@ -379,7 +379,7 @@ class Gateway(pb_grpc.GesmasServicer):
             class_name=_name("class_name", request.class_name),
             name=_name("object_name", request.object_name),
             args=values.from_values(request.args), kwargs=values.from_value_map(request.kwargs),
-            secret=request.session_secret, user=user)
+            secret=request.session_secret, user=user, measured=True)
         value = await self._answer(context, cmd)
         return pb.CreateObjectResponse(created=bool(value["created"]))
 

@@ -21,7 +21,9 @@ What saving an object does besides writing its frame is the same whenever it is 
     measured by the previous capture at the next checkpoint (`sizes_next`). Applying them
     whenever a replica happens to save the object would let quotas differ between replicas.
     A replica restored from K measures the same objects (the checkpoint lists them) on load.
-    So the size of a standard-class object lags by one checkpoint; uploaded classes are
+    So the size of a standard-class object lags by one checkpoint (an object made by a
+    command with `measured`, as the gateway proposes them, is measured as it is made, so a
+    capture that only made it does not change its size again); uploaded classes are
     still saved and measured at K (their state may not be savable at all, and dropping an
     object must happen at the same index everywhere). After a format-7 checkpoint the sizes
     are not applied at its entry but SIZES_PER_ENTRY at the start of each entry after it

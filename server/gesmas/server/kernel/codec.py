@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 #: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
@@ -44,6 +44,9 @@ _NEW_IN_6 = frozenset({"listed_after"})
 #: fields added by version 7 (Checkpoint.touched_in_parts: each session's objects written in
 #: parts, the full ones pickled once: checkpoint format 8), written only when set
 _NEW_IN_7 = frozenset({"touched_in_parts"})
+#: fields added by version 8 (CreateObject.measured, Invoke.measured: an object made by the
+#: command is measured at once, lifecycle.py), written only when set
+_NEW_IN_8 = frozenset({"measured"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -304,7 +307,8 @@ class RegisterClass(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class CreateObject(Command):
-    """Get-or-create the object `name` of class `class_name`."""
+    """Get-or-create the object `name` of class `class_name`. `measured`: a new object's
+    state is measured as it is made (Lifecycle.make), rather than by the next checkpoint."""
     CODE: ClassVar[int] = 5
     session: int = 0
     class_name: str = ""
@@ -312,6 +316,7 @@ class CreateObject(Command):
     args: list = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
     secret: str = ""
+    measured: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,7 +325,8 @@ class Invoke(Command):
     `ack` is the client's low-water mark: it has received every result with seq <= ack.
     `class_name`, when not empty, must match the object's class. `timeout` (seconds) bounds
     every wait inside the call; None waits for ever, 0 never waits. With `create`, a missing
-    object is first made with `ctor_args`/`ctor_kwargs` (get-or-create in one command)."""
+    object is first made with `ctor_args`/`ctor_kwargs` (get-or-create in one command), and
+    measured as it is made if `measured` (as CreateObject's)."""
     CODE: ClassVar[int] = 6
     session: int = 0
     seq: int = 0
@@ -335,6 +341,7 @@ class Invoke(Command):
     create: bool = False
     ctor_args: list = field(default_factory=list)
     ctor_kwargs: dict = field(default_factory=dict)
+    measured: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -405,8 +412,11 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
+_FIELDS_V7: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_8) for c, names in _FIELDS.items()
+}
 _FIELDS_V6: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_7) for c, names in _FIELDS.items()
+    c: tuple(n for n in names if n not in _NEW_IN_7) for c, names in _FIELDS_V7.items()
 }
 _FIELDS_V5: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_6) for c, names in _FIELDS_V6.items()
@@ -424,12 +434,12 @@ _FIELDS_V1: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
 }
 _BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, 4: _FIELDS_V4, 5: _FIELDS_V5,
-               6: _FIELDS_V6, FORMAT_VERSION: _FIELDS}
+               6: _FIELDS_V6, 7: _FIELDS_V7, FORMAT_VERSION: _FIELDS}
 #: per command type: (version, its new fields and their defaults), newest first
 _NEWER = {c: tuple((v, {f.name: (f.default if f.default_factory is MISSING
                                  else f.default_factory()) for f in fields(c) if f.name in new})
-                   for v, new in ((7, _NEW_IN_7), (6, _NEW_IN_6), (5, _NEW_IN_5), (4, _NEW_IN_4),
-                                  (3, _NEW_IN_3)))
+                   for v, new in ((8, _NEW_IN_8), (7, _NEW_IN_7), (6, _NEW_IN_6), (5, _NEW_IN_5),
+                                  (4, _NEW_IN_4), (3, _NEW_IN_3)))
           for c in COMMANDS.values()}
 
 

@@ -327,7 +327,7 @@ class Kernel:
                     raise KernelError(Code.INVALID_ARGUMENT, "object name must be 1 to 256 "
                                       "characters")
                 self.lifecycle.make(cmd.name, cmd.class_name, cmd.ctor_args, cmd.ctor_kwargs,
-                                    s.id, cmd.user)
+                                    s.id, cmd.user, cmd.measured is True)
             elif rec.cls.name != cmd.class_name:
                 raise KernelError(Code.ALREADY_EXISTS, f"object {cmd.name!r} exists with class "
                                   f"{rec.cls.name}, not {cmd.class_name}")
