@@ -1807,7 +1807,9 @@ def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied
     import pickle
 
     from gesmas.server.kernel import deferred as deferred_module
-    monkeypatch.setattr(deferred_module, "JOIN_SLICE", 2)    # the join takes a few slices
+    from gesmas.server.kernel import frametable
+    monkeypatch.setattr(deferred_module, "JOIN_SLICE", 2)    # the join takes a few slices,
+    monkeypatch.setattr(frametable, "PAGE", 2)               # a page of the table each
     h = OH()
     s, = h.sessions(1)
     names = [f"q{i}" for i in range(6)]
@@ -2007,16 +2009,16 @@ def test_a_kept_waiter_whose_object_the_checkpoint_drops_fails_as_after_a_restor
 @pytest.mark.parametrize("changed", [0, 3])
 def test_idle_slices_join_the_frames_in_chunks_into_the_same_blob(monkeypatch, changed):
     """After its objects are saved, a capture's frames are joined a slice at a time (a join of
-    a million frames at once held the GIL for ~0.25 s); with three frames a slice the blob is
-    the bytes of a kernel that assembles it at once, with objects to save or none."""
-    from gesmas.server.kernel import deferred
+    a million frames at once held the GIL for ~0.25 s), a page of the table or more each
+    (frametable.py); with three frames a page and a slice the blob is the bytes of a kernel
+    that assembles it at once, with objects to save or none."""
+    from gesmas.server.kernel import deferred, frametable
+    monkeypatch.setattr(frametable, "PAGE", 3)
     twins = [OH(), OH()]
     for h in twins:
         s = h.open_session()
         for i in range(40):
             h.make("Counter", f"c{i:02d}")
-        h.checkpoint()
-        h.kernel.checkpoint_blob
         for i in range(changed):
             h.ok(s, f"c{i:02d}", "add", 1)
         h.checkpoint()
@@ -2028,6 +2030,83 @@ def test_idle_slices_join_the_frames_in_chunks_into_the_same_blob(monkeypatch, c
         assert slow.kernel.capturing                     # open while frames are left
     assert slices >= 40 // 3 and not slow.kernel.capturing
     assert slow.kernel.checkpoint_blob == fast.kernel.checkpoint_blob
+
+
+@pytest.mark.parametrize("changes", ["none", "calls", "made and removed"])
+def test_a_capture_joins_again_only_the_pages_of_the_table_that_changed(monkeypatch, changes):
+    """A page of the table whose frames a capture joined is kept joined (frametable.py), and
+    the next capture uses those bytes again unless a frame of the page was saved, removed or
+    added since: the blob is the same bytes as a restored kernel's, whose pages are all new,
+    live and restored alike at the checkpoints after."""
+    from gesmas.server.kernel import CreateObject, DeleteObject, frametable
+    monkeypatch.setattr(frametable, "PAGE", 4)
+    h = OH()
+    s, = h.sessions(1)
+    for i in range(30):                                # measured: no size applied late
+        h.run(CreateObject(ts=h.ts, tag=h.tag(), class_name="Counter", name=f"c{i:02d}",
+                           measured=True))
+    h.checkpoint()
+    h.kernel.checkpoint_blob
+    r = h.restored()
+    for k in (h, r):
+        k.checkpoint()
+        k.kernel.checkpoint_blob
+    table = h.kernel.state.frames
+    assert len(table.counts) == 8 and all(b is not None for b in table.joined)
+    for k in (h, r):
+        if changes == "calls":
+            k.ok(s, "c05", "add", 2)                    # page 1
+            k.ok(s, "c29", "add", 3)                    # page 7
+        elif changes == "made and removed":
+            k.run(DeleteObject(ts=k.ts, tag=k.tag(), name="c13"))   # page 3
+            k.run(CreateObject(ts=k.ts, tag=k.tag(), class_name="Counter", name="new",
+                               measured=True))     # the last page (7)
+    kept = list(table.joined)
+    for k in (h, r):
+        k.checkpoint()
+        k.kernel.checkpoint_blob
+    # the pages joined again: new bytes objects; the others the same ones, used again
+    again = [p for p, b in enumerate(table.joined) if b is not kept[p]]
+    assert again == {"none": [], "calls": [1, 7], "made and removed": [3, 7]}[changes]
+    assert h.kernel.checkpoint_blob == r.kernel.checkpoint_blob
+    assert h.kernel.state_digest() == r.kernel.state_digest()
+    fresh = h.restored()                                # every page joined anew
+    for k in (h, fresh):
+        k.ok(s, "c00", "add", 1)
+        k.checkpoint()
+    assert h.kernel.checkpoint_blob == fresh.kernel.checkpoint_blob
+
+
+def test_the_table_of_frames_keeps_its_order_and_pages_through_changes(monkeypatch):
+    """FrameTable is a dict in insertion order that also knows each name's page: names set
+    again keep their place, removed ones leave a hole, new ones go to the last page; a table
+    of mostly holes is put in pages again, in the same order; it is never pickled."""
+    import pickle
+
+    from gesmas.server.kernel import frametable
+    monkeypatch.setattr(frametable, "PAGE", 3)
+    t = frametable.FrameTable()
+    t.update({f"n{i}": b"%d" % i for i in range(7)})
+    assert t.counts == [3, 3, 1] and t.page_of["n4"] == 1
+    t.joined[:] = [b"a", b"b", b"c"]
+    t["n4"] = b"again"
+    assert list(t) == [f"n{i}" for i in range(7)] and t.joined == [b"a", None, b"c"]
+    assert t.pop("n0") == b"0" and t.pop("missing", 5) == 5 and t.joined[0] is None
+    del t["n1"]
+    t["x"] = None
+    assert t.counts == [1, 3, 2] and t.page_of["x"] == 2 and list(t)[-1] == "x"
+    for name in list(t)[:-1]:
+        t.pop(name)
+    for i in range(60):
+        t[f"m{i}"] = b""
+    for i in range(59):
+        t.pop(f"m{i}")
+    assert list(t) == ["x", "m59"] and len(t.counts) <= 2 * (2 // 3) + 16 + 1
+    assert sum(t.counts) == 2 and set(t.page_of) == {"x", "m59"}
+    with pytest.raises(TypeError, match="not pickled"):
+        pickle.dumps(t)
+    with pytest.raises(KeyError):
+        del t["n0"]
 
 
 def test_a_deferred_object_that_cannot_be_saved_is_kept_and_saved_by_the_next_checkpoint(

@@ -9,15 +9,15 @@ import itertools
 from typing import Any, Iterator
 
 from .capture import Capture, Slot
+from .frametable import FrameTable, skip
 from .records import unshared_pickle
 
 
 #: Names or sizes in one pickled list after a format-7 checkpoint's frames.
 TRAILER_CHUNK = 4096
 
-#: Frames a format-7 idle slice joins at most: each frame's name is looked up among the
-#: saved ones, and a saved one's size put in order (~0.4-1.7 us a frame at 2x10^5 objects,
-#: where a bare join is ~0.05 us): ~2-7 ms a slice.
+#: Frames a format-7 idle slice joins at most (a page of the table at least: frametable.py),
+#: ~0.2-0.3 us each (a page kept joined since the last capture counts a sixteenth): ~1 ms.
 LISTED_JOIN_SLICE = 4096
 
 #: The slot `ListedCapture.take` hands out: a saved object's frame goes to the kernel's
@@ -56,7 +56,7 @@ class ListedCapture(Capture):
 
     listed = True
 
-    def __init__(self, index: int, head: bytes, frames: dict[str, Any], unsaved: set[str],
+    def __init__(self, index: int, head: bytes, frames: FrameTable, unsaved: set[str],
                  keep: set[str], calls: list[Any]) -> None:
         super().__init__(index, head, [], {}, keep, calls)   # (no slots, no todo list)
         self.frames = frames          # the kernel's table (State.frames), as at K until closed
@@ -69,6 +69,8 @@ class ListedCapture(Capture):
         self.removed: list[str] = []   # objects of K removed since, to leave the table
         self.added: dict[str, None] = {}   # objects made since, to join the table
         self._rest: Any = None         # the table's frames not joined yet (an iterator)
+        self._names: Any = None        # ... and their names
+        self._pages: Any = None        # ... and their pages
         self._after: Iterator[bytes] = iter(())   # the parts after the frames, to pickle
         self._listed = False           # `deferred` and `sizes` in the table's order
         # the sizes of the saved objects, in the table's order, made as the frames are
@@ -139,21 +141,7 @@ class ListedCapture(Capture):
         if c < len(calls):
             return super().join_some(n)
         if self.joined < self.count:
-            n = min(n, LISTED_JOIN_SLICE)
-            if self._rest is None:
-                assert len(self.frames) == self.count, "the table of frames changed size"
-                self._rest = iter(self.frames.items())
-            frames: list[bytes] = []
-            deferred, sizes, ordered = self.deferred, self.sizes, self._ordered
-            for name, frame in itertools.islice(self._rest, n):
-                if frame is None:     # an object made before K, not saved: a bug
-                    raise AssertionError(f"checkpoint {self.index}: {name!r} has no frame")
-                frames.append(frame)
-                if name in sizes:     # saved by this capture
-                    deferred.append(name)
-                    ordered[name] = sizes.get(name)
-            self.chunks.append(b"".join(frames))
-            self.joined += len(frames)
+            self._join_pages(min(n, LISTED_JOIN_SLICE))
             return True
         if not self._listed:          # every frame joined (or none at K)
             self.sizes, self._ordered = self._ordered, {}
@@ -164,6 +152,45 @@ class ListedCapture(Capture):
             return False
         self.chunks.append(part)
         return True
+
+    def _join_pages(self, budget: int) -> None:
+        """Join the table's next pages into chunks, until about `budget` frames' worth of
+        work is done: a page whose frames did not change since a capture joined it is that
+        capture's bytes again (frametable.py), at a sixteenth of the cost; the others are
+        joined, their saved objects' names put in `deferred` in the table's order, and kept
+        joined for the next capture."""
+        table = self.frames
+        if self._rest is None:
+            assert len(table) == self.count, "the table of frames changed size"
+            self._rest = iter(dict.values(table))
+            self._names = iter(table)
+            self._pages = iter(table.pages())
+        counts, kept = table.counts, table.joined
+        sizes, deferred, ordered = self.sizes, self.deferred, self._ordered
+        chunks, rest, names = self.chunks, self._rest, self._names
+        isl = itertools.islice
+        done = 0
+        while done < budget and self.joined < self.count:
+            page = next(self._pages)
+            n = counts[page]
+            chunk = kept[page]
+            if chunk is not None:
+                skip(rest, n)
+                skip(names, n)
+                done += n >> 4
+            else:
+                try:
+                    chunk = b"".join(isl(rest, n))
+                except TypeError:     # a frame left None (an object of K not saved: a bug)
+                    raise AssertionError(f"checkpoint {self.index}: an object of page {page} "
+                                         "has no frame") from None
+                for name in filter(sizes.__contains__, isl(names, n)):   # saved by it
+                    deferred.append(name)
+                    ordered[name] = sizes.get(name)
+                kept[page] = chunk
+                done += n
+            chunks.append(chunk)
+            self.joined += n
 
     def _parts_after(self) -> Iterator[bytes]:
         deferred = self.deferred

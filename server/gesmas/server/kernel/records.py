@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from . import codec
 from .auth import AuthState, Usage
 from .errors import Code, Error, KernelError
+from .frametable import FrameTable
 from .names import SortedNames
 from .registry import ClassVersion
 from .sched import SAVING, Host, Task, Waiter
@@ -72,7 +73,8 @@ class State:
         # `objects` (lifecycle.py and checkpoint.py add and remove names in both alike).
         # each object's checkpoint frame: bytes, None until saved, or a capture.Slot while
         # the open capture saves it
-        self.frames: dict[str, Any] = {}
+        # (frametable.py: in pages, which a format-7 capture keeps joined)
+        self.frames = FrameTable()
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
         self.auth = AuthState()
