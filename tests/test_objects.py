@@ -2052,7 +2052,7 @@ def test_a_capture_joins_again_only_the_pages_of_the_table_that_changed(monkeypa
         k.checkpoint()
         k.kernel.checkpoint_blob
     table = h.kernel.state.frames
-    assert len(table.counts) == 8 and all(b is not None for b in table.joined)
+    assert len(table.names) == 8 and all(b is not None for b in table.joined)
     for k in (h, r):
         if changes == "calls":
             k.ok(s, "c05", "add", 2)                    # page 1
@@ -2078,31 +2078,54 @@ def test_a_capture_joins_again_only_the_pages_of_the_table_that_changed(monkeypa
 
 
 def test_the_table_of_frames_keeps_its_order_and_pages_through_changes(monkeypatch):
-    """FrameTable is a dict in insertion order that also knows each name's page: names set
-    again keep their place, removed ones leave a hole, new ones go to the last page; a table
-    of mostly holes is put in pages again, in the same order; it is never pickled."""
+    """FrameTable is a dict in insertion order that also puts the names in pages: names set
+    again keep their place, removed ones leave a hole, new ones go to the last page. A kept
+    page holds its frames only joined, and reads give each frame all the same; a change marks
+    its page not fresh, and joining it again cuts the frames it did not touch out of the old
+    bytes, whatever was added or removed. A table of mostly holes is put in pages again, in
+    the same order. It is never pickled."""
     import pickle
 
     from gesmas.server.kernel import frametable
     monkeypatch.setattr(frametable, "PAGE", 3)
     t = frametable.FrameTable()
-    t.update({f"n{i}": b"%d" % i for i in range(7)})
-    assert t.counts == [3, 3, 1] and t.page_of["n4"] == 1
-    t.joined[:] = [b"a", b"b", b"c"]
-    t["n4"] = b"again"
-    assert list(t) == [f"n{i}" for i in range(7)] and t.joined == [b"a", None, b"c"]
-    assert t.pop("n0") == b"0" and t.pop("missing", 5) == 5 and t.joined[0] is None
+    frames = {f"n{i}": b"<%d>" % i * (i + 1) for i in range(7)}
+    t.update(frames)
+    assert [len(n) for n in t.names] == [3, 3, 1] and t.page_of["n4"] == 1
+    assert [t.keep(p) for p in t.pages()] == [b"".join(list(frames.values())[i:i + 3])
+                                              for i in (0, 3, 6)]
+    assert t.fresh == [True, True, True]
+    assert dict.__getitem__(t, "n4") is frametable.KEPT        # held only in its page
+    assert t["n4"] == t.get("n4") == frames["n4"] and t.get("nope", 1) == 1
+    assert list(t.values()) == list(frames.values()) and dict(t.items()) == frames
+    assert t.copy() == frames and list(t) == list(frames)
+    assert t == frames and frames == t and t != {} and not (t != frames)
+    t["n4"] = b"again"                                         # page 1 is no longer fresh
+    assert t.fresh == [True, False, True] and dict.__getitem__(t, "n3") is frametable.KEPT
+    assert t["n3"] == frames["n3"] and t["n4"] == b"again" and t["n5"] == frames["n5"]
+    assert t.pop("n0") == frames["n0"] and t.pop("missing", 5) == 5 and t.fresh[0] is False
     del t["n1"]
-    t["x"] = None
-    assert t.counts == [1, 3, 2] and t.page_of["x"] == 2 and list(t)[-1] == "x"
+    t["x"] = None                                              # the last page (2)
+    assert [len(n) for n in t.names] == [1, 3, 2] and t.page_of["x"] == 2
+    assert list(t) == ["n2", "n3", "n4", "n5", "n6", "x"] and t.fresh == [False] * 3
+    after = [frames["n2"], frames["n3"], b"again", frames["n5"], frames["n6"], None]
+    assert list(t.values()) == after and t["n2"] == frames["n2"]
+    with pytest.raises(TypeError):                             # a frame not saved yet
+        t.keep(2)
+    assert t.fresh[2] is False and t["x"] is None and t["n6"] == frames["n6"]
+    assert t.keep(0) == frames["n2"] and t.keep(1) == frames["n3"] + b"again" + frames["n5"]
+    t["x"] = b"x"
+    assert t.keep(2) == frames["n6"] + b"x" and list(t.values()) == after[:-1] + [b"x"]
     for name in list(t)[:-1]:
         t.pop(name)
     for i in range(60):
-        t[f"m{i}"] = b""
+        t[f"m{i}"] = b"m%d" % i
+    t.keep(t.page_of["m59"])
     for i in range(59):
         t.pop(f"m{i}")
-    assert list(t) == ["x", "m59"] and len(t.counts) <= 2 * (2 // 3) + 16 + 1
-    assert sum(t.counts) == 2 and set(t.page_of) == {"x", "m59"}
+    assert list(t) == ["x", "m59"] and len(t.names) <= 2 * (2 // 3) + 16 + 1
+    assert t["m59"] == b"m59" and t["x"] == b"x" and set(t.page_of) == {"x", "m59"}
+    assert sum(len(n) for n in t.names) == 2
     with pytest.raises(TypeError, match="not pickled"):
         pickle.dumps(t)
     with pytest.raises(KeyError):

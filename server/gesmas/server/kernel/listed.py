@@ -68,9 +68,8 @@ class ListedCapture(Capture):
         self.deferred: list[str] = []  # the saved names in the table's order (the join)
         self.removed: list[str] = []   # objects of K removed since, to leave the table
         self.added: dict[str, None] = {}   # objects made since, to join the table
-        self._rest: Any = None         # the table's frames not joined yet (an iterator)
-        self._names: Any = None        # ... and their names
-        self._pages: Any = None        # ... and their pages
+        self._pages: Any = None        # the table's pages not joined yet (an iterator)
+        self._raw: Any = None          # ... and what the table maps their names to
         self._after: Iterator[bytes] = iter(())   # the parts after the frames, to pickle
         self._listed = False           # `deferred` and `sizes` in the table's order
         # the sizes of the saved objects, in the table's order, made as the frames are
@@ -155,42 +154,37 @@ class ListedCapture(Capture):
 
     def _join_pages(self, budget: int) -> None:
         """Join the table's next pages into chunks, until about `budget` frames' worth of
-        work is done: a page whose frames did not change since a capture joined it is that
-        capture's bytes again (frametable.py), at a sixteenth of the cost; the others are
-        joined, their saved objects' names put in `deferred` in the table's order, and kept
-        joined for the next capture."""
+        work is done: a page fresh since a capture joined it (frametable.py) is that
+        capture's bytes again, at a sixteenth of the cost; the others are joined and kept,
+        their saved objects' names put in `deferred` in the table's order."""
         table = self.frames
-        if self._rest is None:
+        if self._pages is None:
             assert len(table) == self.count, "the table of frames changed size"
-            self._rest = iter(dict.values(table))
-            self._names = iter(table)
             self._pages = iter(table.pages())
-        counts, kept = table.counts, table.joined
-        sizes, deferred, ordered = self.sizes, self.deferred, self._ordered
-        chunks, rest, names = self.chunks, self._rest, self._names
-        isl = itertools.islice
+            self._raw = table.raw()
+        names_of, fresh, joined = table.names, table.fresh, table.joined
+        sizes, deferred, ordered, chunks = self.sizes, self.deferred, self._ordered, self.chunks
+        raw = self._raw
         done = 0
         while done < budget and self.joined < self.count:
             page = next(self._pages)
-            n = counts[page]
-            chunk = kept[page]
-            if chunk is not None:
-                skip(rest, n)
-                skip(names, n)
-                done += n >> 4
+            names = names_of[page]
+            if fresh[page]:
+                chunk = joined[page]
+                skip(raw, len(names))
+                done += 1 + (len(names) >> 4)
             else:
                 try:
-                    chunk = b"".join(isl(rest, n))
+                    chunk = table.keep(page, list(itertools.islice(raw, len(names))))
                 except TypeError:     # a frame left None (an object of K not saved: a bug)
                     raise AssertionError(f"checkpoint {self.index}: an object of page {page} "
                                          "has no frame") from None
-                for name in filter(sizes.__contains__, isl(names, n)):   # saved by it
+                for name in filter(sizes.__contains__, names):    # saved by this capture
                     deferred.append(name)
                     ordered[name] = sizes.get(name)
-                kept[page] = chunk
-                done += n
+                done += len(names)
             chunks.append(chunk)
-            self.joined += n
+            self.joined += len(names)
 
     def _parts_after(self) -> Iterator[bytes]:
         deferred = self.deferred
