@@ -184,7 +184,7 @@ class FrameTable(dict):
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    __hash__ = None       # type: ignore[assignment]
+    __hash__ = None
 
     def __reduce__(self) -> Any:
         raise TypeError("the table of frames is a cache, not state: it is not pickled")
