@@ -2132,6 +2132,72 @@ def test_the_table_of_frames_keeps_its_order_and_pages_through_changes(monkeypat
         del t["n0"]
 
 
+def _table_ops():
+    from hypothesis import strategies as st
+    names = [f"n{i}" for i in range(12)]
+    return st.lists(st.tuples(st.sampled_from(["set", "pop", "keep", "read", "repage"]),
+                              st.sampled_from(names), st.integers(0, 5), st.booleans()),
+                    max_size=80)
+
+
+def test_the_table_of_frames_reads_as_a_dict_whatever_was_kept_changed_or_removed():
+    """A model check of FrameTable (frametable.py) against a plain dict: after any sequence
+    of frames set (new or again, bytes or None), removed, pages kept (joined), frames read and
+    pages rebuilt, it holds the dict's items in the dict's order, the pages one after the
+    other are that order, a capture's reading of the raw values page by page gives each
+    page's frames, and a fresh page's bytes are its frames joined."""
+    import itertools
+
+    from hypothesis import HealthCheck, given, settings
+
+    from gesmas.server.kernel import frametable
+
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(_table_ops())
+    def check(ops):
+        t, model = frametable.FrameTable(), {}
+        for what, name, n, flag in ops:
+            if what == "set":
+                t[name] = model[name] = None if flag and n == 0 else b"%s:%d" % (
+                    name.encode(), n)
+            elif what == "pop":
+                assert t.pop(name, "no") == model.pop(name, "no")
+            elif what == "keep":
+                pages = list(t.pages())
+                if pages:
+                    p = pages[n % len(pages)]
+                    frames = [model[x] for x in t.names[p]]
+                    raw = [dict.__getitem__(t, x) for x in t.names[p]] if flag else None
+                    if all(type(f) is bytes for f in frames):
+                        assert t.keep(p, raw) == b"".join(frames)
+                    else:
+                        with pytest.raises(TypeError):
+                            t.keep(p, raw)
+            elif what == "read":
+                assert t.get(name, 7) == model.get(name, 7)
+                assert name not in model or t[name] == model[name]
+            else:
+                t.repage()
+            assert list(t.items()) == list(model.items()) and len(t) == len(model)
+            assert list(t) == [x for p in t.pages() for x in t.names[p]]
+            assert all(t.page_of[x] == p for p in t.pages() for x in t.names[p])
+            assert set(t.page_of) == set(model)
+            raw_values = t.raw()
+            for p in t.pages():
+                got = list(itertools.islice(raw_values, len(t.names[p])))
+                assert t._frames(p, got) == [model[x] for x in t.names[p]]
+                if t.fresh[p]:
+                    assert t.joined[p] == b"".join(model[x] for x in t.names[p])
+
+    old = frametable.PAGE
+    frametable.PAGE = 3
+    try:
+        check()
+    finally:
+        frametable.PAGE = old
+
+
 def test_a_deferred_object_that_cannot_be_saved_is_kept_and_saved_by_the_next_checkpoint(
         monkeypatch, caplog):
     """capture.py: nothing is dropped (each replica would drop it at another moment); that
