@@ -18,7 +18,8 @@ time, every call timed:
 5. wipe: stop a follower, empty its data dir, start it (it rejoins); the same time.
 6. list: ListObjects latency (5 calls).
 Throughout, every replica's metrics are read every 0.1 s: when each checkpoint happened,
-how long it took (gesmas_checkpoint_seconds), the Raft term and who leads.
+how long it took (gesmas_checkpoint_seconds), the Raft term and who leads, and the
+collector's passes over 50 and 100 ms (gesmas_gc_pause_seconds).
 
 Reported per run: creation rate per tenth; RSS of each replica per object and per waiter;
 checkpoint durations and size; per phase the longest produce call, the longest within 0.5 s
@@ -68,6 +69,25 @@ def scrape(addr: str) -> dict[str, float]:
                             "gesmas_objects", "gesmas_waiters")):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
+        elif line.startswith(("gesmas_gc_pause_seconds_count{",
+                              "gesmas_gc_pause_seconds_bucket{")) and (
+                '"0.05"' in line or '"0.1"' in line or "_count{" in line):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def long_gc_passes(got: dict[str, float]) -> dict[int, tuple[float, float]]:
+    """Per generation, how many of a replica's collector passes took over 50 and over
+    100 ms so far (gesmas_gc_pause_seconds: its count less its 0.05 and 0.1 buckets)."""
+    out = {}
+    for g in range(3):
+        count = got.get(f'gesmas_gc_pause_seconds_count{{generation="{g}"}}')
+        if count is None:
+            continue
+        bucket = f'gesmas_gc_pause_seconds_bucket{{generation="{g}",le='
+        out[g] = (count - got.get(bucket + '"0.05"}', count),
+                  count - got.get(bucket + '"0.1"}', count))
     return out
 
 
@@ -91,6 +111,8 @@ class Watch:
         self.checkpoints: list[dict[str, Any]] = []   # {"t", "node", "index", "seconds"}
         self.terms: list[tuple[float, int, float]] = []    # (t, node, term) on change
         self.leaders: list[tuple[float, int]] = []        # (t, node) when a node leads anew
+        # (t, node, generation, passes over 50 ms, over 100 ms) seen since the last scrape
+        self.long_gcs: list[tuple[float, int, int, int, int]] = []
         self.last: dict[int, dict[str, float]] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -119,6 +141,12 @@ class Watch:
                             "bytes": int(got.get("gesmas_checkpoint_bytes", 0))})
                     if got.get("gesmas_raft_term") != before.get("gesmas_raft_term"):
                         self.terms.append((now, m.node_id, got.get("gesmas_raft_term", 0)))
+                    was = long_gc_passes(before)
+                    for g, (over50, over100) in long_gc_passes(got).items():
+                        b50, b100 = was.get(g, (0.0, 0.0))
+                        if over50 > b50 and before:     # (a restarted replica counts anew)
+                            self.long_gcs.append((now, m.node_id, g, int(over50 - b50),
+                                                  int(max(0.0, over100 - b100))))
                     if got.get("gesmas_raft_is_leader") and not before.get(
                             "gesmas_raft_is_leader"):
                         self.leaders.append((now, m.node_id))
@@ -191,6 +219,11 @@ class Producer:
         return max((ms for t, ms in self.calls
                     if any(a - within <= t <= b + within for a, b in spans)), default=0.0)
 
+    def overlapping(self, spans: list[tuple[float, float]], over_ms: float) -> int:
+        """How many calls over `over_ms` ran during any of the (start, end) spans."""
+        return sum(1 for t, ms in self.calls if ms > over_ms
+                   and any(t <= b and t + ms / 1e3 >= a for a, b in spans))
+
     def close(self) -> None:
         self.stop.set()
         self.thread.join(60)
@@ -204,6 +237,7 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
     with watch.lock:
         ckpts = [c for c in watch.checkpoints if start <= c["t"] < end]
         leads = [n for t, n in watch.leaders if start <= t < end]
+        gcs = [x for x in watch.long_gcs if start <= x[0] < end]
     out = {"phase": name, "seconds": round(end - start, 2), "term_before": term,
            "term_after": watch.term(), "leader_before": leader, "leader_after": watch.leader(),
            "leader_changes": leads, "checkpoints": len(ckpts),
@@ -214,7 +248,11 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
            "produce_max_near_checkpoint_ms": round(prod.near(
                [(c["t"] - (c["seconds"] or 0) - 0.1, c["t"]) for c in ckpts]), 1),
            "produce_calls": sum(1 for t, _ in prod.calls if start <= t < end),
-           **prod.spread(start, end), "start": start, "end": end}
+           **prod.spread(start, end), "start": start, "end": end,
+           # the collector stops every thread of its replica: which slow calls it explains
+           "gc_over_50ms": sum(x[3] for x in gcs), "gc_over_100ms": sum(x[4] for x in gcs),
+           "produce_over_50ms_during_long_gc": prod.overlapping(
+               [(t - 0.2, t) for t, *_ in gcs], 50)}
     out.update(extra)
     print(f"  {name}: {json.dumps({k: v for k, v in out.items() if k not in ('start', 'end', 'marks')})}",
           flush=True)
@@ -458,7 +496,8 @@ def timeline(out: dict[str, Any], prod: Producer, watch: Watch) -> dict[str, Any
             "produce": [(rel(t), round(ms, 1)) for t, ms in prod.calls],
             "checkpoints": [dict(c, t=rel(c["t"])) for c in watch.checkpoints],
             "terms": [(rel(t), node, term) for t, node, term in watch.terms],
-            "leaders": [(rel(t), node) for t, node in watch.leaders]}
+            "leaders": [(rel(t), node) for t, node in watch.leaders],
+            "long_gcs": [(rel(t), *rest) for t, *rest in watch.long_gcs]}
 
 
 def summary(runs: list[dict[str, Any]]) -> None:
@@ -482,6 +521,11 @@ def summary(runs: list[dict[str, Any]]) -> None:
               f"{', '.join(str(p.get('produce_over_100ms')) for p in ps)} |")
         print(f"| {name}: longest produce near a checkpoint, ms | "
               f"{spread([p['produce_max_near_checkpoint_ms'] for p in ps])} |")
+        print(f"| {name}: collector passes over 50 / over 100 ms (all replicas) | "
+              f"{', '.join(str(p.get('gc_over_50ms')) for p in ps)} / "
+              f"{', '.join(str(p.get('gc_over_100ms')) for p in ps)} |")
+        print(f"| {name}: produces over 50 ms during such a pass | "
+              f"{', '.join(str(p.get('produce_over_50ms_during_long_gc')) for p in ps)} |")
         print(f"| {name}: longest checkpoint, s | "
               f"{spread([p['checkpoint_seconds_max'] for p in ps])} |")
         terms = ", ".join(f"{p['term_before']:g}->{p['term_after']:g}" for p in ps)
