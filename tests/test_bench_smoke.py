@@ -94,14 +94,17 @@ def test_scale_bench_quick(tmp_path: Path) -> None:
 
 
 def test_capture_slices_quick() -> None:
-    """bench/capture_slices.py --quick: every round's capture ends with a blob, and each
-    round prints its entry, its slices and its collector passes."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "capture_slices.py"), "--quick"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+    """bench/capture_slices.py --quick --restore: every round's capture ends with a blob,
+    and each round prints its entry, its slices and its collector passes; so does the first
+    capture of a kernel restored after them."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "capture_slices.py"), "--quick",
+                          "--restore"], capture_output=True, text=True, timeout=120, cwd=ROOT,
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     rounds = [ln for ln in out.stdout.splitlines() if ln.startswith("round ")]
     assert len(rounds) == 2, out.stdout
-    for ln in rounds:
+    restored = [ln for ln in out.stdout.splitlines() if ln.startswith("the first capture")]
+    assert len(restored) == 1 and "restored from" in out.stdout, out.stdout
+    for ln in rounds + restored:
         assert "slices, longest" in ln and "longest collection" in ln, ln
         assert int(ln.rsplit("blob ", 1)[1].split()[0]) > 0, ln

@@ -2036,8 +2036,9 @@ def test_idle_slices_join_the_frames_in_chunks_into_the_same_blob(monkeypatch, c
 def test_a_capture_joins_again_only_the_pages_of_the_table_that_changed(monkeypatch, changes):
     """A page of the table whose frames a capture joined is kept joined (frametable.py), and
     the next capture uses those bytes again unless a frame of the page was saved, removed or
-    added since: the blob is the same bytes as a restored kernel's, whose pages are all new,
-    live and restored alike at the checkpoints after."""
+    added since: the blob is the same bytes as a restored kernel's (whose pages are cut from
+    the blob, full where the live ones have holes), live and restored alike at the
+    checkpoints after, and as one whose pages are all new."""
     from gesmas.server.kernel import CreateObject, DeleteObject, frametable
     monkeypatch.setattr(frametable, "PAGE", 4)
     h = OH()
@@ -2070,11 +2071,53 @@ def test_a_capture_joins_again_only_the_pages_of_the_table_that_changed(monkeypa
     assert again == {"none": [], "calls": [1, 7], "made and removed": [3, 7]}[changes]
     assert h.kernel.checkpoint_blob == r.kernel.checkpoint_blob
     assert h.kernel.state_digest() == r.kernel.state_digest()
-    fresh = h.restored()                                # every page joined anew
+    fresh = h.restored()
+    fresh.kernel.state.frames.repage()                  # every page joined anew
+    assert not any(fresh.kernel.state.frames.fresh)
     for k in (h, fresh):
         k.ok(s, "c00", "add", 1)
         k.checkpoint()
     assert h.kernel.checkpoint_blob == fresh.kernel.checkpoint_blob
+
+
+def test_a_restore_keeps_its_table_joined_and_its_first_capture_joins_nothing_again(
+        monkeypatch):
+    """A restore cuts each page of its table from the blob (FrameTable.load): no frame is
+    held on its own, every page is fresh, and the first capture after it joins none of them
+    again unless a frame of the page changed, with the blob of the live kernel and of one
+    whose pages are all new."""
+    from gesmas.server.kernel import CreateObject, frametable
+    monkeypatch.setattr(frametable, "PAGE", 4)
+    h = OH()
+    s, = h.sessions(1)
+    for i in range(14):
+        h.run(CreateObject(ts=h.ts, tag=h.tag(), class_name="Counter", name=f"c{i:02d}",
+                           measured=True))
+    h.make("Queue", "q")
+    h.ok(s, "q", "produce", "x")
+    h.checkpoint()
+    h.checkpoint()                                      # (the queue's size, applied late,
+    h.checkpoint()                                      # then saved)
+    r = h.restored()
+    table = r.kernel.state.frames
+    assert [len(n) for n in table.names] == [4, 4, 4, 3] and all(table.fresh)
+    assert set(dict.values(table)) == {frametable.KEPT}
+    assert dict(table.items()) == dict(h.kernel.state.frames.items())
+    kept = list(table.joined)
+    new = h.restored()
+    new.kernel.state.frames.repage()
+    for k in (h, r, new):
+        k.checkpoint()
+        k.kernel.checkpoint_blob
+    assert all(b is kept[p] for p, b in enumerate(table.joined))   # none joined again
+    assert r.kernel.checkpoint_blob == h.kernel.checkpoint_blob == new.kernel.checkpoint_blob
+    for k in (h, r, new):
+        k.ok(s, "c05", "add", 1)                        # page 1
+        k.checkpoint()
+        k.kernel.checkpoint_blob
+    assert [p for p, b in enumerate(table.joined) if b is not kept[p]] == [1]
+    assert r.kernel.checkpoint_blob == h.kernel.checkpoint_blob == new.kernel.checkpoint_blob
+    assert r.kernel.state_digest() == h.kernel.state_digest()
 
 
 def test_the_table_of_frames_keeps_its_order_and_pages_through_changes(monkeypatch):
@@ -2130,6 +2173,8 @@ def test_the_table_of_frames_keeps_its_order_and_pages_through_changes(monkeypat
         pickle.dumps(t)
     with pytest.raises(KeyError):
         del t["n0"]
+    with pytest.raises(ValueError, match="empty table"):
+        t.load([("y", b"y")], b"")
 
 
 def _table_ops():
@@ -2140,23 +2185,54 @@ def _table_ops():
                     max_size=80)
 
 
+def _loaded(frametable, start):
+    """A table filled as a restore fills it (FrameTable.load), and the dict it stands for:
+    `start` is (name, kind) pairs, a frame each: its place in a blob ("span"), the same past
+    bytes of no frame ("gap": an object dropped before it), bytes, or None."""
+    blob, places, model = bytearray(b"header"), [], {}
+    for name, kind in start:
+        if name in model:
+            continue
+        frame = model[name] = None if kind == "none" else b"%s@%d" % (name.encode(), len(blob))
+        if kind in ("span", "gap"):
+            blob += b"?" if kind == "gap" else b""
+            places.append((name, (len(blob), len(blob) + len(frame))))
+            blob += frame
+        else:
+            places.append((name, frame))
+    t = frametable.FrameTable()
+    t.load(places, bytes(blob))
+    return t, model
+
+
 def test_the_table_of_frames_reads_as_a_dict_whatever_was_kept_changed_or_removed():
-    """A model check of FrameTable (frametable.py) against a plain dict: after any sequence
-    of frames set (new or again, bytes or None), removed, pages kept (joined), frames read and
-    pages rebuilt, it holds the dict's items in the dict's order, the pages one after the
-    other are that order, a capture's reading of the raw values page by page gives each
-    page's frames, and a fresh page's bytes are its frames joined."""
+    """A model check of FrameTable (frametable.py) against a plain dict: filled as a restore
+    fills it, then after any sequence of frames set (new or again, bytes or None), removed,
+    pages kept (joined), frames read and pages rebuilt, it holds the dict's items in the
+    dict's order, the pages one after the other are that order, a capture's reading of the
+    raw values page by page gives each page's frames, and a fresh page's bytes are its frames
+    joined. A restore keeps joined every page whose frames all had a place in the blob."""
     import itertools
 
     from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
 
     from gesmas.server.kernel import frametable
 
     @settings(max_examples=300, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(_table_ops())
-    def check(ops):
-        t, model = frametable.FrameTable(), {}
+    @given(_table_ops(), st.lists(st.tuples(
+        st.sampled_from([f"n{i}" for i in range(12)]),
+        st.sampled_from(["span", "span", "gap", "bytes", "none"])), max_size=12))
+    def check(ops, start):
+        t, model = _loaded(frametable, start)
+        assert list(t.items()) == list(model.items())
+        first: dict[str, str] = {}
+        for name, kind in start:
+            first.setdefault(name, kind)
+        for p in t.pages():
+            spans = all(first[name] in ("span", "gap") for name in t.names[p])
+            assert t.fresh[p] is spans and (t.joined[p] is not None) is spans
         for what, name, n, flag in ops:
             if what == "set":
                 t[name] = model[name] = None if flag and n == 0 else b"%s:%d" % (

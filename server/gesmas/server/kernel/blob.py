@@ -49,8 +49,9 @@ def unpickle_state(registry: Registry, data: bytes) -> Any:
 class Read:
     """A blob, read: the saved state (a dict: checkpoint.saved_state), the waiting calls in
     the order a restore re-runs them, the objects as (name, class, version, state pickle or
-    (format 1) instance[, frame]), their owners and sizes, and the objects whose size a
-    restore measures (format 5 on: capture.py), in name order."""
+    (format 1) instance[, where its frame is in the blob: (start, end), format 4 on]), their
+    owners and sizes, and the objects whose size a restore measures (format 5 on:
+    capture.py), in name order."""
 
     state: dict[str, Any]
     pending: list[PendingCall]
@@ -88,7 +89,7 @@ def read(blob: bytes, registry: Registry) -> Read:
         for _ in range(loaded[2]):
             start = buf.tell()
             name, cname, version, data, owners[name], sizes[name] = pickle.load(buf)
-            objects.append((name, cname, version, data, blob[start:buf.tell()]))
+            objects.append((name, cname, version, data, (start, buf.tell())))
     else:
         raise ValueError(f"checkpoint format {fmt} is not supported")
     pending_sizes: list[tuple[str, int]] = []

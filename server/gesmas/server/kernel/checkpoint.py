@@ -287,7 +287,7 @@ class Checkpoints:
         for s in st.sessions.values():
             st.usage.add(s.user, "sessions", 1)
         with stack.relative():          # the same height above the pickles as _save_objects
-            self._load_objects(got.objects, got.owners, got.sizes)
+            self._load_objects(got.objects, got.owners, got.sizes, blob)
         self.index, self.result, self.format = st.index, blob, state["format"]
         # the sizes a live replica measured when it saved these objects (capture.py): the
         # same measure of the same states, applied by the next checkpoint likewise
@@ -303,11 +303,14 @@ class Checkpoints:
         self.waiters.rerun(got.pending, frozenset(state.get("kept", ())))
 
     def _load_objects(self, objects: list[tuple[Any, ...]], owners: dict[str, str],
-                      sizes: dict[str, int]) -> None:
-        """`objects`: (name, class, version, state pickle[, its frame]). Format 3 has no
-        frames: each is made as format 4 would have written it (the same bytes). Format 1
-        pickled instances, not bytes: those objects are saved by the next checkpoint."""
+                      sizes: dict[str, int], blob: bytes) -> None:
+        """`objects`: (name, class, version, state pickle[, where its frame is in `blob`]).
+        Format 3 has no frames: each is made as format 4 would have written it (the same
+        bytes). Format 1 pickled instances, not bytes: those objects are saved by the next
+        checkpoint. The table of frames is made at the end, its pages kept joined
+        (FrameTable.load)."""
         st, registry = self.state, self.registry
+        frames: list[tuple[str, Any]] = []
         for name, cname, version, data, *frame in objects:
             cv = registry.get(cname, version)
             self.budget.steps = 0
@@ -320,7 +323,7 @@ class Checkpoints:
                 if not frame and type(data) is bytes:    # format 3: the frame 4 would have
                     frame = [pickle.dumps((name, cname, version, data, owner, size),
                                           protocol=5)]
-                st.frames[name] = frame[0] if frame else None
+                frames.append((name, frame[0] if frame else None))
                 if not frame:                            # format 1: saved at the next one
                     self.runner.changed.add(name)
                     self.runner.changed_uploaded.add(name)
@@ -330,6 +333,7 @@ class Checkpoints:
             except BaseException as e:   # loaded at the checkpoint, so only after an upgrade
                 self.lifecycle.drop(name, f"its state cannot be restored ({type_name(e)}: "
                                           f"{safe_str(e, 200)})")
+        st.frames.load([f for f in frames if f[0] in st.objects], blob)
 
     # -- the state digest ----------------------------------------------------------------------
 
