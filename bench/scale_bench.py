@@ -19,7 +19,8 @@ time, every call timed:
 6. list: ListObjects latency (5 calls).
 Throughout, every replica's metrics are read every 0.1 s: when each checkpoint happened,
 how long it took (gesmas_checkpoint_seconds), the Raft term and who leads, and the
-collector's passes over 50 and 100 ms (gesmas_gc_pause_seconds).
+collector's passes over 50 and 100 ms (gesmas_gc_pause_seconds), and when a replica's Raft
+snapshot file changed (gesmas_snapshot_bytes: pysyncobj's log compaction wrote one).
 
 Reported per run: creation rate per tenth; RSS of each replica per object and per waiter;
 checkpoint durations and size; per phase the longest produce call, the longest within 0.5 s
@@ -66,7 +67,7 @@ def scrape(addr: str) -> dict[str, float]:
                             "gesmas_checkpoint_index", "gesmas_checkpoint_bytes",
                             "gesmas_raft_is_leader", "gesmas_raft_term",
                             "gesmas_raft_applied_index", "gesmas_raft_commit_index",
-                            "gesmas_objects", "gesmas_waiters")):
+                            "gesmas_objects", "gesmas_waiters", "gesmas_snapshot_bytes")):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
         elif line.startswith(("gesmas_gc_pause_seconds_count{",
@@ -113,6 +114,7 @@ class Watch:
         self.leaders: list[tuple[float, int]] = []        # (t, node) when a node leads anew
         # (t, node, generation, passes over 50 ms, over 100 ms) seen since the last scrape
         self.long_gcs: list[tuple[float, int, int, int, int]] = []
+        self.snapshots: list[tuple[float, int, int]] = []   # (t, node, bytes): a new file
         self.last: dict[int, dict[str, float]] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -141,6 +143,9 @@ class Watch:
                             "bytes": int(got.get("gesmas_checkpoint_bytes", 0))})
                     if got.get("gesmas_raft_term") != before.get("gesmas_raft_term"):
                         self.terms.append((now, m.node_id, got.get("gesmas_raft_term", 0)))
+                    snap = got.get("gesmas_snapshot_bytes")
+                    if before and snap and snap != before.get("gesmas_snapshot_bytes"):
+                        self.snapshots.append((now, m.node_id, int(snap)))
                     was = long_gc_passes(before)
                     for g, (over50, over100) in long_gc_passes(got).items():
                         b50, b100 = was.get(g, (0.0, 0.0))
@@ -238,6 +243,7 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
         ckpts = [c for c in watch.checkpoints if start <= c["t"] < end]
         leads = [n for t, n in watch.leaders if start <= t < end]
         gcs = [x for x in watch.long_gcs if start <= x[0] < end]
+        snaps = [x for x in watch.snapshots if start <= x[0] < end]
     out = {"phase": name, "seconds": round(end - start, 2), "term_before": term,
            "term_after": watch.term(), "leader_before": leader, "leader_after": watch.leader(),
            "leader_changes": leads, "checkpoints": len(ckpts),
@@ -252,7 +258,11 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
            # the collector stops every thread of its replica: which slow calls it explains
            "gc_over_50ms": sum(x[3] for x in gcs), "gc_over_100ms": sum(x[4] for x in gcs),
            "produce_over_50ms_during_long_gc": prod.overlapping(
-               [(t - 0.2, t) for t, *_ in gcs], 50)}
+               [(t - 0.2, t) for t, *_ in gcs], 50),
+           # a Raft snapshot file written (pysyncobj's log compaction): seen once installed,
+           # written in the seconds before
+           "snapshots": len(snaps), "produce_over_50ms_near_snapshot": prod.overlapping(
+               [(t - 2.0, t + 0.2) for t, *_ in snaps], 50)}
     out.update(extra)
     print(f"  {name}: {json.dumps({k: v for k, v in out.items() if k not in ('start', 'end', 'marks')})}",
           flush=True)
@@ -497,7 +507,8 @@ def timeline(out: dict[str, Any], prod: Producer, watch: Watch) -> dict[str, Any
             "checkpoints": [dict(c, t=rel(c["t"])) for c in watch.checkpoints],
             "terms": [(rel(t), node, term) for t, node, term in watch.terms],
             "leaders": [(rel(t), node) for t, node in watch.leaders],
-            "long_gcs": [(rel(t), *rest) for t, *rest in watch.long_gcs]}
+            "long_gcs": [(rel(t), *rest) for t, *rest in watch.long_gcs],
+            "snapshots": [(rel(t), *rest) for t, *rest in watch.snapshots]}
 
 
 def summary(runs: list[dict[str, Any]]) -> None:
@@ -526,6 +537,9 @@ def summary(runs: list[dict[str, Any]]) -> None:
               f"{', '.join(str(p.get('gc_over_100ms')) for p in ps)} |")
         print(f"| {name}: produces over 50 ms during such a pass | "
               f"{', '.join(str(p.get('produce_over_50ms_during_long_gc')) for p in ps)} |")
+        print(f"| {name}: Raft snapshots written (all replicas); produces over 50 ms in the "
+              f"2 s before one | {', '.join(str(p.get('snapshots')) for p in ps)}; "
+              f"{', '.join(str(p.get('produce_over_50ms_near_snapshot')) for p in ps)} |")
         print(f"| {name}: longest checkpoint, s | "
               f"{spread([p['checkpoint_seconds_max'] for p in ps])} |")
         terms = ", ".join(f"{p['term_before']:g}->{p['term_after']:g}" for p in ps)
