@@ -195,3 +195,79 @@ def test_a_snapshot_cut_off_on_its_way_is_sent_again_whole(tmp_path):
         assert got == [28, 28, 27, 27]
     finally:
         cluster.stop()
+
+
+def test_a_wiped_follower_loads_one_snapshot_while_the_leader_goes_on_compacting(tmp_path):
+    """A wiped follower is sent a snapshot of 3,000 objects while four clients keep writing
+    and the leader takes a checkpoint every 500 entries and may compact every 100. While the
+    follower loads it, pysyncobj's thread on the follower waits and the leader's entries for
+    it may be dropped (override 17); a compaction past its place then made it need the next
+    snapshot, and the next (without override 18 this failed 5 runs of 5 with 2 loads or
+    more). The leader keeps its log while the follower catches up: through as many writes
+    again after it caught up, it loads one snapshot, and ends with the leader's state."""
+    import threading
+    cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"),
+                           env={"GESMAS_CHECKPOINT_EVERY": "500", "GESMAS_SNAPSHOT_EVERY": "100",
+                                "GESMAS_LOG": "INFO"})
+    stop, going = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    rounds, target = [0], [1500]            # rounds before the wipe: compactions under way
+
+    def make(k: int) -> None:
+        with Client(cluster.addresses, retry_timeout=RETRY, **cluster.client_options()) as c:
+            for i in range(k, 3000, 8):
+                c.counter(f"c{i:04d}")
+
+    def write(k: int) -> None:
+        try:
+            with Client(cluster.addresses, retry_timeout=RETRY,
+                        **cluster.client_options()) as c:
+                q = c.queue(f"w{k}")
+                while not stop.is_set():
+                    q.produce(k)
+                    q.consume(timeout=RETRY)
+                    rounds[0] += 1
+                    if rounds[0] >= target[0]:
+                        going.set()
+        except BaseException as e:                  # reported below
+            errors.append(e)
+            going.set()
+
+    writers = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+    try:
+        cluster.start(timeout=90)
+        makers = [threading.Thread(target=make, args=(k,)) for k in range(8)]
+        for t in makers:
+            t.start()
+        for t in makers:
+            t.join()
+        for t in writers:
+            t.start()
+        assert going.wait(60) and not errors, errors
+        leader = cluster.find_leader()
+        victim = next(m for m in cluster.members if m is not leader)
+        cluster.kill(victim, signal.SIGTERM)
+        shutil.rmtree(victim.data_dir)
+        seen = os.path.getsize(victim.log_path)
+        victim.new_cluster = False                  # an emptied replica rejoins
+        cluster.start_member(victim)
+        cluster.wait_caught_up(victim, timeout=90)
+        going.clear()                               # as many rounds again: a snapshot the
+        target[0] = rounds[0] + 1500                # follower needs after this one is seen
+        assert going.wait(60) and not errors, errors
+        stop.set()
+        for t in writers:
+            t.join(60)
+        assert not errors, errors
+        with open(victim.log_path, "rb") as f:
+            f.seek(seen)
+            log = f.read().decode("utf-8", "replace")
+        loads = [line for line in log.splitlines() if "loaded snapshot at index" in line]
+        assert len(loads) == 1, "\n".join(loads)
+        assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+        cluster.wait_caught_up(victim, timeout=60)
+        assert cluster.member_status(victim, digest=True)["state_digest"] == \
+            cluster.member_status(leader, digest=True)["state_digest"]
+    finally:
+        stop.set()
+        cluster.stop()
