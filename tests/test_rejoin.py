@@ -209,9 +209,13 @@ def test_a_wiped_follower_loads_one_snapshot_while_the_leader_goes_on_compacting
     cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"),
                            env={"GESMAS_CHECKPOINT_EVERY": "500", "GESMAS_SNAPSHOT_EVERY": "100",
                                 "GESMAS_LOG": "INFO"})
-    stop, going = threading.Event(), threading.Event()
+    stop = threading.Event()
+    # 1,500 rounds before the wipe (compactions under way), then as many again after the
+    # follower caught up (a snapshot it needs after this one is seen)
+    going, again = threading.Event(), threading.Event()
     errors: list[BaseException] = []
-    rounds, target = [0], [1500]            # rounds before the wipe: compactions under way
+    rounds: list[int] = [0]
+    again_at: list[int | None] = [None]
 
     def make(k: int) -> None:
         with Client(cluster.addresses, retry_timeout=RETRY, **cluster.client_options()) as c:
@@ -227,11 +231,15 @@ def test_a_wiped_follower_loads_one_snapshot_while_the_leader_goes_on_compacting
                     q.produce(k)
                     q.consume(timeout=RETRY)
                     rounds[0] += 1
-                    if rounds[0] >= target[0]:
+                    if rounds[0] >= 1500:
                         going.set()
+                    at = again_at[0]
+                    if at is not None and rounds[0] >= at:
+                        again.set()
         except BaseException as e:                  # reported below
             errors.append(e)
             going.set()
+            again.set()
 
     writers = [threading.Thread(target=write, args=(k,)) for k in range(4)]
     try:
@@ -252,9 +260,8 @@ def test_a_wiped_follower_loads_one_snapshot_while_the_leader_goes_on_compacting
         victim.new_cluster = False                  # an emptied replica rejoins
         cluster.start_member(victim)
         cluster.wait_caught_up(victim, timeout=90)
-        going.clear()                               # as many rounds again: a snapshot the
-        target[0] = rounds[0] + 1500                # follower needs after this one is seen
-        assert going.wait(60) and not errors, errors
+        again_at[0] = rounds[0] + 1500
+        assert again.wait(60) and not errors, errors
         stop.set()
         for t in writers:
             t.join(60)
