@@ -103,6 +103,80 @@ def test_a_cluster_started_without_new_cluster_still_elects(tmp_path):
         cluster.stop()
 
 
+def test_a_follower_silent_past_the_connection_timeout_catches_up_from_the_log(tmp_path):
+    """A follower is stopped (SIGSTOP) under two writers, as a follower loading a snapshot
+    of 10^6 objects is silent for ~14 s: the leader closes its connection after 3.5 s.
+    Meanwhile the log grows by thousands of entries, and the leader may compact every 1,000
+    (it keeps ten times that at most for a follower).
+    It keeps its log for a follower disconnected less than two minutes ago (override 18,
+    catchup.py), so once resumed the follower catches up from the log: it loads no snapshot
+    (when only connected followers counted, it was sent the leader's snapshot)."""
+    import threading
+    cluster = LocalCluster(nodes=3, data_dir=str(tmp_path / "cluster"), metrics=True,
+                           env={"GESMAS_CHECKPOINT_EVERY": "500", "GESMAS_SNAPSHOT_EVERY": "1000",
+                                "GESMAS_LOG": "INFO"})
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    rounds: list[int] = [0]
+    wanted: list[int] = [300]            # rounds before the follower is stopped
+    reached = threading.Event()
+
+    def write(k: int) -> None:
+        try:
+            with Client(cluster.addresses, retry_timeout=RETRY,
+                        **cluster.client_options()) as c:
+                q = c.queue(f"w{k}")
+                while not stop.is_set():
+                    q.produce(k)
+                    q.consume(timeout=RETRY)
+                    rounds[0] += 1
+                    if rounds[0] >= wanted[0]:
+                        reached.set()
+        except BaseException as e:                  # reported below
+            errors.append(e)
+            reached.set()
+
+    writers = [threading.Thread(target=write, args=(k,)) for k in range(2)]
+    victim = None
+    try:
+        cluster.start(timeout=90)
+        for t in writers:
+            t.start()
+        assert reached.wait(60) and not errors, errors
+        leader = cluster.find_leader()
+        victim = next(m for m in cluster.members if m is not leader)
+        seen = os.path.getsize(victim.log_path)
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        end = time.monotonic() + 30
+        while _gauge(leader, "gesmas_raft_peers_connected") != 1.0:   # the leader closed it
+            assert time.monotonic() < end, "the leader kept its connection to a stopped peer"
+            time.sleep(0.1)
+        reached.clear()
+        wanted[0] = rounds[0] + 200          # entries past a compaction of the old rule
+        assert reached.wait(60) and not errors, errors
+        os.kill(victim.proc.pid, signal.SIGCONT)
+        victim_stopped, victim = victim, None
+        cluster.wait_caught_up(victim_stopped, timeout=60)
+        stop.set()
+        for t in writers:
+            t.join(60)
+        assert not errors, errors
+        cluster.wait_caught_up(victim_stopped, timeout=60)
+        with open(victim_stopped.log_path, "rb") as f:
+            f.seek(seen)
+            log = f.read().decode("utf-8", "replace")
+        loads = [line for line in log.splitlines() if "loaded snapshot at index" in line]
+        assert loads == [], "\n".join(loads)
+        assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+        assert cluster.member_status(victim_stopped, digest=True)["state_digest"] == \
+            cluster.member_status(leader, digest=True)["state_digest"]
+    finally:
+        stop.set()
+        if victim is not None and victim.proc is not None:
+            os.kill(victim.proc.pid, signal.SIGCONT)    # stop() can then end it cleanly
+        cluster.stop()
+
+
 def _gauge(m: Member, name: str, timeout: float = 30.0) -> float:
     """A gauge of `m`'s /metrics (served by the replica itself, leader or not)."""
     end = time.monotonic() + timeout

@@ -73,10 +73,11 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      leader queues the same entries again after an ack: ``_superseded_dropped``). pysyncobj queues a catching-up
      follower's whole snapshot or log tail in one tick, and framing all of it at once held
      the tick thread (and the other follower's appends) for ~0.5 s at 10^6 objects.
-  18. ``_RaftNode._gesmas_keeps_log_for_a_follower``: the leader does not compact its log
-     while a connected follower is catching up (its confirmed index a tenth of the
-     compaction interval or more behind the applied one), up to ten intervals of log: a
-     compaction past a follower that is loading a snapshot made it need a second one.
+  18. ``_RaftNode._gesmas_keeps_log_for_a_follower`` (catchup.py): the leader does not
+     compact its log while a follower is catching up (its confirmed index a tenth of the
+     compaction interval or more behind the applied one; connected, or disconnected less
+     than two minutes ago), up to ten intervals of log: a compaction past a follower that
+     is loading a snapshot, or restarting, made it need the leader's whole snapshot again.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

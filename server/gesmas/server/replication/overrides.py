@@ -22,7 +22,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from . import prevote, raftwire, reads
+from . import catchup, prevote, raftwire, reads
 from .journal import DurableJournal
 from .transport import (BATCH, SEND_AHEAD, _approx_bytes, _size_runs,  # noqa: F401
                         _superseded_dropped, batch, coalesce, filter_append_entries,
@@ -453,10 +453,6 @@ class _DurableTransport(TCPTransport):
         super()._onMessageReceived(node, message)
 
 
-#: compaction intervals of log a leader keeps at most for a follower catching up (override 18)
-CATCH_UP_KEEP = 10
-
-
 class _RaftNode(SyncObj):
     """The SyncObj: one replicated method, plus a flush after each poll."""
 
@@ -465,6 +461,7 @@ class _RaftNode(SyncObj):
         self._gesmas_replica = replica
         self._gesmas_journal = journal
         self._gesmas_prevote = prevote.PreVote()
+        self._gesmas_catch_up = catchup.CatchUp()
         if replica is not None:  # its tick thread may apply entries before __init__ returns
             replica._raft = self
         _install_wire()
@@ -500,29 +497,18 @@ class _RaftNode(SyncObj):
         super()._SyncObj__tryLogCompaction()
 
     def _gesmas_keeps_log_for_a_follower(self) -> bool:
-        """Override 18, on the leader: whether a connected follower has confirmed less than
-        what a compaction would cut (more than a tenth of `logCompactionMinEntries` behind
-        the applied index), while the log holds under CATCH_UP_KEEP compaction intervals.
+        """Override 18 (catchup.py): whether the leader skips a compaction for a follower
+        that is catching up."""
+        return self._gesmas_catch_up.keeps_log(
+            leader=self._isLeader(), forced=self._SyncObj__forceLogCompaction,
+            log_entries=len(self._SyncObj__raftLog), every=self.conf.logCompactionMinEntries,
+            applied=self.raftLastApplied, others=self._SyncObj__otherNodes,
+            connected=self._SyncObj__connectedNodes, confirmed=self._SyncObj__raftMatchIndex,
+            now=_ps.monotonicTime())
 
-        A follower that loads a snapshot (~12 s at 10^6 objects) answers nothing meanwhile,
-        and the entries queued for it may be dropped (override 17). Compacted past its place
-        then, the leader had to send it a whole snapshot again once it had loaded the first:
-        a second transfer and load (a wiped follower caught up in ~27 s instead of ~13 s at
-        10^6, docs/performance.md). etcd keeps entries behind each snapshot for such a
-        follower; this keeps the log whole while one catches up, up to a bound, so that a
-        follower that stays behind (or a stopped one that is still connected) does not let
-        the log grow without end. A forced compaction is not held. Only a *connected*
-        follower counts: a load longer than `connection_timeout` (3.5 s; ~14 s at 10^6) gets
-        the follower disconnected meanwhile, and is not covered yet."""
-        if not self._isLeader() or self._SyncObj__forceLogCompaction:
-            return False
-        every = max(1, self.conf.logCompactionMinEntries)
-        if len(self._SyncObj__raftLog) > CATCH_UP_KEEP * every:
-            return False
-        applied, lag = self.raftLastApplied, max(1, every // 10)
-        connected, confirmed = self._SyncObj__connectedNodes, self._SyncObj__raftMatchIndex
-        return any(applied - confirmed.get(node, 0) > lag
-                   for node in self._SyncObj__otherNodes if node in connected)
+    def _SyncObj__onNodeDisconnected(self, node):
+        self._gesmas_catch_up.disconnected(node, _ps.monotonicTime())   # override 18
+        super()._SyncObj__onNodeDisconnected(node)
 
     def _onTick(self, timeToWait=0.0):
         replica = self._gesmas_replica

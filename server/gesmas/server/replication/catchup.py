@@ -1,0 +1,70 @@
+"""The leader keeps its log while a follower catches up (override 18).
+
+Why. A follower that loads a snapshot (~12 s at 10^6 objects) answers nothing meanwhile, and
+the entries queued for it may be dropped (override 17). If the leader compacted its log past
+the follower's place then, the follower needed the next snapshot once it had loaded the
+first: a second transfer and load (a wiped follower caught up in ~27 s instead of ~13 s at
+10^6, docs/performance.md). A follower restarted on its own data is in the same place: it
+loads its own snapshot before it connects, and if the leader compacted past it meanwhile it
+needs the leader's whole snapshot after its own. etcd keeps entries behind each snapshot for
+such a follower (SnapshotCatchUpEntries); this keeps the leader's whole log while one catches
+up, within bounds.
+
+The rule (`keeps_log`). The leader does not compact while a follower has confirmed less than
+what a compaction would cut: more than a tenth of `logCompactionMinEntries` behind the
+leader's applied index. The follower counts if it is connected, or if it confirmed an index
+to this leader and its connection closed less than `CATCH_UP_GRACE` seconds ago. The second
+case is the one that matters at scale: the leader closes a connection to a peer silent for
+`connection_timeout` (3.5 s), so a follower loading a snapshot for 14 s, restarting, or
+paused is disconnected for most of its catch-up. A follower that never confirmed anything to
+this leader (the old leader, dead, after a failover: a new leader's confirmed indexes start
+at 0) counts only while connected.
+
+Bounds. The log is kept to at most `CATCH_UP_KEEP` compaction intervals (100,000 entries at
+the default interval); past that, or for a compaction pysyncobj forces, the leader compacts
+as before. A follower that stays down holds the log for `CATCH_UP_GRACE` seconds at most;
+one that stays connected but does not keep up (stuck) holds it up to the bound.
+
+Runs on the tick thread only (`_RaftNode._SyncObj__tryLogCompaction` and
+`_SyncObj__onNodeDisconnected` in overrides.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Mapping
+
+#: compaction intervals of log a leader keeps at most for a follower catching up
+CATCH_UP_KEEP = 10
+
+#: seconds after a follower's connection closed during which the leader keeps its log for it
+CATCH_UP_GRACE = 120.0
+
+
+class CatchUp:
+    """When each follower's connection last closed, and the rule (module docstring)."""
+
+    def __init__(self, grace: float = CATCH_UP_GRACE, keep: int = CATCH_UP_KEEP) -> None:
+        self.grace = grace
+        self.keep = keep
+        self.gone: Dict[Any, float] = {}     # node -> monotonic time its connection closed
+
+    def disconnected(self, node: Any, now: float) -> None:
+        self.gone[node] = now
+
+    def keeps_log(self, *, leader: bool, forced: bool, log_entries: int, every: int,
+                  applied: int, others: Iterable[Any], connected: Iterable[Any],
+                  confirmed: Mapping[Any, int], now: float) -> bool:
+        """Whether the leader should skip this compaction for a follower catching up."""
+        if not leader or forced:
+            return False
+        every = max(1, every)
+        if log_entries > self.keep * every:
+            return False
+        lag = max(1, every // 10)
+        up = set(connected)
+        for node in others:
+            index = confirmed.get(node, 0)
+            if applied - index <= lag:
+                continue
+            if node in up or (index > 0 and now - self.gone.get(node, -1e18) < self.grace):
+                return True
+        return False

@@ -1,0 +1,73 @@
+"""The rule by which a leader keeps its log for a follower catching up (override 18,
+replication/catchup.py), on plain values; tests/test_rejoin.py runs it in a cluster."""
+from __future__ import annotations
+
+import pytest
+
+from gesmas.server.replication.catchup import CATCH_UP_GRACE, CATCH_UP_KEEP, CatchUp
+
+A, B = "a:1", "b:2"
+EVERY = 1000                       # lag = a tenth: 100 entries
+
+
+def keeps(c: CatchUp, *, confirmed: dict, connected=(A, B), now: float = 1000.0,
+          leader: bool = True, forced: bool = False, log_entries: int = 500,
+          applied: int = 10_000) -> bool:
+    return c.keeps_log(leader=leader, forced=forced, log_entries=log_entries, every=EVERY,
+                       applied=applied, others=(A, B), connected=connected,
+                       confirmed=confirmed, now=now)
+
+
+def test_a_connected_follower_behind_by_more_than_a_tenth_of_an_interval_holds_the_log():
+    c = CatchUp()
+    assert keeps(c, confirmed={A: 10_000, B: 9_899})
+    assert not keeps(c, confirmed={A: 10_000, B: 9_900})          # exactly the lag: cut
+    assert not keeps(c, confirmed={A: 10_000, B: 10_000})
+
+
+def test_only_a_leader_holds_and_a_forced_compaction_is_never_held():
+    c = CatchUp()
+    assert not keeps(c, confirmed={A: 0, B: 0}, leader=False)
+    assert not keeps(c, confirmed={A: 0, B: 0}, forced=True)
+
+
+def test_the_log_is_held_up_to_its_bound_and_no_further():
+    c = CatchUp()
+    bound = CATCH_UP_KEEP * EVERY
+    assert keeps(c, confirmed={A: 1, B: 10_000}, log_entries=bound)
+    assert not keeps(c, confirmed={A: 1, B: 10_000}, log_entries=bound + 1)
+
+
+def test_a_follower_disconnected_within_the_grace_holds_the_log_and_then_no_longer():
+    c = CatchUp()
+    c.disconnected(B, now=1000.0)
+    behind = {A: 10_000, B: 5_000}
+    assert keeps(c, confirmed=behind, connected=(A,), now=1000.0)
+    assert keeps(c, confirmed=behind, connected=(A,), now=1000.0 + CATCH_UP_GRACE - 0.1)
+    assert not keeps(c, confirmed=behind, connected=(A,), now=1000.0 + CATCH_UP_GRACE)
+    c.disconnected(B, now=2000.0)                 # it came back and went again: counted anew
+    assert keeps(c, confirmed=behind, connected=(A,), now=2000.0 + 1)
+
+
+def test_a_disconnected_follower_that_never_confirmed_to_this_leader_does_not_hold_it():
+    """After a failover the new leader's confirmed indexes start at 0: the old leader, gone,
+    must not hold the new one's log for two minutes."""
+    c = CatchUp()
+    c.disconnected(B, now=1000.0)
+    assert not keeps(c, confirmed={A: 10_000, B: 0}, connected=(A,), now=1001.0)
+    assert keeps(c, confirmed={A: 10_000, B: 0}, connected=(A, B), now=1001.0)   # connected
+
+
+def test_a_follower_never_seen_disconnected_counts_only_while_connected():
+    c = CatchUp()
+    assert not keeps(c, confirmed={A: 10_000, B: 5_000}, connected=(A,))
+
+
+@pytest.mark.parametrize("every", [0, 1, 5])
+def test_tiny_intervals_still_have_a_lag_of_one_entry(every):
+    c = CatchUp()
+    held = c.keeps_log(leader=True, forced=False, log_entries=1, every=every, applied=10,
+                       others=(A,), connected=(A,), confirmed={A: 8}, now=0.0)
+    assert held
+    assert not c.keeps_log(leader=True, forced=False, log_entries=1, every=every, applied=10,
+                           others=(A,), connected=(A,), confirmed={A: 9}, now=0.0)
