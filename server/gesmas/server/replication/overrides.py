@@ -504,7 +504,7 @@ class _RaftNode(SyncObj):
             log_entries=len(self._SyncObj__raftLog), every=self.conf.logCompactionMinEntries,
             applied=self.raftLastApplied, others=self._SyncObj__otherNodes,
             connected=self._SyncObj__connectedNodes, confirmed=self._SyncObj__raftMatchIndex,
-            now=_ps.monotonicTime())
+            next_index=self._SyncObj__raftNextIndex, now=_ps.monotonicTime())
 
     def _SyncObj__onNodeDisconnected(self, node):
         self._gesmas_catch_up.disconnected(node, _ps.monotonicTime())   # override 18
