@@ -8,7 +8,8 @@ catch-up while a produce loop runs (issue "Scale without pauses").
 
 One run, on a fresh LocalCluster (fsync on, metrics on, GESMAS_CHECKPOINT_EVERY entries
 between checkpoints), with one client producing to a queue from start to end, one call at a
-time, every call timed:
+time, every call timed (in a process of its own: a thread here would also wait for this
+process's GIL, which the 16 creating threads hold most of the time):
 1. create: 16 client threads make Counters until there are N; the time of each tenth.
 2. idle: with N objects, produce until two more checkpoints were taken (a checkpoint then
    saves only what changed, plus writing every object's frame).
@@ -41,6 +42,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -173,37 +175,91 @@ class Watch:
         self.thread.join(10)
 
 
-class Producer:
-    """One client producing to a queue, one call at a time, each call timed."""
-
-    def __init__(self, cl: LocalCluster) -> None:
-        self.calls: list[tuple[float, float]] = []     # (start, ms)
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.addresses = cl.addresses
-        self.sessions_lost = 0
-        self.client = Client(cl.addresses, retry_timeout=60)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        q = self.client.queue("scale-produce")
-        n = 0
-        while not self.stop.is_set():
+def produce_loop(addresses: str, record, stop: threading.Event) -> None:
+    """Produce to a queue and consume it again until `stop`, one call at a time; each
+    produce is timed: `record(t0, ms, error or None, session_lost)`."""
+    client = Client(addresses, retry_timeout=60)
+    q = client.queue("scale-produce")
+    n = 0
+    try:
+        while not stop.is_set():
             t0 = time.monotonic()
             try:
                 q.produce(n)
-                self.calls.append((t0, (time.monotonic() - t0) * 1e3))
+                record(t0, (time.monotonic() - t0) * 1e3, None, False)
                 q.consume(timeout=60)          # the queue stays short (not timed)
             except Exception as e:         # reported, the loop goes on
-                self.errors.append(repr(e))
-                self.calls.append((t0, (time.monotonic() - t0) * 1e3))
-                if isinstance(e, SessionExpired):   # a new session, counted as an error
-                    self.sessions_lost += 1
-                    self.client.close()
-                    self.client = Client(self.addresses, retry_timeout=60)
-                    q = self.client.queue("scale-produce")
+                lost = isinstance(e, SessionExpired)
+                record(t0, (time.monotonic() - t0) * 1e3, repr(e), lost)
+                if lost:                   # a new session, counted as an error
+                    client.close()
+                    client = Client(addresses, retry_timeout=60)
+                    q = client.queue("scale-produce")
             n += 1
+    finally:
+        client.close()
+
+
+def produce_child(addresses: str, path: str) -> None:
+    """`--produce-loop FILE` (a child process): the produce loop until stdin closes, one line
+    per call appended to FILE: start (time.monotonic()), ms, and an error's repr if any."""
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    with open(path, "a", buffering=1) as f:
+        def record(t0: float, ms: float, error: str | None, lost: bool) -> None:
+            f.write(f"{t0:.6f} {ms:.3f}" + (f" {int(lost)} {json.dumps(error)}" if error else "")
+                    + "\n")
+        produce_loop(addresses, record, stop)
+
+
+class Producer:
+    """One client producing to a queue, one call at a time, each call timed.
+
+    It runs in a child process of its own (`--produce-loop`). In this process its thread
+    shared the GIL with the 16 creating threads and the metrics watcher, so a call's time
+    also held its wait for this process's GIL (`in_process`, kept to compare). The child's
+    times are time.monotonic(), the same clock in every process (CLOCK_MONOTONIC)."""
+
+    def __init__(self, cl: LocalCluster, in_process: bool = False) -> None:
+        self._calls: list[tuple[float, float]] = []     # (start, ms)
+        self.errors: list[str] = []
+        self.sessions_lost = 0
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.proc: subprocess.Popen | None = None
+        self._path = ""
+        self._seen = 0
+        if in_process:
+            self.thread = threading.Thread(target=produce_loop, daemon=True,
+                                           args=(cl.addresses, self._record, self.stop))
+            self.thread.start()
+            return
+        fd, self._path = tempfile.mkstemp(prefix="scale-produce-", suffix=".txt")
+        os.close(fd)
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                                      "--produce-loop", self._path, "--cluster", cl.addresses],
+                                     stdin=subprocess.PIPE)
+
+    def _record(self, t0: float, ms: float, error: str | None, lost: bool) -> None:
+        self._calls.append((t0, ms))
+        if error is not None:
+            self.errors.append(error)
+            self.sessions_lost += lost
+
+    @property
+    def calls(self) -> list[tuple[float, float]]:
+        """Every call so far (the child's lines read up to the last complete one)."""
+        if self._path:
+            with open(self._path, "rb") as f:
+                f.seek(self._seen)
+                data = f.read()
+            data = data[:data.rfind(b"\n") + 1]
+            self._seen += len(data)
+            for line in data.decode().splitlines():
+                t0, ms, *rest = line.split(" ", 3)
+                self._record(float(t0), float(ms), json.loads(rest[1]) if rest else None,
+                             bool(rest) and rest[0] == "1")
+        return self._calls
 
     def longest(self, start: float, end: float) -> float:
         return max((ms for t, ms in self.calls if start <= t < end), default=0.0)
@@ -231,8 +287,19 @@ class Producer:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join(60)
-        self.client.close()
+        if self.thread is not None:
+            self.thread.join(60)
+        if self.proc is not None:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.calls                  # noqa: B018 - the last lines
+            os.unlink(self._path)
+            self._path = ""
 
 
 def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
@@ -460,7 +527,7 @@ def one_run(a: argparse.Namespace) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         while watch.leader() is None and time.monotonic() < deadline:   # the first election
             time.sleep(0.1)
-        prod = Producer(cl)
+        prod = Producer(cl, in_process=a.producer_in_process)
         try:
             out = {"objects": a.objects, "waiters": a.waiters,
                    "checkpoint_every": a.checkpoint_every, "phases": []}
@@ -580,11 +647,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="an environment variable of the servers (repeatable)")
     ap.add_argument("--phase-limit", type=float, default=PHASE_LIMIT,
                     help="seconds any phase may take (default %(default)s)")
+    ap.add_argument("--producer-in-process", action="store_true",
+                    help="run the produce loop on a thread of this process, as before "
+                         "(its calls then wait for this process's GIL too), to compare")
     ap.add_argument("--hold-waiters", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--produce-loop", metavar="FILE", help=argparse.SUPPRESS)
     ap.add_argument("--cluster", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.hold_waiters:
         hold_waiters_child(a.cluster, a.hold_waiters)
+        return 0
+    if a.produce_loop:
+        produce_child(a.cluster, a.produce_loop)
         return 0
     globals()["PHASE_LIMIT"] = a.phase_limit
     if a.quick:

@@ -91,6 +91,9 @@ def test_scale_bench_quick(tmp_path: Path) -> None:
     assert restart["caught_up_seconds"] > 0 and wipe["caught_up_seconds"] > 0
     assert listing["listed"] >= 1000
     assert "| restart: caught up after, s |" in out.stdout
+    # the produce loop (a child process) was timed through every phase
+    assert all(p["produce_calls"] > 0 and p["produce_max_ms"] > 0 for p in run["phases"]), \
+        [(p["phase"], p["produce_calls"]) for p in run["phases"]]
 
 
 def test_capture_slices_quick() -> None:
