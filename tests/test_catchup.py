@@ -4,42 +4,45 @@ from __future__ import annotations
 
 import pytest
 
-from gesmas.server.replication.catchup import CATCH_UP_GRACE, CATCH_UP_KEEP, CatchUp
+from gesmas.server.replication.catchup import CATCH_UP_GRACE, CATCH_UP_KEEP, SILENT_BEATS, CatchUp
 
 A, B = "a:1", "b:2"
 EVERY = 1000                       # lag = a tenth: 100 entries
+BEAT = 0.05                        # the heartbeat: silent after SILENT_BEATS of them
 
 
 def keeps(c: CatchUp, *, confirmed: dict, connected=(A, B), now: float = 1000.0,
           leader: bool = True, forced: bool = False, log_entries: int = 500,
-          applied: int = 10_000, next_index: dict | None = None) -> bool:
+          applied: int = 10_000, next_index: dict | None = None,
+          heard: dict | None = None) -> bool:
     return c.keeps_log(leader=leader, forced=forced, log_entries=log_entries, every=EVERY,
                        applied=applied, others=(A, B), connected=connected,
-                       confirmed=confirmed, next_index=next_index or {}, now=now)
+                       confirmed=confirmed, next_index=next_index or {},
+                       heard=heard if heard is not None else {A: now, B: now}, now=now)
 
 
 def test_a_connected_follower_behind_by_more_than_a_tenth_of_an_interval_holds_the_log():
-    c = CatchUp()
+    c = CatchUp(BEAT)
     assert keeps(c, confirmed={A: 10_000, B: 9_899})
     assert not keeps(c, confirmed={A: 10_000, B: 9_900})          # exactly the lag: cut
     assert not keeps(c, confirmed={A: 10_000, B: 10_000})
 
 
 def test_only_a_leader_holds_and_a_forced_compaction_is_never_held():
-    c = CatchUp()
+    c = CatchUp(BEAT)
     assert not keeps(c, confirmed={A: 0, B: 0}, leader=False)
     assert not keeps(c, confirmed={A: 0, B: 0}, forced=True)
 
 
 def test_the_log_is_held_up_to_its_bound_and_no_further():
-    c = CatchUp()
+    c = CatchUp(BEAT)
     bound = CATCH_UP_KEEP * EVERY
     assert keeps(c, confirmed={A: 1, B: 10_000}, log_entries=bound)
     assert not keeps(c, confirmed={A: 1, B: 10_000}, log_entries=bound + 1)
 
 
 def test_a_follower_disconnected_within_the_grace_holds_the_log_and_then_no_longer():
-    c = CatchUp()
+    c = CatchUp(BEAT)
     c.disconnected(B, now=1000.0)
     behind = {A: 10_000, B: 5_000}
     assert keeps(c, confirmed=behind, connected=(A,), now=1000.0)
@@ -53,7 +56,7 @@ def test_a_disconnected_follower_behind_by_a_single_entry_holds_the_log():
     """Nothing reaches it until it is back: at 10^6 objects the leader compacted 1.8 s after
     a follower was stopped, a few hundred entries past it (under the tenth that holds the
     log for a connected one), and the follower needed the leader's whole snapshot."""
-    c = CatchUp()
+    c = CatchUp(BEAT)
     c.disconnected(B, now=1000.0)
     assert keeps(c, confirmed={A: 10_000, B: 9_999}, connected=(A,), now=1001.0)
     assert not keeps(c, confirmed={A: 10_000, B: 10_000}, connected=(A,), now=1001.0)
@@ -64,7 +67,7 @@ def test_a_follower_sent_a_snapshot_is_placed_at_the_snapshot_not_at_what_it_con
     """A wiped follower confirmed 9,950 before it lost its data. The leader learns it holds
     nothing (its next index goes back to 1), then sends it the snapshot at 8,000 and goes
     on from 8,001: its place is there, far behind, until it confirms more."""
-    c = CatchUp()
+    c = CatchUp(BEAT)
     assert keeps(c, confirmed={A: 10_000, B: 9_950}, next_index={A: 10_001, B: 1})
     assert keeps(c, confirmed={A: 10_000, B: 9_950}, next_index={A: 10_001, B: 8_001})
     c.disconnected(B, now=1000.0)                         # silent while it loads the snapshot
@@ -73,27 +76,41 @@ def test_a_follower_sent_a_snapshot_is_placed_at_the_snapshot_not_at_what_it_con
     assert not keeps(c, confirmed={A: 10_000, B: 9_950}, next_index={A: 10_001, B: 9_960})
 
 
+def test_a_connected_follower_silent_for_a_few_heartbeats_holds_the_log_if_behind_at_all():
+    """A follower loading the snapshot it was just sent answers nothing while its connection
+    is still up: at 10^5 waiting calls the leader compacted within a second of such a load,
+    under a tenth of an interval past it, and the follower had to load the next snapshot."""
+    c = CatchUp(BEAT)
+    silent = SILENT_BEATS * BEAT
+    loading = {A: 10_000, B: 9_950}                    # 50 behind: under the tenth
+    assert not keeps(c, confirmed=loading, heard={A: 1000.0, B: 1000.0 - silent}, now=1000.0)
+    assert keeps(c, confirmed=loading, heard={A: 1000.0, B: 1000.0 - silent - 0.01},
+                 now=1000.0)
+    assert not keeps(c, confirmed={A: 10_000, B: 10_000},      # silent but not behind
+                     heard={A: 1000.0, B: 990.0}, now=1000.0)
+
+
 def test_a_disconnected_follower_that_never_confirmed_to_this_leader_does_not_hold_it():
     """After a failover the new leader's confirmed indexes start at 0: the old leader, gone,
     must not hold the new one's log for two minutes."""
-    c = CatchUp()
+    c = CatchUp(BEAT)
     c.disconnected(B, now=1000.0)
     assert not keeps(c, confirmed={A: 10_000, B: 0}, connected=(A,), now=1001.0)
     assert keeps(c, confirmed={A: 10_000, B: 0}, connected=(A, B), now=1001.0)   # connected
 
 
 def test_a_follower_never_seen_disconnected_counts_only_while_connected():
-    c = CatchUp()
+    c = CatchUp(BEAT)
     assert not keeps(c, confirmed={A: 10_000, B: 5_000}, connected=(A,))
 
 
 @pytest.mark.parametrize("every", [0, 1, 5])
 def test_tiny_intervals_still_have_a_lag_of_one_entry(every):
-    c = CatchUp()
+    c = CatchUp(BEAT)
     held = c.keeps_log(leader=True, forced=False, log_entries=1, every=every, applied=10,
                        others=(A,), connected=(A,), confirmed={A: 8}, next_index={},
-                       now=0.0)
+                       heard={A: 0.0}, now=0.0)
     assert held
     assert not c.keeps_log(leader=True, forced=False, log_entries=1, every=every, applied=10,
                            others=(A,), connected=(A,), confirmed={A: 9}, next_index={},
-                           now=0.0)
+                           heard={A: 0.0}, now=0.0)

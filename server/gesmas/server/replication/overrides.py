@@ -461,7 +461,7 @@ class _RaftNode(SyncObj):
         self._gesmas_replica = replica
         self._gesmas_journal = journal
         self._gesmas_prevote = prevote.PreVote()
-        self._gesmas_catch_up = catchup.CatchUp()
+        self._gesmas_catch_up = catchup.CatchUp(conf.appendEntriesPeriod)
         if replica is not None:  # its tick thread may apply entries before __init__ returns
             replica._raft = self
         _install_wire()
@@ -504,7 +504,8 @@ class _RaftNode(SyncObj):
             log_entries=len(self._SyncObj__raftLog), every=self.conf.logCompactionMinEntries,
             applied=self.raftLastApplied, others=self._SyncObj__otherNodes,
             connected=self._SyncObj__connectedNodes, confirmed=self._SyncObj__raftMatchIndex,
-            next_index=self._SyncObj__raftNextIndex, now=_ps.monotonicTime())
+            next_index=self._SyncObj__raftNextIndex, heard=self._SyncObj__lastResponseTime,
+            now=_ps.monotonicTime())
 
     def _SyncObj__onNodeDisconnected(self, node):
         self._gesmas_catch_up.disconnected(node, _ps.monotonicTime())   # override 18
