@@ -75,9 +75,9 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      the tick thread (and the other follower's appends) for ~0.5 s at 10^6 objects.
   18. ``_RaftNode._gesmas_keeps_log_for_a_follower`` (catchup.py): the leader does not
      compact its log past a follower that is catching up: a connected one more than a tenth
-     of the compaction interval behind, or one disconnected less than two minutes ago and
-     behind at all (its place: the lower of its confirmed index and the one before its next
-     index), up to ten intervals of log. A compaction past a follower that is loading a
+     of the compaction interval behind, or one silent for five heartbeats or disconnected
+     less than two minutes ago and behind at all (its place: the lower of its confirmed
+     index and the one before its next index), up to ten intervals of log. A compaction past a follower that is loading a
      snapshot, or restarting, made it need the leader's whole snapshot again.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
