@@ -35,7 +35,7 @@ leader knows no follower's place (its confirmed indexes start at 0), and the old
 dead, must not hold its log.
 
 Bounds. The log is kept to at most `CATCH_UP_KEEP` compaction intervals (100,000 entries at
-the default interval); past that, or for a compaction pysyncobj forces, the leader compacts
+the default interval; `CATCH_UP_FLOOR` entries at least); past that, or for a compaction pysyncobj forces, the leader compacts
 as before. A follower that stays down holds the log for `CATCH_UP_GRACE` seconds at most;
 one that stays connected but does not keep up (stuck) holds it up to the bound.
 
@@ -48,6 +48,11 @@ from typing import Any, Dict, Iterable, Mapping
 
 #: compaction intervals of log a leader keeps at most for a follower catching up
 CATCH_UP_KEEP = 10
+
+#: entries of log a leader may keep for a follower catching up whatever the interval: ten
+#: intervals of 100 entries (the smallest allowed) fill in half a second under four writers,
+#: before a wiped follower has received and loaded its snapshot
+CATCH_UP_FLOOR = 10_000
 
 #: seconds after a follower's connection closed during which the leader keeps its log for it
 CATCH_UP_GRACE = 120.0
@@ -78,7 +83,7 @@ class CatchUp:
         if not leader or forced:
             return False
         every = max(1, every)
-        if log_entries > self.keep * every:
+        if log_entries > max(self.keep * every, CATCH_UP_FLOOR):
             return False
         lag = max(1, every // 10)
         up = set(connected)
