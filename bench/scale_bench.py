@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import http.client
 import json
 import os
@@ -56,6 +57,8 @@ from gesmas.server.cluster import LocalCluster, Member  # noqa: E402
 
 THREADS = 16
 PHASE_LIMIT = 1800.0            # seconds: no phase runs longer
+AFTER = 1.5                     # s after a checkpoint in which its capture ran (10^6 objects)
+CLEAR = 3.0                     # s from any checkpoint: what the load alone does
 
 
 def scrape(addr: str) -> dict[str, float]:
@@ -275,6 +278,32 @@ class Producer:
                 "produce_over_50ms": sum(1 for x in ms if x > 50),
                 "produce_over_100ms": sum(1 for x in ms if x > 100)}
 
+    def after(self, start: float, end: float, marks: list[float]) -> dict[str, Any]:
+        """The calls started in [start, end) split by where they fall from the checkpoints
+        (each seen at one of `marks`): started in the AFTER s after one, or running across it,
+        against started more than CLEAR s from any (the load alone): the longest, the 99th
+        percentile and how many took over 50 ms of each."""
+        marks = sorted(marks)
+        near: list[float] = []
+        clear: list[float] = []
+        for t, ms in self.calls:
+            if not start <= t < end:
+                continue
+            i = bisect.bisect_right(marks, t + ms / 1e3)
+            prev = marks[i - 1] if i else -1e18
+            nxt = marks[i] if i < len(marks) else 1e18
+            if t - AFTER <= prev:
+                near.append(ms)
+            elif t - prev > CLEAR and nxt - t > CLEAR:
+                clear.append(ms)
+        out: dict[str, Any] = {}
+        for key, xs in (("after_checkpoint", near), ("clear_of_checkpoints", clear)):
+            xs.sort()
+            out[f"produce_{key}"] = {"calls": len(xs), "max_ms": round(xs[-1], 1) if xs else None,
+                                     "p99_ms": round(xs[len(xs) * 99 // 100], 1) if xs else None,
+                                     "over_50ms": sum(1 for x in xs if x > 50)}
+        return out
+
     def near(self, spans: list[tuple[float, float]], within: float = 0.5) -> float:
         """The longest call started within `within` s of any (start, end) span."""
         return max((ms for t, ms in self.calls
@@ -322,6 +351,7 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
                [(c["t"] - (c["seconds"] or 0) - 0.1, c["t"]) for c in ckpts]), 1),
            "produce_calls": sum(1 for t, _ in prod.calls if start <= t < end),
            **prod.spread(start, end), "start": start, "end": end,
+           **prod.after(start, end, [c["t"] - (c["seconds"] or 0) - 0.1 for c in ckpts]),
            # the collector stops every thread of its replica: which slow calls it explains
            "gc_over_50ms": sum(x[3] for x in gcs), "gc_over_100ms": sum(x[4] for x in gcs),
            "produce_over_50ms_during_long_gc": prod.overlapping(
@@ -539,12 +569,13 @@ def one_run(a: argparse.Namespace) -> dict[str, Any]:
             out["phases"].append(p)
             out["phases"].append(phase("idle", watch, prod, until_checkpoints, watch,
                                        1 if a.quick else 2, 300))
-            if a.waiters:
+            if a.waiters and not a.create_only:
                 out["phases"].append(phase("waiters", watch, prod, waiters, cl, watch,
                                            a.waiters, holder))
-            out["phases"].append(phase("restart", watch, prod, restart, cl, watch, False))
-            out["phases"].append(phase("wipe", watch, prod, restart, cl, watch, True))
-            out["phases"].append(phase("list", watch, prod, listing, cl))
+            if not a.create_only:
+                out["phases"].append(phase("restart", watch, prod, restart, cl, watch, False))
+                out["phases"].append(phase("wipe", watch, prod, restart, cl, watch, True))
+                out["phases"].append(phase("list", watch, prod, listing, cl))
             out["produce_errors"] = prod.errors[:5]
             out["produce_sessions_lost"] = prod.sessions_lost
             with watch.lock:
@@ -599,6 +630,14 @@ def summary(runs: list[dict[str, Any]]) -> None:
               f"{', '.join(str(p.get('produce_over_100ms')) for p in ps)} |")
         print(f"| {name}: longest produce near a checkpoint, ms | "
               f"{spread([p['produce_max_near_checkpoint_ms'] for p in ps])} |")
+        for key, what in (("after_checkpoint", f"started within {AFTER:g} s after a checkpoint"),
+                          ("clear_of_checkpoints", f"started over {CLEAR:g} s from any")):
+            xs = [p.get(f"produce_{key}") or {} for p in ps]
+            if any(x.get("calls") for x in xs):
+                print(f"| {name}: produces {what}: longest; p99; over 50 ms, ms | "
+                      f"{spread([x.get('max_ms') for x in xs])}; "
+                      f"{spread([x.get('p99_ms') for x in xs])}; "
+                      f"{', '.join(str(x.get('over_50ms')) for x in xs)} |")
         print(f"| {name}: collector passes over 50 / over 100 ms (all replicas) | "
               f"{', '.join(str(p.get('gc_over_50ms')) for p in ps)} / "
               f"{', '.join(str(p.get('gc_over_100ms')) for p in ps)} |")
@@ -647,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="an environment variable of the servers (repeatable)")
     ap.add_argument("--phase-limit", type=float, default=PHASE_LIMIT,
                     help="seconds any phase may take (default %(default)s)")
+    ap.add_argument("--create-only", action="store_true",
+                    help="only the create and idle phases (to compare checkpoint pauses)")
     ap.add_argument("--producer-in-process", action="store_true",
                     help="run the produce loop on a thread of this process, as before "
                          "(its calls then wait for this process's GIL too), to compare")

@@ -67,7 +67,8 @@ def test_a_slow_entry_holds_up_the_entries_behind_it_but_not_raft(cluster):
 
 # -- ApplyThread on its own (apply_thread.py): no Raft, no cluster ------------------------------
 
-from gesmas.server.replication.apply_thread import ApplyThread      # noqa: E402
+from gesmas.server.replication.apply_thread import (ApplyThread, BACKGROUND_SHARE,  # noqa: E402
+                                                    share_from_env)
 from gesmas.server.replication.types import ReplicaStopped          # noqa: E402
 
 
@@ -194,3 +195,114 @@ def test_background_work_runs_in_slices_while_nothing_is_queued():
         assert [o for o in order if o[0] == "slice"] == [("slice", n) for n in range(1, 6)]
     finally:
         t.stop(5)
+
+
+def _busy(cpu_seconds: float) -> float:
+    """Spin for that much of this thread's CPU; the CPU it used."""
+    c0 = time.thread_time()
+    while time.thread_time() - c0 < cpu_seconds:
+        pass
+    return time.thread_time() - c0
+
+
+def _slices(n: int, cpu: float, spans: list, done: threading.Event):
+    """A background() of n slices of `cpu` CPU seconds each, each noted as (start, end, cpu)."""
+    def background():
+        t0 = time.monotonic()
+        used = _busy(cpu)
+        spans.append((t0, time.monotonic(), used))
+        if len(spans) == n:
+            done.set()
+        return len(spans) < n
+    return background
+
+
+def test_background_slices_rest_so_they_take_their_share_of_a_core():
+    """With share s, after a slice that used c s of CPU the thread starts no slice for
+    c(1-s)/s: a capture after a checkpoint spreads its CPU instead of taking a core."""
+    spans: list = []
+    done = threading.Event()
+    t = ApplyThread("t", lambda i, d: None, lambda: None, _slices(4, 0.02, spans, done),
+                    share=0.25, pace_for=60)
+    try:
+        t.put(1, b"a")
+        assert done.wait(30)
+        for (_, end, used), (start, _, _) in zip(spans, spans[1:]):
+            assert start - end >= used * 3         # rest (1 - 0.25) / 0.25 = 3 slices' CPU
+    finally:
+        t.stop(5)
+
+
+def test_a_run_of_slices_is_paced_only_in_its_first_seconds():
+    """After `pace_for` s the slices left run back to back (a capture must end before the next
+    checkpoint, which the leader proposes 5 s after the last at the soonest); a new run of
+    slices (after one that said it was done) is paced again."""
+    spans: list = []
+    done = threading.Event()
+    t = ApplyThread("t", lambda i, d: None, lambda: None, _slices(6, 0.05, spans, done),
+                    share=0.01, pace_for=0.2)      # each rest would be ~5 s
+    try:
+        t.put(1, b"a")
+        assert done.wait(30)
+        first = spans[0][0]
+        assert spans[1][0] >= first + 0.2         # rested until pace_for ended...
+        assert spans[-1][0] < first + 4.5          # ...and no more (5 rests would be 25 s)
+    finally:
+        t.stop(5)
+
+
+def test_entries_and_jobs_do_not_wait_for_a_background_rest():
+    """A slice of 0.1 s at share 0.01 rests ~10 s: an entry or a job queued meanwhile runs at
+    once, and the rest goes on after it."""
+    spans: list = []
+    rested, done = threading.Event(), threading.Event()
+    applied: list[float] = []
+    slices = _slices(2, 0.1, spans, done)
+
+    def background():
+        more = slices()
+        rested.set()
+        return more
+
+    t = ApplyThread("t", lambda i, d: applied.append(time.monotonic()), lambda: None,
+                    background, share=0.01, pace_for=60)
+    try:
+        t.put(1, b"a")
+        assert rested.wait(10)
+        t.put(2, b"b")                               # queued during the rest
+        assert t.wait_idle(10)
+        assert t.call(time.monotonic) < spans[0][1] + 5      # a job, likewise
+        assert applied[1] < spans[0][1] + 5          # not paced (the rest is ~10 s)
+        assert len(spans) == 1                       # the rest was not cut short
+    finally:
+        t.stop(5)
+
+
+def test_stop_ends_a_background_rest():
+    rested = threading.Event()
+
+    def background():
+        _busy(0.1)
+        rested.set()
+        return True                                  # more, ~10 s from now
+
+    t = ApplyThread("t", lambda i, d: None, lambda: None, background, share=0.01,
+                    pace_for=60)
+    t.put(1, b"a")
+    assert rested.wait(10)
+    t.stop(5)
+    assert not t._thread.is_alive()
+
+
+@pytest.mark.parametrize("raw, share", [("", BACKGROUND_SHARE), ("1", 1.0), (" 0.5 ", 0.5)])
+def test_the_background_share_comes_from_the_environment(raw, share):
+    assert share_from_env({"GESMAS_CAPTURE_SHARE": raw}) == share
+    assert share_from_env({}) == BACKGROUND_SHARE
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "1.5", "nan", "inf", "half"])
+def test_a_bad_background_share_is_refused_by_name(raw):
+    with pytest.raises(ValueError, match="GESMAS_CAPTURE_SHARE"):
+        share_from_env({"GESMAS_CAPTURE_SHARE": raw})
+    with pytest.raises(ValueError, match="share"):
+        ApplyThread("t", lambda i, d: None, lambda: None, share=0)

@@ -21,6 +21,17 @@ Background work. When the queue is empty, `background()` runs (a checkpoint's ca
 objects in slices, kernel/capture.py), again and again while it says there is more and no
 entry or job is queued: an entry never waits for more than one slice.
 
+Pacing. Background work takes at most `share` of a core: after a slice that used c seconds
+of this thread's CPU the thread rests c * (1 - share) / share before the next one (entries
+and jobs are not paced: one queued ends the rest at once). A capture does not need to end
+fast, only before the next checkpoint, and the leader proposes checkpoints 5 s apart at the
+least (duties.py); so a run of slices rests only in its first PACE_FOR seconds, and goes
+flat out after that. Unpaced, the three replicas' captures after a checkpoint took both cores
+of a 2-core host for a second (~1 s of CPU each at 10^6 objects with 20,000 made since the
+last checkpoint: bench/capture_slices.py), and the calls made then waited for a core
+(docs/performance.md). `GESMAS_CAPTURE_SHARE` sets the share (default BACKGROUND_SHARE; 1
+runs slices back to back, as before).
+
 Counters, under the condition's lock: `inflight` counts the entries queued or being applied
 (never the jobs), `last_done` is the last entry this thread finished. `busy()` and
 `last_done_if_behind()` read them for the replica's applied index; `wait_idle()` waits until
@@ -32,7 +43,9 @@ called from any thread; `call` from this thread runs `fn` at once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections import deque
 from typing import Any, Callable, Deque, Optional, Tuple
 
@@ -42,16 +55,42 @@ log = logging.getLogger(__name__)
 
 _JOB = -1                    # the index of a queued job
 
+#: The share of a core background slices may take (module docstring: pacing).
+BACKGROUND_SHARE = 0.25
+#: Seconds from its first slice in which a run of background slices is paced.
+PACE_FOR = 4.0
+
+
+def share_from_env(environ: Any = os.environ) -> float:
+    """The background share GESMAS_CAPTURE_SHARE asks for (BACKGROUND_SHARE if unset)."""
+    raw = str(environ.get("GESMAS_CAPTURE_SHARE", "")).strip()
+    try:
+        share = float(raw) if raw else BACKGROUND_SHARE
+    except ValueError:
+        share = float("nan")
+    if not 0.01 <= share <= 1:               # NaN fails this too
+        raise ValueError(f"GESMAS_CAPTURE_SHARE={raw!r} is not a share of the apply thread's "
+                         "time from 0.01 to 1")
+    return share
+
 
 class ApplyThread:
     def __init__(self, name: str, apply: Callable[[int, bytes], None],
                  idle: Callable[[], None],
-                 background: Callable[[], bool] = lambda: False) -> None:
+                 background: Callable[[], bool] = lambda: False,
+                 share: float = 1.0, pace_for: float = PACE_FOR) -> None:
         """`apply(index, data)`: apply one entry (it handles its own errors). `idle()`: called
         after an entry when nothing more is queued. `background()`: one slice of background
-        work, run while nothing is queued; returns whether there is more."""
+        work, run while nothing is queued; returns whether there is more. `share`: of a core,
+        what background slices may take (1: back to back), in their first `pace_for` s."""
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], not {share!r}")
         self._apply, self._idle, self._background = apply, idle, background
         self._more = False               # background work may be left (this thread only)
+        self._rest = (1 - share) / share     # rest per CPU second of a background slice
+        self._pace_for = pace_for
+        self._rest_until = 0.0           # no background slice before (monotonic; this thread)
+        self._paced_since: Optional[float] = None   # the first slice of this run of them
         self._cv = threading.Condition()
         self._q: Deque[Tuple[int, int, Any]] = deque()   # (generation, index or _JOB, data or job)
         self._gen = 0
@@ -139,8 +178,14 @@ class ApplyThread:
         cv, q = self._cv, self._q
         while True:
             with cv:
-                while not q and not self._stopping and not self._more:
-                    cv.wait()
+                while not q and not self._stopping:
+                    if not self._more:
+                        cv.wait()
+                        continue
+                    rest = self._rest_until - time.monotonic()
+                    if rest <= 0:
+                        break
+                    cv.wait(rest)
                 if self._stopping and not q:
                     return
                 if not q:
@@ -148,7 +193,16 @@ class ApplyThread:
                 else:
                     item = q.popleft()
             if item is None:
+                c0 = time.thread_time()
                 self._more = bool(self._background())
+                if not self._more:
+                    self._paced_since = None
+                elif self._rest:
+                    now = time.monotonic()
+                    if self._paced_since is None:
+                        self._paced_since = now
+                    self._rest_until = min(now + (time.thread_time() - c0) * self._rest,
+                                           self._paced_since + self._pace_for)
                 continue
             gen, index, data = item
             if index == _JOB:

@@ -16,7 +16,7 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
-from .apply_thread import ApplyThread
+from .apply_thread import ApplyThread, share_from_env
 from .applier import ABORT_PREFIX, Applier, ApplyFailed, decode_abort
 from .journal import DurableJournal, fsync_dir
 from .reads import AppliedReads, IndexCallback, ReadIndex
@@ -94,7 +94,8 @@ class Replica:
         # The apply thread (override 15, apply_thread.py): committed entries are queued by the
         # tick thread and applied there, so Raft's heartbeats and votes never wait for the kernel.
         self._applying = ApplyThread(f"gesmas-apply-{self_addr}", self._apply_entry,
-                                     lambda: self.applied_reads.run_due(), self._background)
+                                     lambda: self.applied_reads.run_due(), self._background,
+                                     share_from_env())
         # Reads without a log entry (reads.py): the ReadIndex protocol, and the reads that
         # run against the applied state under the lock the apply thread holds per entry
         self.read_index = ReadIndex(self._journal.term_at)
