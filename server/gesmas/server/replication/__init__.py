@@ -62,7 +62,8 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      it (``apply_thread.ApplyThread``), so no entry, checkpoint or snapshot load holds up heartbeats and
      votes. A snapshot is loaded on the apply thread too (greenlets belong to their thread),
      and entries queued before it are dropped; no snapshot is taken while the apply thread
-     is behind.
+     is behind. Background work (a checkpoint's capture) runs in slices between entries,
+     paced to a share of a core (``GESMAS_CAPTURE_SHARE``).
   16. ``_DurableTransport._send_grouped`` holds a node's messages while the outgoing
      connection to it is up but pysyncobj's key exchange is not finished (``_handshaking``):
      pysyncobj would write them without the connection key, and the peer would close the
