@@ -114,3 +114,79 @@ def test_tiny_intervals_still_have_a_lag_of_one_entry(every):
     assert not c.keeps_log(leader=True, forced=False, log_entries=1, every=every, applied=10,
                            others=(A,), connected=(A,), confirmed={A: 9}, next_index={},
                            heard={A: 0.0}, now=0.0)
+
+
+# -- the gates of a compaction and a snapshot already written (overrides.py) -----------------
+
+from pysyncobj.config import SERIALIZER_STATE            # noqa: E402
+
+from gesmas.server.replication.overrides import _RaftNode   # noqa: E402
+from gesmas.server.replication.snapshots import _Job       # noqa: E402
+
+
+class _Serializer:
+    """The part of snapshots.BackgroundSerializer the compaction reads."""
+
+    def __init__(self, job):
+        self._job, self.checked = job, 0
+
+    def checkSerializing(self):
+        self.checked += 1
+        job, self._job = self._job, None
+        if job is None or job.cancelled:
+            return SERIALIZER_STATE.NOT_SERIALIZING, 0
+        return job.result, job.id
+
+
+def _node(job, holds: bool = True):
+    """A _RaftNode with only what its compaction touches: a leader whose override 18 holds
+    the log (a follower catching up), pysyncobj's log ends recorded."""
+    node = _RaftNode.__new__(_RaftNode)
+    node._gesmas_replica = None
+    node._SyncObj__serializer = ser = _Serializer(job)
+    node._gesmas_keeps_log_for_a_follower = lambda: holds
+    node.deleted = []
+    node._SyncObj__deleteEntriesTo = node.deleted.append
+    node._SyncObj__lastSerializedTime = node._SyncObj__lastSerializedEntry = 0
+    return node, ser
+
+
+def _job(done: bool, cancelled: bool = False, ok: bool = True) -> _Job:
+    job = _Job(7)
+    if ok:
+        job.result = SERIALIZER_STATE.SUCCESS
+    job.cancelled = cancelled
+    if done:
+        job.done.set()
+    return job
+
+
+def test_a_snapshot_written_while_the_log_is_held_is_finished():
+    """A wiped follower waited minutes for a snapshot: the leader wrote one, override 18 then
+    held compaction for that follower and so never read the end of the writing, and until it
+    is read the serializer sends no follower anything."""
+    node, ser = _node(_job(done=True))
+    node._SyncObj__tryLogCompaction()
+    assert ser._job is None and ser.checked == 1           # read: snapshots can be sent
+    assert node.deleted == [7] and node._SyncObj__lastSerializedEntry == 7
+
+
+def test_a_snapshot_being_written_or_replaced_starts_no_other():
+    node, ser = _node(_job(done=False), holds=False)
+    node._SyncObj__tryLogCompaction()
+    assert ser.checked == 0 and ser._job is not None and node.deleted == []
+    node, ser = _node(_job(done=True, cancelled=True), holds=False)
+    node._SyncObj__tryLogCompaction()                     # a received snapshot replaced it
+    assert ser.checked == 1 and ser._job is None and node.deleted == []
+
+
+def test_a_failed_snapshot_is_read_and_compacts_nothing():
+    node, ser = _node(_job(done=True, ok=False))
+    node._SyncObj__tryLogCompaction()
+    assert ser.checked == 1 and ser._job is None and node.deleted == []
+
+
+def test_with_no_snapshot_under_way_a_held_log_starts_none():
+    node, ser = _node(None)
+    node._SyncObj__tryLogCompaction()
+    assert ser.checked == 0 and node.deleted == []

@@ -485,6 +485,20 @@ class _RaftNode(SyncObj):
         self._gesmas_replica._apply_committed(self.raftLastApplied + 1, data)
 
     def _SyncObj__tryLogCompaction(self):
+        # A snapshot already written is always finished (pysyncobj reads its end here): until
+        # it is, the serializer answers no follower (getTransmissionData gives None while one
+        # is under way), so a gate below that held while one was written (override 18 for a
+        # follower wiped just then) kept a wiped follower from any snapshot for minutes. The
+        # gates only keep a new one from starting.
+        job = getattr(self._SyncObj__serializer, "_job", None)
+        if job is not None:
+            if not job.done.is_set():
+                return                       # still being written
+            if job.cancelled:                # a received snapshot replaced it: nothing to
+                self._SyncObj__serializer.checkSerializing()    # compact, and no new one
+                return
+            super()._SyncObj__tryLogCompaction()    # compacts to it, starts nothing new
+            return
         replica = self._gesmas_replica
         if replica is not None and replica._applier.held:
             return  # override 11: no snapshot while entries are held back (applier.py)
