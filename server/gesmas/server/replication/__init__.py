@@ -79,7 +79,10 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      of the compaction interval behind, or one silent for five heartbeats or disconnected
      less than two minutes ago and behind at all (its place: the lower of its confirmed
      index and the one before its next index), up to ten intervals of log. A compaction past a follower that is loading a
-     snapshot, or restarting, made it need the leader's whole snapshot again.
+     snapshot, or restarting, made it need the leader's whole snapshot again. This gate
+     and the others of ``_SyncObj__tryLogCompaction`` only keep a snapshot from starting:
+     one already written is finished first, since until pysyncobj reads its end no
+     follower can be sent any snapshot.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it
