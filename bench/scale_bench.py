@@ -342,18 +342,19 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
         leads = [n for t, n in watch.leaders if start <= t < end]
         gcs = [x for x in watch.long_gcs if start <= x[0] < end]
         snaps = [x for x in watch.snapshots if start <= x[0] < end]
+    # a checkpoint is seen when it has ended: it began `seconds` (+ a poll) before
+    begun = [c["t"] - (c["seconds"] or 0) - 0.1 for c in ckpts]
     out = {"phase": name, "seconds": round(end - start, 2), "term_before": term,
            "term_after": watch.term(), "leader_before": leader, "leader_after": watch.leader(),
            "leader_changes": leads, "checkpoints": len(ckpts),
            "checkpoint_seconds_max": max((c["seconds"] or 0 for c in ckpts), default=None),
            "checkpoint_bytes": max((c["bytes"] for c in ckpts), default=None),
            "produce_max_ms": round(prod.longest(start, end), 1),
-           # a checkpoint is seen when it has ended: it began `seconds` (+ a poll) before
            "produce_max_near_checkpoint_ms": round(prod.near(
-               [(c["t"] - (c["seconds"] or 0) - 0.1, c["t"]) for c in ckpts]), 1),
+               [(b, c["t"]) for b, c in zip(begun, ckpts)]), 1),
            "produce_calls": sum(1 for t, _ in prod.calls if start <= t < end),
            **prod.spread(start, end), "start": start, "end": end,
-           **prod.after(start, end, [c["t"] - (c["seconds"] or 0) - 0.1 for c in ckpts]),
+           **prod.after(start, end, begun),
            # the collector stops every thread of its replica: which slow calls it explains
            "gc_over_50ms": sum(x[3] for x in gcs), "gc_over_100ms": sum(x[4] for x in gcs),
            "produce_over_50ms_during_long_gc": prod.overlapping(

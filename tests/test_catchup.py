@@ -121,7 +121,7 @@ def test_tiny_intervals_still_have_a_lag_of_one_entry(every):
 from pysyncobj.config import SERIALIZER_STATE            # noqa: E402
 
 from gesmas.server.replication.overrides import _RaftNode   # noqa: E402
-from gesmas.server.replication.snapshots import _Job       # noqa: E402
+from gesmas.server.replication.snapshots import BackgroundSerializer, _Job   # noqa: E402
 
 
 class _Serializer:
@@ -129,6 +129,8 @@ class _Serializer:
 
     def __init__(self, job):
         self._job, self.checked = job, 0
+
+    under_way = BackgroundSerializer.under_way
 
     def checkSerializing(self):
         self.checked += 1

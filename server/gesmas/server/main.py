@@ -10,6 +10,7 @@ from typing import Any
 
 from .config import HASH_SEED, ConfigError
 from .config import load as load_config
+from .replication.apply_thread import share_from_env
 
 
 def ensure_hash_seed() -> None:
@@ -129,6 +130,7 @@ def run_server(args: Any) -> int:
         config = load_config(vars(args))
         _setup_logging(config.node_id, config.log_format)
         tune_switching()
+        share_from_env()                     # read again by the replica: refused here first
     except (ConfigError, ValueError) as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2

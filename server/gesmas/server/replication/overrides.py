@@ -490,14 +490,13 @@ class _RaftNode(SyncObj):
         # is under way), so a gate below that held while one was written (override 18 for a
         # follower wiped just then) kept a wiped follower from any snapshot for minutes. The
         # gates only keep a new one from starting.
-        job = getattr(self._SyncObj__serializer, "_job", None)
-        if job is not None:
-            if not job.done.is_set():
-                return                       # still being written
-            if job.cancelled:                # a received snapshot replaced it: nothing to
-                self._SyncObj__serializer.checkSerializing()    # compact, and no new one
-                return
+        serializer = self._SyncObj__serializer
+        state = serializer.under_way() if hasattr(serializer, "under_way") else None
+        if state == "replaced":          # nothing to compact, and no new one
+            serializer.checkSerializing()
+        elif state == "ended":
             super()._SyncObj__tryLogCompaction()    # compacts to it, starts nothing new
+        if state is not None:
             return
         replica = self._gesmas_replica
         if replica is not None and replica._applier.held:

@@ -155,6 +155,17 @@ class BackgroundSerializer(Serializer):
         self._Serializer__transmissions: dict = {}
         return job.result, job.id
 
+    def under_way(self) -> Optional[str]:
+        """Where the snapshot this serializer was last asked for stands until
+        `checkSerializing` reads its end: None (none), "writing", "replaced" (a snapshot
+        received from the leader cancelled it) or "ended" (written, or failed)."""
+        job = self._job
+        if job is None:
+            return None
+        if not job.done.is_set():
+            return "writing"
+        return "replaced" if job.cancelled else "ended"
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait for the snapshot being written, if any (tests, shutdown)."""
         job = self._job
