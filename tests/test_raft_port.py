@@ -1,4 +1,4 @@
-"""The Raft (replica-to-replica) port against a stranger (overrides.py, override 7).
+"""The Raft (replica-to-replica) port against a stranger (tcpconn.py, override 7).
 
 An in-process cluster of 3 replicas with a cluster secret on 127.0.0.1; raw sockets send what
 an attacker would: a pickle that would run code, absurd or negative length prefixes, a big
@@ -22,7 +22,7 @@ import zlib
 import pytest
 from pysyncobj.encryptor import SALT
 
-from gesmas.server.replication import RaftTuning, Replica, overrides
+from gesmas.server.replication import RaftTuning, Replica, overrides, tcpconn
 from gesmas.server.replication.prevote import PRE_VOTE
 from gesmas.server.replication.raftwire import AeadEncryptor, Framing, derive_master
 from gesmas.server.replication.types import NotLeader
@@ -163,7 +163,7 @@ def target(cluster):
 @pytest.fixture(autouse=True)
 def fresh_refusal_log(monkeypatch):
     """The refusal warning is rate-limited process-wide; each test starts with a clean slate."""
-    monkeypatch.setattr(overrides, "_refusals", overrides._RefusalLog())
+    monkeypatch.setattr(tcpconn, "_refusals", tcpconn._RefusalLog())
 
 
 def _frame(payload: bytes, length: int | None = None) -> bytes:
@@ -232,7 +232,7 @@ def test_a_pickle_is_never_loaded_and_the_connection_is_closed(cluster, target, 
         wrong_key.encrypt_at_time(Framing.compress(evil), int(time.monotonic())),
     ]
     clients = []
-    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+    with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
         for payload in payloads:
             with _connect(target) as s:
                 clients.append("%s:%s" % s.getsockname()[:2])
@@ -249,7 +249,7 @@ def test_a_pickle_is_never_loaded_and_the_connection_is_closed(cluster, target, 
 
 
 def test_a_huge_length_prefix_is_refused_before_buffering(cluster, target, caplog):
-    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+    with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
         with _connect(target) as s:
             client = "%s:%s" % s.getsockname()[:2]
             _send_until_closed(s, struct.pack("i", 0x7FFFFFFF), stream=True)
@@ -259,7 +259,7 @@ def test_a_huge_length_prefix_is_refused_before_buffering(cluster, target, caplo
 
 
 def test_a_negative_length_prefix_is_refused(cluster, target, caplog):
-    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+    with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
         with _connect(target) as s:
             _send_until_closed(s, struct.pack("i", -5) + b"x" * 64)
     assert "frame length -5 outside" in caplog.text
@@ -270,20 +270,20 @@ def test_a_negative_length_prefix_is_refused(cluster, target, caplog):
 
 def test_a_big_unauthenticated_frame_is_refused(cluster, target, caplog):
     size = 2 ** 20
-    assert size > overrides.PREAUTH_FRAME_CAP
-    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+    assert size > tcpconn.PREAUTH_FRAME_CAP
+    with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
         with _connect(target) as s:
             _send_until_closed(s, _frame(os.urandom(size)))
     # refused on its length prefix, before its body was buffered
-    assert f"frame length {size} outside 0..{overrides.PREAUTH_FRAME_CAP}" in caplog.text
+    assert f"frame length {size} outside 0..{tcpconn.PREAUTH_FRAME_CAP}" in caplog.text
     # just under the pre-authentication cap: buffered, then refused for its missing tag
     with _connect(target) as s:
-        _send_until_closed(s, _frame(os.urandom(overrides.PREAUTH_FRAME_CAP)))
+        _send_until_closed(s, _frame(os.urandom(tcpconn.PREAUTH_FRAME_CAP)))
     cluster.commit(b"after a big frame")
 
 
 def test_many_refused_connections_log_one_warning(cluster, target, caplog):
-    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+    with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
         for _ in range(20):
             with _connect(target) as s:
                 _send_until_closed(s, _frame(b"garbage" * 10))
@@ -293,7 +293,7 @@ def test_many_refused_connections_log_one_warning(cluster, target, caplog):
 def test_legitimate_frames_bigger_than_a_mebibyte_still_flow(cluster):
     """A 3 MiB incompressible command: forwarded follower -> leader (one frame of > 3 MiB),
     then sent to both followers; every replica applies it."""
-    assert overrides._frame_cap >= 16 * BIG
+    assert tcpconn._frame_cap >= 16 * BIG
     for i in range(2):
         cluster.commit(bytes([i]) + os.urandom(3 * 2 ** 20))  # 0xff first marks an abort
     cluster.commit(b"small again")
@@ -415,13 +415,13 @@ def test_a_restarted_follower_catches_up_over_many_bounded_frames(tmp_path, monk
     """A catching-up follower is sent the whole log tail in one tick; the leader must split
     it into frames of ~batch_size_bytes (``_size_runs``), or the reader's cap (here lowered
     to 8 MiB) would refuse the one big frame and the follower would never catch up."""
-    monkeypatch.setattr(overrides, "_frame_cap", 8 * 2 ** 20)
+    monkeypatch.setattr(tcpconn, "_frame_cap", 8 * 2 ** 20)
     tuning = RaftTuning(batch_size_bytes=2 ** 18, snapshot_chunk_bytes=2 ** 18)
     c = InProcessCluster(str(tmp_path), tuning=tuning)
     try:
         assert all(r.wait_ready(COMMIT_TIMEOUT) for r in c.replicas)
         c.commit(b"warm-up")
-        assert overrides._frame_cap == 8 * 2 ** 20  # 16 x 256 KiB did not raise it
+        assert tcpconn._frame_cap == 8 * 2 ** 20  # 16 x 256 KiB did not raise it
         leader = c.leader()
         down = next(i for i, r in enumerate(c.replicas) if r is not leader)
         up = [i for i in range(3) if i != down]
@@ -429,7 +429,7 @@ def test_a_restarted_follower_catches_up_over_many_bounded_frames(tmp_path, monk
         # 12 MB in all; the first byte is never 0xff, which marks the replication layer's
         # own abort entries (applier.py): 1 random command in 256 was swallowed as one
         commands = [bytes([k]) + os.urandom(200_000) for k in range(60)]
-        with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+        with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
             for data in commands:
                 c.commit(data, among=up)
             c.restart(down)
@@ -442,9 +442,9 @@ def test_a_restarted_follower_catches_up_over_many_bounded_frames(tmp_path, monk
 def test_silent_strangers_are_closed_and_cannot_pile_up(cluster, target, monkeypatch, caplog):
     """A connection that never authenticates is closed after HANDSHAKE_TIMEOUT; beyond
     MAX_UNKNOWN of them the oldest is closed at once."""
-    monkeypatch.setattr(overrides, "HANDSHAKE_TIMEOUT", 0.5)
-    monkeypatch.setattr(overrides, "MAX_UNKNOWN", 8)
-    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+    monkeypatch.setattr(tcpconn, "HANDSHAKE_TIMEOUT", 0.5)
+    monkeypatch.setattr(tcpconn, "MAX_UNKNOWN", 8)
+    with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
         with _connect(target) as s:
             s.sendall(b"\x00")                 # one byte of a length prefix, then silence
             _wait_closed(s)
@@ -595,7 +595,7 @@ def test_a_frame_without_the_connection_key_is_refused_by_name(cluster, target, 
     def frame(message) -> bytes:
         return _frame(enc.encrypt_at_time(Framing.compress(pickle.dumps(message)),
                                           int(time.monotonic())))
-    with caplog.at_level(logging.WARNING, logger=overrides.__name__):
+    with caplog.at_level(logging.WARNING, logger=tcpconn.__name__):
         with _connect(target) as s:
             s.sendall(frame(os.urandom(32)))                  # an outgoing side's key
             s.sendall(frame({"type": "request_vote", "term": 1, "last_log_index": 0,

@@ -33,7 +33,7 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
   6. ``_install_wire``: ChaCha20-Poly1305 instead of Fernet and no zlib for small messages
      (raftwire.py); ``flush`` sends what it has for a node as one ``gesmas_batch``, cut into
      frames of about ``batch_size_bytes`` (``_size_runs``).
-  7. ``_install_tcp_overrides``: reads go into a bytearray; a frame's length prefix is checked
+  7. ``_install_tcp_overrides`` (tcpconn.py, as are 8 and 9): reads go into a bytearray; a frame's length prefix is checked
      before its body is buffered (64 KiB until the peer has proved the connection's key, then
      at least 64 MiB); a frame that does not decrypt is never unpickled; a replica always
      needs the cluster secret, loopback too.

@@ -22,7 +22,8 @@ from .journal import DurableJournal, fsync_dir
 from .reads import AppliedReads, IndexCallback, ReadIndex
 from .rejoin import RejoinGuard
 from .snapshots import BackgroundSerializer, PacedFile
-from .overrides import _install_journal_factory, _RaftNode, close_stale_handshakes
+from .overrides import _install_journal_factory, _RaftNode
+from .tcpconn import close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
                     ReplicaStopped)
 from .watchdog import ApplyMonitor, read_record, remove_record
