@@ -192,3 +192,158 @@ def test_with_no_snapshot_under_way_a_held_log_starts_none():
     node, ser = _node(None)
     node._SyncObj__tryLogCompaction()
     assert ser.checked == 0 and node.deleted == []
+
+
+# -- override 19: a snapshot sent once (catchup.SnapshotsSent) -----------------------------
+
+from pysyncobj.config import SyncObjConf                  # noqa: E402
+from pysyncobj.syncobj import _RAFT_STATE                 # noqa: E402
+from pysyncobj.node import TCPNode                        # noqa: E402
+
+from gesmas.server.replication.catchup import SENT_SNAPSHOT_BOUND, SnapshotsSent   # noqa: E402
+
+F = TCPNode("127.0.0.1:1")
+
+
+def _reset(to: int = 1) -> dict:
+    """What a wiped follower answers a heartbeat with."""
+    return {"type": "next_node_idx", "next_node_idx": to, "reset": True, "success": False}
+
+
+def _loaded(to: int) -> dict:
+    """What a follower answers once it has loaded a snapshot (its log ends at to - 1)."""
+    return {"type": "next_node_idx", "next_node_idx": to, "reset": False, "success": True}
+
+
+class _Sender:
+    """pysyncobj's serializer as the leader's sending reads it: a snapshot in two chunks, the
+    second (empty) the last, started again from the top once finished."""
+
+    def __init__(self):
+        self.at, self.starts = {}, 0
+
+    def getTransmissionData(self, node):
+        pos = self.at.get(node, 0)
+        self.starts += pos == 0
+        self.at[node] = (pos + 1) % 2
+        return (b"snapshot" if pos == 0 else b""), pos == 0, pos == 1
+
+    def cancelTransmisstion(self, node):
+        self.at.pop(node, None)
+
+
+class _Wire:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, node, message):
+        self.sent.append((node, message))
+
+
+def _leader():
+    """A _RaftNode leader with what sending appends and taking answers touch: its log starts
+    at a snapshot of index 11 (entries 10 and 11), entry 12 follows, and follower F is wiped."""
+    node = _RaftNode.__new__(_RaftNode)
+    node._gesmas_sent = SnapshotsSent()
+    node._SyncObj__conf = SyncObjConf(appendEntriesPeriod=60.0)
+    node._SyncObj__raftLog = [(b"\x00", 10, 1), (b"\x00", 11, 1), (b"\x01cmd", 12, 1)]
+    node._SyncObj__otherNodes, node._SyncObj__readonlyNodes = {F}, set()
+    node._SyncObj__connectedNodes = {F}
+    node._SyncObj__serializer = _Sender()
+    node._SyncObj__transport = _Wire()
+    node._SyncObj__raftNextIndex, node._SyncObj__raftMatchIndex = {F: 1}, {F: 0}
+    node._SyncObj__lastResponseTime = {F: 0.0}
+    node._SyncObj__raftCurrentTerm, node._SyncObj__raftCommitIndex = 1, 12
+    node._SyncObj__raftState = _RAFT_STATE.LEADER
+    return node
+
+
+def test_an_answer_written_before_a_snapshot_arrived_does_not_send_it_again():
+    """The follower answered two heartbeats with a reset; the first started the snapshot,
+    which went out whole in one tick; the second, on its way meanwhile, used to start it
+    over."""
+    node = _leader()
+    node._SyncObj__sendAppendEntries()
+    assert node._SyncObj__serializer.starts == 1
+    assert node._SyncObj__raftNextIndex[F] == 13           # the snapshot, then entry 12
+    node._SyncObj__onMessageReceived(F, _reset())            # written before the snapshot
+    assert node._SyncObj__raftNextIndex[F] == 13
+    assert node._SyncObj__lastResponseTime[F] > 0            # but it was heard
+    assert node._gesmas_sent.ignored == 1
+    node._SyncObj__sendAppendEntries()
+    assert node._SyncObj__serializer.starts == 1             # not sent again
+    node._SyncObj__onMessageReceived(F, _loaded(12))         # the load's answer
+    assert node._SyncObj__raftMatchIndex[F] == 11 and node._gesmas_sent.sent == {}
+    node._SyncObj__onMessageReceived(F, _reset())            # a reset after it counts again
+    assert node._SyncObj__raftNextIndex[F] == 1
+    node._SyncObj__sendAppendEntries()
+    assert node._SyncObj__serializer.starts == 2
+
+
+def test_a_stale_success_below_the_snapshot_does_not_move_the_next_index_back():
+    node = _leader()
+    node._SyncObj__sendAppendEntries()
+    node._SyncObj__onMessageReceived(F, _loaded(5))          # an older append's answer
+    assert node._SyncObj__raftNextIndex[F] == 13 and node._SyncObj__raftMatchIndex[F] == 0
+
+
+def test_a_follower_that_never_answers_past_the_snapshot_is_believed_after_the_bound():
+    node = _leader()
+    node._SyncObj__sendAppendEntries()
+    index, when = node._gesmas_sent.sent[F]
+    assert index == 11
+    node._gesmas_sent.sent[F] = (index, when - SENT_SNAPSHOT_BOUND - 1)
+    node._SyncObj__onMessageReceived(F, _reset())
+    assert node._SyncObj__raftNextIndex[F] == 1 and node._gesmas_sent.sent == {}
+
+
+def test_a_disconnection_forgets_the_snapshot_sent():
+    """The snapshot sent on a closed connection may never have arrived whole."""
+    node = _leader()
+    node._SyncObj__sendAppendEntries()
+    node._gesmas_catch_up = CatchUp(BEAT)
+    node._SyncObj__onNodeDisconnected(F)
+    assert F not in node._SyncObj__connectedNodes and node._gesmas_sent.sent == {}
+    node._SyncObj__connectedNodes.add(F)                      # back
+    node._SyncObj__onMessageReceived(F, _reset())
+    assert node._SyncObj__raftNextIndex[F] == 1
+
+
+def test_the_rule_on_plain_values():
+    s = SnapshotsSent(bound=10.0)
+    plain = {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": False}
+    assert s.answer(A, _reset(), 0.0) == _reset()            # nothing sent: as it comes
+    s.went(A, 11, 100.0)
+    assert s.answer(B, _reset(), 100.5) == _reset()          # another follower
+    assert s.answer(A, plain, 100.5) is plain                # moves nothing anyway
+    neutral = s.answer(A, _reset(11), 100.5)                 # at the snapshot's index
+    assert neutral["reset"] is False and neutral["success"] is False
+    assert s.answer(A, _reset(12), 101.0) == _reset(12) and A not in s.sent   # past it
+    s.went(A, 11, 100.0)
+    assert s.answer(A, {"type": "next_node_idx"}, 100.5) == {"type": "next_node_idx"}
+    assert A not in s.sent                                   # malformed: given up, as it comes
+    s.went(A, 11, 100.0)
+    assert s.answer(A, _reset(), 110.5) == _reset() and A not in s.sent     # the bound
+    s.went(A, 11, 100.0)
+    s.forget(A)
+    assert s.answer(A, _reset(), 100.5) == _reset()
+
+
+class _Log(list):
+    def add(self, command, index, term):
+        self.append((command, index, term))
+
+
+def test_a_new_term_of_leadership_forgets_what_an_earlier_one_sent():
+    """A snapshot sent in an earlier term may never have been loaded (another leader's
+    came first): the follower's answers count again at once."""
+    node = _leader()
+    node._SyncObj__sendAppendEntries()
+    assert F in node._gesmas_sent.sent
+    node._SyncObj__raftLog = _Log(node._SyncObj__raftLog)
+    node._SyncObj__selfNode, node._SyncObj__raftCurrentTerm = TCPNode("127.0.0.1:2"), 2
+    node._SyncObj__conf.onStateChanged = None
+    node._SyncObj__onBecomeLeader()
+    assert node._gesmas_sent.sent == {} and node._SyncObj__raftNextIndex[F] > 12
+    node._SyncObj__onMessageReceived(F, _reset())
+    assert node._SyncObj__raftNextIndex[F] == 1

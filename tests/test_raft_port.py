@@ -23,6 +23,7 @@ import pytest
 from pysyncobj.encryptor import SALT
 
 from gesmas.server.replication import RaftTuning, Replica, overrides, tcpconn
+from gesmas.server.replication.catchup import SnapshotsSent
 from gesmas.server.replication.prevote import PRE_VOTE
 from gesmas.server.replication.raftwire import AeadEncryptor, Framing, derive_master
 from gesmas.server.replication.types import NotLeader
@@ -337,7 +338,7 @@ def test_a_flush_hands_a_connection_a_bounded_amount_and_keeps_the_rest_in_order
     limit = 2 ** 20
     t = object.__new__(overrides._DurableTransport)
     t._syncObj = type("S", (), {"encryptor": None, "conf": type(
-        "C", (), {"appendEntriesBatchSizeBytes": limit})()})()
+        "C", (), {"appendEntriesBatchSizeBytes": limit})(), "_gesmas_sent": SnapshotsSent()})()
     slow, fast = _Conn(), _Conn()
     t._connections = {"slow": slow, "fast": fast}
     t._backlog = {}
@@ -367,9 +368,11 @@ def test_a_flush_hands_a_connection_a_bounded_amount_and_keeps_the_rest_in_order
     t._send_grouped([("slow", c) for c in chunks])
     assert _unbatched(m for _, m in sent) == chunks[:3]
     sent.clear()
+    t._syncObj._gesmas_sent.went("slow", 9, 0.0)    # as if its last chunk was among them
     slow._TcpConnection__socket = object()      # reconnected: the rest is not sent
     t._send_grouped([("slow", ack)])
     assert _unbatched(m for _, m in sent) == [ack] and not t._backlog
+    assert t._syncObj._gesmas_sent.sent == {}   # nor taken as arrived (override 19)
 
 
 def test_a_backlog_drops_the_entries_the_leader_queues_again_after_an_ack(monkeypatch):

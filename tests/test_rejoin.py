@@ -341,10 +341,9 @@ def test_a_wiped_follower_loads_one_snapshot_while_the_leader_goes_on_compacting
         writers.close()
         assert not writers.errors, writers.errors
         loads = _snapshot_loads(_log_since(victim, seen))
-        # one snapshot: the same one loaded again (sent twice, seen 1 run in ~8) is not a
-        # compaction past the follower, and is left in docs/performance.md
-        assert len({line.split("at index ")[1].split()[0] for line in loads}) == 1, \
-            "\n".join(loads)
+        # one snapshot, loaded once: no compaction past the follower (override 18), and no
+        # answer written before it arrived sent it again (override 19; 1 run in ~8 before)
+        assert len(loads) == 1, "\n".join(loads)
         cluster.wait_caught_up(victim, timeout=60)
         assert cluster.member_status(victim, digest=True)["state_digest"] == \
             cluster.member_status(leader, digest=True)["state_digest"]

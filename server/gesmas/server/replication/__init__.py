@@ -83,6 +83,12 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      and the others of ``_SyncObj__tryLogCompaction`` only keep a snapshot from starting:
      one already written is finished first, since until pysyncobj reads its end no
      follower can be sent any snapshot.
+  19. ``_RaftNode._SyncObj__sendAppendEntries`` and ``_SyncObj__onMessageReceived``
+     (``catchup.SnapshotsSent``): from a snapshot's last chunk until the follower answers
+     past the snapshot's index, its answers that ask for an index at or before it were
+     written before it arrived; the leader notes it heard them and does not start the
+     snapshot over (forgotten on a disconnection, a reconnection, a new term as leader,
+     or after a minute).
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

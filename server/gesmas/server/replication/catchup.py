@@ -41,10 +41,28 @@ one that stays connected but does not keep up (stuck) holds it up to the bound.
 
 Runs on the tick thread only (`_RaftNode._SyncObj__tryLogCompaction` and
 `_SyncObj__onNodeDisconnected` in overrides.py).
+
+A snapshot sent once (`SnapshotsSent`, override 19). pysyncobj's leader takes a follower's
+`next_node_idx` answer as it comes, with nothing to say which message it answers. A wiped
+follower answers each heartbeat with a reset to the start of the log; the first such answer
+starts the snapshot, and a small one goes out whole in one tick, after which the leader's
+next index for the follower is past the snapshot. An answer to an earlier heartbeat, still on
+its way, then set that index back, and the whole snapshot went out again (the follower loaded
+the same snapshot twice in about one run of eight of test_rejoin's wiped follower). A
+follower answers in order, and its Raft thread waits for a load, so from the snapshot's last
+chunk until its first answer past the snapshot's index every answer it sends was written
+before it had the snapshot: the leader notes that it heard from it, and moves nothing. The
+snapshot is forgotten (the follower's answers count again) when its connection closes, when
+chunks waiting for it are dropped because it reconnected (override 17), when this replica
+becomes leader again, and, for a follower that never loads it, after `SENT_SNAPSHOT_BOUND`
+seconds.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping
+import logging
+from typing import Any, Dict, Iterable, Mapping, Tuple
+
+log = logging.getLogger(__name__)
 
 #: compaction intervals of log a leader keeps at most for a follower catching up
 CATCH_UP_KEEP = 10
@@ -60,6 +78,11 @@ CATCH_UP_GRACE = 120.0
 #: heartbeats (append_entries periods) without an answer after which a connected follower
 #: counts as not receiving: a healthy one answers each
 SILENT_BEATS = 5
+
+#: seconds after a snapshot's last chunk during which a follower's answers that ask for an
+#: index at or before it are taken as written before it arrived (module docstring); a load
+#: of 10^6 objects takes ~15 s, and a follower's Raft thread answers nothing meanwhile
+SENT_SNAPSHOT_BOUND = 60.0
 
 
 class CatchUp:
@@ -99,3 +122,38 @@ class CatchUp:
             elif now - self.gone.get(node, -1e18) < self.grace:
                 return True
         return False
+
+
+class SnapshotsSent:
+    """The snapshot each follower was last sent whole, until it answers past it (module
+    docstring, override 19). Tick thread only."""
+
+    def __init__(self, bound: float = SENT_SNAPSHOT_BOUND) -> None:
+        self.bound = bound
+        self.sent: Dict[Any, Tuple[int, float]] = {}   # node -> (snapshot index, when)
+        self.ignored = 0                               # stale answers not acted on
+
+    def went(self, node: Any, index: int, now: float) -> None:
+        """The last chunk of the snapshot at `index` went to `node`."""
+        self.sent[node] = (index, now)
+
+    def forget(self, node: Any) -> None:
+        self.sent.pop(node, None)
+
+    def answer(self, node: Any, message: Dict[str, Any], now: float) -> Dict[str, Any]:
+        """The `next_node_idx` message the leader should act on: `message`, or, for an answer
+        written before the follower had the snapshot, one that only says it was heard."""
+        at = self.sent.get(node)
+        if at is None:
+            return message
+        index, when = at
+        wants = message.get("next_node_idx")
+        if not isinstance(wants, int) or wants > index or now - when > self.bound:
+            del self.sent[node]      # past the snapshot (its load answered), or given up
+            return message
+        if not (message.get("reset") or message.get("success")):
+            return message           # moves nothing anyway
+        self.ignored += 1
+        log.info("an answer from %s written before its snapshot at index %d arrived: heard, "
+                 "not acted on (it asked for %d)", node, index, wants)
+        return dict(message, reset=False, success=False)

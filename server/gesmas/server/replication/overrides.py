@@ -183,6 +183,8 @@ class _DurableTransport(TCPTransport):
             now_sock = conn._TcpConnection__socket if conn is not None else None
             if waiting and sock is now_sock:
                 messages = _superseded_dropped(waiting, messages) + messages   # older first
+            elif waiting:        # a snapshot's chunks among them never arrive (override 19)
+                self._syncObj._gesmas_sent.forget(node)
             if not messages:
                 continue
             if self._handshaking(node):
@@ -244,6 +246,7 @@ class _RaftNode(SyncObj):
         self._gesmas_journal = journal
         self._gesmas_prevote = prevote.PreVote()
         self._gesmas_catch_up = catchup.CatchUp(conf.appendEntriesPeriod)
+        self._gesmas_sent = catchup.SnapshotsSent()
         if replica is not None:  # its tick thread may apply entries before __init__ returns
             replica._raft = self
         _install_wire()
@@ -304,7 +307,31 @@ class _RaftNode(SyncObj):
 
     def _SyncObj__onNodeDisconnected(self, node):
         self._gesmas_catch_up.disconnected(node, _ps.monotonicTime())   # override 18
+        self._gesmas_sent.forget(node)                                   # override 19
         super()._SyncObj__onNodeDisconnected(node)
+
+    def _SyncObj__onBecomeLeader(self):
+        self._gesmas_sent.sent.clear()      # override 19: what an earlier term sent is void
+        super()._SyncObj__onBecomeLeader()
+
+    def _SyncObj__sendAppendEntries(self):
+        # override 19 (catchup.SnapshotsSent): note each follower whose snapshot's last chunk
+        # goes out now (pysyncobj then moves its next index past the log's first entry)
+        next_index, raft_log = self._SyncObj__raftNextIndex, self._SyncObj__raftLog
+        first = raft_log[0][1]
+        needing = [n for n, i in next_index.items() if i <= first]
+        super()._SyncObj__sendAppendEntries()
+        for n in needing:
+            if next_index.get(n, 0) > first:
+                raft_log = self._SyncObj__raftLog
+                self._gesmas_sent.went(n, raft_log[min(1, len(raft_log) - 1)][1],
+                                       _ps.monotonicTime())
+
+    def _SyncObj__onMessageReceived(self, node, message):
+        if self._gesmas_sent.sent and isinstance(message, dict) and \
+                message.get("type") == "next_node_idx":
+            message = self._gesmas_sent.answer(node, message, _ps.monotonicTime())  # override 19
+        super()._SyncObj__onMessageReceived(node, message)
 
     def _onTick(self, timeToWait=0.0):
         replica = self._gesmas_replica

@@ -277,6 +277,8 @@ class Replica:
             "journal_synced_records": self._journal.synced_records,
             "fsync": self._journal.fsync_enabled,
             "snapshots_loaded": self.snapshots_loaded,
+            # followers' answers written before their snapshot arrived, not acted on (override 19)
+            "stale_answers_ignored": node._gesmas_sent.ignored,
             "fatal": repr(self.fatal) if self.fatal is not None else None,
             "rejoining": self.rejoin is not None,     # no vote until caught up (rejoin.py)
             # queued for peers beyond what their connections were handed (override 17)
