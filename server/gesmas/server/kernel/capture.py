@@ -51,6 +51,7 @@ import pickle
 from typing import Any, Callable
 
 from .sched import SAVING
+from .untracked import untrack
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,9 @@ def save_one(cap: Capture, name: str, objects: dict[str, Any], frames: dict[str,
         SAVING.reset(saving)
     if name not in cap.keep:
         rec.instance = copy
-    cap.sizes[name] = (rec, measure(rec.instance))
+        untrack(copy)                    # long-lived: no collector pass need walk it
+    cap.sizes[name] = entry = (rec, measure(rec.instance))
+    untrack(entry)
     frame = pickle.dumps((name, rec.cls.name, rec.cls.version, data, rec.owner, rec.size),
                          protocol=5)
     slot.frame = frame
