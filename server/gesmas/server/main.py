@@ -55,7 +55,7 @@ def tune_gc() -> None:
     - What a checkpoint's capture makes to keep (each saved object's copy, its size entry)
       is untracked as it is made (kernel/untracked.py), which is what freezing would do to
       it after two passes had walked it: middle passes during a capture of 36-97 ms became
-      3-18 ms (in-process, 3x10^5 objects). Off with the freezing, or alone with
+      3-23 ms (in-process, 3x10^5 objects). Off with the freezing, or alone with
       GESMAS_GC_UNTRACK=0 (to compare).
     What start-up made (modules, classes: never garbage) is frozen here."""
     from .kernel import untracked

@@ -7,8 +7,8 @@ object it saves by the copy loaded from its frame, and keeps the object's measur
 tuple until the next checkpoint (kernel/capture.py): two long-lived objects per saved object,
 made ~20,000 at a time. In-process at 3x10^5 Counters with Counters made beside the capture
 (as during creation), the middle passes that ran during a capture took 36-97 ms, against
-3-6 ms while only creating; with the copies and tuples untracked as they are made, 3-18 ms,
-and the young passes 10 ms -> 1 ms (docs/performance.md, "The collector's passes during a
+3-6 ms while only creating; with the copies and tuples untracked as they are made, 3-23 ms,
+and the young passes 10-20 ms -> 1-3 ms (at 10^6: 58-91 ms -> 3-9 ms, medians) (docs/performance.md, "The collector's passes during a
 capture"). A middle pass holds its replica's GIL to the end, so each was a stall for every
 call on that replica.
 
@@ -19,9 +19,10 @@ values (standard classes only: kernel/capture.py) and its size tuple holds its r
 int, so neither is in a cycle. Only the collector's bookkeeping changes, never what any code
 computes: replicas stay the same (tests/test_gc.py).
 
-Enabled by `tune_gc` together with the freezing (GESMAS_GC_FREEZE=0 turns both off); off in a
-process that did not ask for it (in-process kernels in tests, tools). CPython only: where the
-C API is not reachable (`ctypes.pythonapi`), it stays off.
+Enabled by `tune_gc` together with the freezing (GESMAS_GC_FREEZE=0 turns both off,
+GESMAS_GC_UNTRACK=0 this alone); off in a process that did not ask for it (in-process kernels
+in tests, tools). CPython only: where the C API is not reachable (`ctypes.pythonapi`), it
+stays off.
 """
 from __future__ import annotations
 
