@@ -8,9 +8,10 @@ tuple until the next checkpoint (kernel/capture.py): two long-lived objects per 
 made ~20,000 at a time. In-process at 3x10^5 Counters with Counters made beside the capture
 (as during creation), the middle passes that ran during a capture took 36-97 ms, against
 3-6 ms while only creating; with the copies and tuples untracked as they are made, 3-23 ms,
-and the young passes 10-20 ms -> 1-3 ms (at 10^6: 58-91 ms -> 3-9 ms, medians) (docs/performance.md, "The collector's passes during a
-capture"). A middle pass holds its replica's GIL to the end, so each was a stall for every
-call on that replica.
+and the young passes 10-20 ms -> 1-3 ms; at 10^6 the middle passes' medians went from
+58-91 ms to 3-9 ms (docs/performance.md, "The collector's passes during a capture"). A
+middle pass holds its replica's GIL to the end, so each was a stall for every call on that
+replica.
 
 What `untrack(obj)` does is what freezing does to it later, only sooner: the collector no
 longer sees it, and it is freed by reference counting as any object is. A cycle through it
