@@ -61,11 +61,10 @@ def tune_gc() -> None:
     from .kernel import untracked
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    if os.environ.get("GESMAS_GC_FREEZE", "1").strip().lower() not in ("0", "no", "false"):
+    if _switch("GESMAS_GC_FREEZE", True):
         gc.callbacks.append(_freeze_survivors)
-        untracked.enable(os.environ.get("GESMAS_GC_UNTRACK", "1").strip().lower()
-                         not in ("0", "no", "false"))
-    if os.environ.get("GESMAS_GC_LEAK_REPORT", "").strip() in ("1", "yes", "true"):
+        untracked.enable(_switch("GESMAS_GC_UNTRACK", True))
+    if _switch("GESMAS_GC_LEAK_REPORT", False):
         import atexit
         atexit.register(_leak_report)
 
@@ -90,6 +89,13 @@ def tune_switching() -> None:
         raise ValueError(f"GESMAS_SWITCH_INTERVAL_MS={raw!r} is not a number of milliseconds "
                          "from 0.01 to 1000")
     sys.setswitchinterval(ms / 1000)
+
+
+def _switch(name: str, default: bool) -> bool:
+    """An on/off environment setting: a switch on by default is off only for 0, no or
+    false; one off by default is on only for 1, yes or true."""
+    raw = os.environ.get(name, "").strip().lower()
+    return raw not in ("0", "no", "false") if default else raw in ("1", "yes", "true")
 
 
 def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:

@@ -322,10 +322,8 @@ class _RaftNode(SyncObj):
         needing = [n for n, i in next_index.items() if i <= first]
         super()._SyncObj__sendAppendEntries()
         for n in needing:
-            if next_index.get(n, 0) > first:
-                raft_log = self._SyncObj__raftLog
-                self._gesmas_sent.went(n, raft_log[min(1, len(raft_log) - 1)][1],
-                                       _ps.monotonicTime())
+            if next_index.get(n, 0) > first:   # the snapshot's index: pysyncobj's log[1]
+                self._gesmas_sent.went(n, raft_log[1][1], _ps.monotonicTime())
 
     def _SyncObj__onMessageReceived(self, node, message):
         if self._gesmas_sent.sent and isinstance(message, dict) and \
