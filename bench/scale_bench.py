@@ -21,7 +21,9 @@ process's GIL, which the 16 creating threads hold most of the time):
 Throughout, every replica's metrics are read every 0.1 s: when each checkpoint happened,
 how long it took (gesmas_checkpoint_seconds), the Raft term and who leads, and the
 collector's passes over 50 and 100 ms (gesmas_gc_pause_seconds), and when a replica's Raft
-snapshot file changed (gesmas_snapshot_bytes: pysyncobj's log compaction wrote one).
+snapshot file changed (gesmas_snapshot_bytes: pysyncobj's log compaction wrote one); and
+what the host took from this virtual machine (bench/host_stalls.py: steal, and gaps of a
+sampler process), to tell its stalls from ours.
 
 Reported per run: creation rate per tenth; RSS of each replica per object and per waiter;
 checkpoint durations and size; per phase the longest produce call, the longest within 0.5 s
@@ -56,6 +58,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
 from gesmas.aio import Client as AioClient  # noqa: E402
 from gesmas.client import Client, SessionExpired  # noqa: E402
 from gesmas.server.cluster import LocalCluster, Member  # noqa: E402
+from host_stalls import GAP_S, HostStalls  # noqa: E402
 
 THREADS = 16
 PHASE_LIMIT = 1800.0            # seconds: no phase runs longer
@@ -111,10 +114,12 @@ def rss_mib(m: Member) -> float:
 
 
 class Watch:
-    """Every replica's metrics every 0.1 s: checkpoints (when, how long), terms, leaders."""
+    """Every replica's metrics every 0.1 s: checkpoints (when, how long), terms, leaders;
+    and what the host took (`host`: steal, the sampler's gaps)."""
 
     def __init__(self, cl: LocalCluster) -> None:
         self.cl = cl
+        self.host = HostStalls()
         self.lock = threading.Lock()
         self.checkpoints: list[dict[str, Any]] = []   # {"t", "node", "index", "seconds"}
         self.terms: list[tuple[float, int, float]] = []    # (t, node, term) on change
@@ -178,6 +183,7 @@ class Watch:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(10)
+        self.host.close()
 
 
 def produce_loop(addresses: str, record, stop: threading.Event) -> None:
@@ -362,7 +368,13 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
            # a Raft snapshot file written (pysyncobj's log compaction): seen once installed,
            # written in the seconds before
            "snapshots": len(snaps), "produce_over_50ms_near_snapshot": prod.overlapping(
-               [(t - 2.0, t + 0.2) for t, *_ in snaps], 50)}
+               [(t - 2.0, t + 0.2) for t, *_ in snaps], 50),
+           # what the host took: steal (all CPUs), the sampler's gaps, and the slow calls
+           # during which it took over 20 ms or the sampler did not run
+           "host_steal_ms": round(watch.host.steal_ms(start, end)),
+           "host_gaps": len(watch.host.gaps(start, end)),
+           "produce_over_50ms_host": sum(1 for t, ms in prod.calls if start <= t < end
+                                         and ms > 50 and watch.host.explains(t, ms))}
     out.update(extra)
     print(f"  {name}: {json.dumps({k: v for k, v in out.items() if k not in ('start', 'end', 'marks')})}",
           flush=True)
@@ -609,7 +621,12 @@ def timeline(out: dict[str, Any], prod: Producer, watch: Watch) -> dict[str, Any
             "terms": [(rel(t), node, term) for t, node, term in watch.terms],
             "leaders": [(rel(t), node) for t, node in watch.leaders],
             "long_gcs": [(rel(t), *rest) for t, *rest in watch.long_gcs],
-            "snapshots": [(rel(t), *rest) for t, *rest in watch.snapshots]}
+            "snapshots": [(rel(t), *rest) for t, *rest in watch.snapshots],
+            "host_gaps": [(rel(a), rel(b)) for a, b in watch.host.gaps(t0, float("inf"))],
+            # every call over 50 ms with the steal and I/O wait counted during it
+            "slow_produce_host": [(rel(t), round(ms, 1), round(watch.host.steal_ms(
+                t, t + ms / 1e3)), round(watch.host.iowait_ms(t, t + ms / 1e3)))
+                for t, ms in prod.calls if ms > 50]}
 
 
 def summary(runs: list[dict[str, Any]]) -> None:
@@ -649,6 +666,11 @@ def summary(runs: list[dict[str, Any]]) -> None:
         print(f"| {name}: Raft snapshots written (all replicas); produces over 50 ms in the "
               f"2 s before one | {', '.join(str(p.get('snapshots')) for p in ps)}; "
               f"{', '.join(str(p.get('produce_over_50ms_near_snapshot')) for p in ps)} |")
+        print(f"| {name}: host steal, ms (all CPUs); sampler gaps over {GAP_S:g} s; produces "
+              f"over 50 ms during which the host took time | "
+              f"{', '.join(str(p.get('host_steal_ms')) for p in ps)}; "
+              f"{', '.join(str(p.get('host_gaps')) for p in ps)}; "
+              f"{', '.join(str(p.get('produce_over_50ms_host')) for p in ps)} |")
         print(f"| {name}: longest checkpoint, s | "
               f"{spread([p['checkpoint_seconds_max'] for p in ps])} |")
         terms = ", ".join(f"{p['term_before']:g}->{p['term_after']:g}" for p in ps)

@@ -94,6 +94,35 @@ def test_scale_bench_quick(tmp_path: Path) -> None:
     # the produce loop (a child process) was timed through every phase
     assert all(p["produce_calls"] > 0 and p["produce_max_ms"] > 0 for p in run["phases"]), \
         [(p["phase"], p["produce_calls"]) for p in run["phases"]]
+    # the host's sampler ran through every phase (steal may be 0 on a quiet host)
+    assert all(p["host_steal_ms"] >= 0 and p["host_gaps"] >= 0 for p in run["phases"])
+    assert "host steal, ms" in out.stdout
+
+
+def test_host_stalls_spans() -> None:
+    """bench/host_stalls.py's arithmetic on given samples: steal between two times, the
+    sampler's gaps, and which calls the host explains."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from host_stalls import GAP_S, TICK_MS, HostStalls
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    h = HostStalls.__new__(HostStalls)
+    h._lock = __import__("threading").Lock()
+    # samples every 0.05-0.2 s; 5 ticks of steal between 1.00 and 1.05; a 0.6 s gap after 1.3
+    h.t = [1.0, 1.05, 1.1, 1.3, 1.9, 1.95]
+    h.steal = [100, 105, 105, 105, 105, 105]
+    h.iowait = [7, 7, 7, 7, 9, 9]
+    assert h.steal_ms(1.0, 1.05) == 5 * TICK_MS
+    assert h.steal_ms(1.06, 1.09) == 0            # no sample between: nothing counted
+    # a sample interval that overlaps the span counts whole
+    assert h.steal_ms(1.01, 1.2) == 5 * TICK_MS and h.steal_ms(1.05, 1.2) == 0
+    assert h.iowait_ms(1.3, 1.9) == 2 * TICK_MS
+    assert 1.9 - 1.3 > GAP_S and h.gaps(0, 10) == [(1.3, 1.9)]
+    assert h.gaps(1.91, 10) == []
+    assert h.explains(1.0, 50.0)                  # 50 ms of steal over the 20 ms default
+    assert not h.explains(1.1, 50.0)              # no steal, no gap
+    assert h.explains(1.5, 60.0)                  # inside the gap
 
 
 def test_capture_slices_quick() -> None:
