@@ -623,9 +623,11 @@ def timeline(out: dict[str, Any], prod: Producer, watch: Watch) -> dict[str, Any
             "long_gcs": [(rel(t), *rest) for t, *rest in watch.long_gcs],
             "snapshots": [(rel(t), *rest) for t, *rest in watch.snapshots],
             "host_gaps": [(rel(a), rel(b)) for a, b in watch.host.gaps(t0, float("inf"))],
-            # every call over 50 ms with the steal and I/O wait counted during it
+            # every call over 50 ms with the steal and I/O wait counted during it, and what
+            # the disk did meanwhile
             "slow_produce_host": [(rel(t), round(ms, 1), round(watch.host.steal_ms(
-                t, t + ms / 1e3)), round(watch.host.iowait_ms(t, t + ms / 1e3)))
+                t, t + ms / 1e3)), round(watch.host.iowait_ms(t, t + ms / 1e3)),
+                watch.host.disk_between(t, t + ms / 1e3))
                 for t, ms in prod.calls if ms > 50]}
 
 

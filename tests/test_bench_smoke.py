@@ -123,6 +123,13 @@ def test_host_stalls_spans() -> None:
     assert h.explains(1.0, 50.0)                  # 50 ms of steal over the 20 ms default
     assert not h.explains(1.1, 50.0)              # no steal, no gap
     assert h.explains(1.5, 60.0)                  # inside the gap
+    # the disk: fields as DISK_FIELDS (sectors read, writes, sectors written, ms writing,
+    # ms busy, ms discarding, flushes, ms flushing); 2,048 sectors = 1.05 MB
+    h.disk = [[0, 0, 0, 0, 0, 0, 0, 0]] * 3 + [[0, 4, 2048, 40, 30, 0, 2, 6]] * 3
+    assert h.disk_between(1.05, 1.3) == {
+        "read_mb": 0.0, "written_mb": 1.0, "writes": 4, "write_ms_mean": 10.0, "busy_ms": 30,
+        "discard_ms": 0, "flushes": 2, "flush_ms_mean": 3.0}
+    assert h.disk_between(1.3, 1.9)["written_mb"] == 0.0 and h.disk_between(5, 6) == {}
 
 
 def test_capture_slices_quick() -> None:
