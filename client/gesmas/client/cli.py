@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
-import getpass
 import importlib
 import json
 import math

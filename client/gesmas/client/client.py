@@ -91,6 +91,7 @@ from gesmas.client.errors import (
     SessionExpired,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
+from gesmas.client.own_follow import SLOTS, Deadlines, OwnFollowing, own_follow_setting
 from gesmas.client.streams import CallStream, Unsupported, next_cursor, pick_stream
 from gesmas.client.proxies import PROXIES, ObjectProxy
 from gesmas.v1 import gesmas_pb2 as pb
@@ -265,6 +266,10 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
         self._call_stream = core.call_stream_setting(call_stream)
         self._streams: dict[str, list[CallStream]] = {}
+        # followed calls on RPCs of their own (own_follow), by replica; and their deadlines
+        self._own_follow = own_follow_setting()
+        self._followings: dict[str, set[OwnFollowing]] = {}
+        self._deadlines = Deadlines()
         self._unary_only: set[str] = set()     # replicas without the Calls stream
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
         self._channels_closed = False
@@ -359,9 +364,14 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         with self._lock:
             stubs, self._stubs, self._channels_closed = self._stubs, {}, True
             streams, self._streams = self._streams, {}
+            followings, self._followings = self._followings, {}
         for pool in streams.values():
             for stream in pool:
                 stream.finish()
+        for own in followings.values():
+            for following in own:
+                following.cancel()
+        self._deadlines.close()
         for channel, _ in stubs.values():
             channel.close()
 
@@ -470,11 +480,14 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             log.info("gesmas: could not close the lost session %d: %s", lease.session, e)
 
     def _unresponsive(self, address: str) -> None:
-        """``address`` gave no answer in time: cancel the call streams to it, so that the
-        calls waiting there are resent elsewhere (same session and seq) now."""
+        """``address`` gave no answer in time: it is a suspect (``core.Routing``), and the
+        call streams to it are cancelled, so that the calls waiting there (and the followed
+        calls) are resent elsewhere (same session and seq) now."""
+        self._routing.suspect(address, time.monotonic())
         with self._lock:
             pool = self._streams.pop(address, [])
-        for stream in pool:
+            own = self._followings.pop(address, set())
+        for stream in [*pool, *own]:
             stream.cancel()
 
     # --- transport and retries -----------------------------------------------------------
@@ -509,6 +522,38 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                 pool.append(stream)
             return stream
 
+    def _follow_own(self, address: str, metadata: tuple[tuple[str, str], ...], request: Any,
+                    follow: tuple[str, str], deadline: float | None) -> tuple[OwnFollowing, Any]:
+        """(an OwnFollowing of ``request`` at ``address``, its first InvokeResponse): a
+        followed call on a Calls RPC of its own, which its caller's thread reads; the
+        caller took a slot for it (own_follow.SLOTS), which it gives back when it ends."""
+        try:
+            following = OwnFollowing(self._stub(address), address, metadata, self._login,
+                                     MAX_MESSAGE, request, *follow, deadline,
+                                     self._deadlines, self._following_ended)
+        except BaseException:            # refused before its RPC (the message's size)
+            SLOTS.give(address)
+            raise
+        with self._lock:
+            closed = self._channels_closed
+            if not closed:
+                self._followings.setdefault(address, set()).add(following)
+        try:
+            if closed:
+                raise ClientClosed()
+            return following, following.next()
+        except BaseException:
+            following.close()
+            raise
+
+    def _following_ended(self, following: OwnFollowing) -> None:
+        with self._lock:
+            own = self._followings.get(following.address)
+            if own is not None:
+                own.discard(following)
+                if not own:
+                    del self._followings[following.address]
+
     def _metadata(self, address: str) -> tuple[tuple[str, str], ...]:
         """The call metadata for ``address``: the login's token (logging in first when it
         is due), or none without a login."""
@@ -531,12 +576,14 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         metadata = self._metadata(address) if login else ()
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
-                stream = self._stream(address, metadata)
                 if follow is not None:
-                    following, response = stream.follow(request, *follow, deadline)
+                    following, response = (
+                        self._follow_own(address, metadata, request, follow, deadline)
+                        if self._own_follow and SLOTS.take(address) else
+                        self._stream(address, metadata).follow(request, *follow, deadline))
                     self._seen.note(response)
                     return following, response
-                response = stream.call(request, deadline)
+                response = self._stream(address, metadata).call(request, deadline)
                 self._seen.note(response)
                 return response
             except Unsupported:               # an older replica: unary Invoke there
@@ -707,9 +754,9 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
                     try:
                         resp = following.next()
                     except core.Failure as failure:
-                        if failure.unresponsive:
+                        if failure.unresponsive:       # a suspect: follow again elsewhere
                             self._unresponsive(following.stream.address)
-                        break                  # follow again, elsewhere if need be
+                        break                  # follow again (elsewhere if need be)
                     self._seen.note(resp)
                     value = convert.from_value(resp.result)
             except SessionExpired as e:
