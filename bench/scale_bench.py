@@ -372,6 +372,7 @@ def phase(name: str, watch: Watch, prod: Producer, fn, *args) -> dict[str, Any]:
            # what the host took: steal (all CPUs), the sampler's gaps, and the slow calls
            # during which it took over 20 ms or the sampler did not run
            "host_steal_ms": round(watch.host.steal_ms(start, end)),
+           "host_iowait_ms": round(watch.host.iowait_ms(start, end)),
            "host_gaps": len(watch.host.gaps(start, end)),
            "produce_over_50ms_host": sum(1 for t, ms in prod.calls if start <= t < end
                                          and ms > 50 and watch.host.explains(t, ms))}
@@ -668,9 +669,10 @@ def summary(runs: list[dict[str, Any]]) -> None:
         print(f"| {name}: Raft snapshots written (all replicas); produces over 50 ms in the "
               f"2 s before one | {', '.join(str(p.get('snapshots')) for p in ps)}; "
               f"{', '.join(str(p.get('produce_over_50ms_near_snapshot')) for p in ps)} |")
-        print(f"| {name}: host steal, ms (all CPUs); sampler gaps over {GAP_S:g} s; produces "
-              f"over 50 ms during which the host took time | "
+        print(f"| {name}: host steal; I/O wait, ms (all CPUs); sampler gaps over {GAP_S:g} s; "
+              f"produces over 50 ms during which the host took time | "
               f"{', '.join(str(p.get('host_steal_ms')) for p in ps)}; "
+              f"{', '.join(str(p.get('host_iowait_ms')) for p in ps)}; "
               f"{', '.join(str(p.get('host_gaps')) for p in ps)}; "
               f"{', '.join(str(p.get('produce_over_50ms_host')) for p in ps)} |")
         print(f"| {name}: longest checkpoint, s | "

@@ -95,8 +95,9 @@ def test_scale_bench_quick(tmp_path: Path) -> None:
     assert all(p["produce_calls"] > 0 and p["produce_max_ms"] > 0 for p in run["phases"]), \
         [(p["phase"], p["produce_calls"]) for p in run["phases"]]
     # the host's sampler ran through every phase (steal may be 0 on a quiet host)
-    assert all(p["host_steal_ms"] >= 0 and p["host_gaps"] >= 0 for p in run["phases"])
-    assert "host steal, ms" in out.stdout
+    assert all(p["host_steal_ms"] >= 0 and p["host_iowait_ms"] >= 0 and p["host_gaps"] >= 0
+               for p in run["phases"])
+    assert "host steal; I/O wait, ms" in out.stdout
 
 
 def test_host_stalls_spans() -> None:
