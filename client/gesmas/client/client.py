@@ -487,8 +487,10 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         with self._lock:
             pool = self._streams.pop(address, [])
             own = self._followings.pop(address, set())
-        for stream in [*pool, *own]:
+        for stream in pool:
             stream.cancel()
+        for following in own:
+            following.cancel()
 
     # --- transport and retries -----------------------------------------------------------
 
