@@ -525,10 +525,14 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             return stream
 
     def _follow_own(self, address: str, metadata: tuple[tuple[str, str], ...], request: Any,
-                    follow: tuple[str, str], deadline: float | None) -> tuple[OwnFollowing, Any]:
+                    follow: tuple[str, str],
+                    deadline: float | None) -> tuple[OwnFollowing, Any] | None:
         """(an OwnFollowing of ``request`` at ``address``, its first InvokeResponse): a
-        followed call on a Calls RPC of its own, which its caller's thread reads; the
-        caller took a slot for it (own_follow.SLOTS), which it gives back when it ends."""
+        followed call on a Calls RPC of its own, which its caller's thread reads. None when
+        this process has no slot left at ``address`` (own_follow.SLOTS): the shared stream
+        then carries it. The slot is given back when the following ends."""
+        if not SLOTS.take(address):
+            return None
         try:
             following = OwnFollowing(self._stub(address), address, metadata, self._login,
                                      MAX_MESSAGE, request, *follow, deadline,
@@ -579,10 +583,10 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
                 if follow is not None:
-                    following, response = (
-                        self._follow_own(address, metadata, request, follow, deadline)
-                        if self._own_follow and SLOTS.take(address) else
-                        self._stream(address, metadata).follow(request, *follow, deadline))
+                    own = (self._follow_own(address, metadata, request, follow, deadline)
+                           if self._own_follow else None)
+                    following, response = own or self._stream(address, metadata).follow(
+                        request, *follow, deadline)
                     self._seen.note(response)
                     return following, response
                 response = self._stream(address, metadata).call(request, deadline)

@@ -121,8 +121,6 @@ class OwnFollowing(FollowedAnswers):
         """The next InvokeResponse; raises as ``CallStream.call`` does (``core.Failure``:
         follow again elsewhere, from the last answer's cursor), ``no_answer`` past the
         deadline."""
-        if self.finished:
-            raise core.Failure(Unavailable(f"{self.address}: the followed call ended"))
         if self.deadline is not None:
             self._deadlines.arm(self, self.deadline)
         answer: Any
