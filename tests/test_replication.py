@@ -278,6 +278,29 @@ def test_restart_after_crash_between_snapshot_and_compaction(tmp_path):
     assert _single_node_run(me, b, ["after"]) == first + later + ["after"]
 
 
+def test_snapshots_are_written_over_the_one_before_last_and_restart(tmp_path):
+    """A replica's snapshots in a row (snapshots.py: the replaced one is kept and the next
+    written over its blocks): each restart finds every entry, and the third snapshot is the
+    first one's file, written over."""
+    d = str(tmp_path / "d")
+    me = f"127.0.0.1:{free_ports(1)[0]}"
+    snap = os.path.join(d, "snapshot.bin")
+    tags: list[str] = []
+    inodes = []
+    for round in range(3):
+        batch = [f"r{round}-{i}" for i in range(5)]
+        got = _single_node_run(me, d, batch, compact=True)
+        tags += batch + ["marker", "marker2"]
+        assert got == tags
+        inodes.append(os.stat(snap).st_ino)
+        if round:
+            assert os.stat(snap + ".spare").st_ino == inodes[round - 1]
+    assert inodes[2] == inodes[0] != inodes[1]
+    assert sorted(f for f in os.listdir(d) if f.startswith("snapshot")) == \
+        ["snapshot.bin", "snapshot.bin.spare"]                 # no .tmp left
+    assert _single_node_run(me, d, ["after"]) == tags + ["after"]
+
+
 @pytest.mark.parametrize("addrs", [("10.1.2.3:7000", "127.0.0.1:7001"),
                                    ("127.0.0.1:7000", "127.0.0.1:7001")])
 @pytest.mark.parametrize("password", [None, ""])

@@ -97,6 +97,88 @@ def test_a_snapshot_received_meanwhile_is_never_replaced_by_the_older_one(tmp_pa
     # the cancelled job compacted nothing: pysyncobj must not drop entries up to 10
     assert s.checkSerializing()[0] == SERIALIZER_STATE.NOT_SERIALIZING
     assert not (tmp_path / "snapshot.bin.tmp").exists()
+    # what it wrote is kept to be written over by the next one
+    assert pickle.load(open(tmp_path / "snapshot.bin.spare", "rb")) == {"raft": (1, 2, 3)}
+
+
+def write_over(path: str, payload: object) -> None:
+    """The replicas' writer (Replica._write_snapshot), without fsync."""
+    from gesmas.server.replication.snapshots import written_over
+    with written_over(path, sync=False) as f:
+        pickle.dump(payload, f, protocol=5)
+
+
+def test_written_over_keeps_the_blocks_until_it_ends_and_cuts_the_tail(tmp_path, monkeypatch):
+    """written_over opens the file without emptying it (its blocks are written over, not
+    freed) and cuts it to what was written at the end, synced every SYNC_EVERY bytes."""
+    from gesmas.server.replication import snapshots
+    monkeypatch.setattr(snapshots, "SYNC_EVERY", 1000)
+    synced: list[int] = []
+    monkeypatch.setattr(snapshots.os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size))
+    path = tmp_path / "snap"
+    path.write_bytes(b"o" * 10_000)
+    with snapshots.written_over(str(path), sync=True) as f:
+        assert path.stat().st_size == 10_000          # not emptied first
+        f.write(b"n" * 2_500)
+    assert path.read_bytes() == b"n" * 2_500
+    assert synced == [10_000, 10_000, 2_500]          # at 1,000 and 2,000 bytes, then cut
+    with snapshots.written_over(str(tmp_path / "new"), sync=False) as f:
+        f.write(b"first")                             # a file that was not there
+    assert (tmp_path / "new").read_bytes() == b"first" and len(synced) == 3
+
+
+def snapshot(s, index: int) -> None:
+    s.serialize((None, index, "prev", "cluster"), index)
+    assert s.wait(WAIT)
+    assert s.checkSerializing() == (SERIALIZER_STATE.SUCCESS, index)
+
+
+def test_each_snapshot_is_written_over_the_blocks_of_the_one_before_last(tmp_path):
+    """A replaced snapshot is kept as the spare, and the next one is written over it in
+    place and cut to its length (nothing freed, so nothing for the filesystem to trim), and
+    the file in place is always exactly one whole snapshot."""
+    sizes = {1: 300_000, 2: 200_000, 3: 1_000, 4: 50_000}
+    path, s = make(tmp_path, write_over,
+                   prepare=lambda raft_data: {"index": raft_data[0],
+                                              "blob": bytes([raft_data[0]]) * sizes[raft_data[0]]})
+    spare = tmp_path / "snapshot.bin.spare"
+
+    def exactly(p, index):
+        return p.read_bytes() == pickle.dumps({"index": index,
+                                               "blob": bytes([index]) * sizes[index]}, protocol=5)
+    snapshot(s, 1)
+    assert exactly(tmp_path / "snapshot.bin", 1) and not spare.exists()
+    snapshot(s, 2)                                   # the first is kept, not freed
+    assert exactly(tmp_path / "snapshot.bin", 2) and exactly(spare, 1)
+    for index in (3, 4):
+        kept = spare.stat().st_ino
+        snapshot(s, index)
+        assert (tmp_path / "snapshot.bin").stat().st_ino == kept     # written over in place
+        assert exactly(tmp_path / "snapshot.bin", index)             # no tail of the longer one
+        assert exactly(spare, index - 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot.bin", "snapshot.bin.spare"]
+    assert path == str(tmp_path / "snapshot.bin")
+
+
+def test_a_spare_that_is_a_second_name_of_the_snapshot_is_never_written_over(tmp_path):
+    """A crash between keeping the replaced snapshot (a hard link) and the rename leaves
+    the spare a second name of the snapshot in place: written over, that snapshot would be
+    destroyed while it is the only one. The name is dropped and the new one written afresh."""
+    (tmp_path / "snapshot.bin").write_bytes(pickle.dumps("in place"))
+    os.link(tmp_path / "snapshot.bin", tmp_path / "snapshot.bin.spare")
+    (tmp_path / "snapshot.bin.tmp").write_bytes(b"a write the crash cut short")
+    held = open(tmp_path / "snapshot.bin", "rb")     # the inode of the one in place
+    try:
+        path, s = make(tmp_path, write_over)
+        snapshot(s, 5)
+        assert pickle.load(open(path, "rb")) == {"raft": (5, "prev", "cluster")}
+        held.seek(0)
+        assert pickle.load(held) == "in place"      # its blocks untouched
+        assert os.fstat(held.fileno()).st_nlink == 1    # now only the spare
+        assert os.path.samefile(tmp_path / "snapshot.bin.spare", f"/proc/self/fd/{held.fileno()}")
+    finally:
+        held.close()
+    assert not (tmp_path / "snapshot.bin.tmp").exists()
 
 
 def test_a_snapshot_is_synced_to_disk_a_megabyte_at_a_time(tmp_path, monkeypatch):

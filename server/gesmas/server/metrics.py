@@ -120,7 +120,8 @@ class NodeCollector:
                         "checkpoint and the entries after it) in the data directory",
                         float(snapshot))
             yield gauge("gesmas_data_dir_bytes", "bytes of every file in the data directory: "
-                        "journal, snapshot, snapshots being written or received, markers",
+                        "journal, snapshot, the one before it (written over by the next: "
+                        "replication/snapshots.py), snapshots being written or received, markers",
                         float(total))
 
 

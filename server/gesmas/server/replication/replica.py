@@ -21,7 +21,7 @@ from .applier import ABORT_PREFIX, Applier, ApplyFailed, decode_abort
 from .journal import DurableJournal, fsync_dir
 from .reads import AppliedReads, IndexCallback, ReadIndex
 from .rejoin import RejoinGuard
-from .snapshots import BackgroundSerializer, PacedFile
+from .snapshots import BackgroundSerializer, written_over
 from .overrides import _install_journal_factory, _RaftNode
 from .tcpconn import close_stale_handshakes
 from .types import (_FAILURES, NotLeader, Overloaded, ProposeFailure, RaftTuning,
@@ -488,12 +488,9 @@ class Replica:
 
     def _write_snapshot(self, filename: str, payload: dict) -> None:
         """Write a snapshot file (BackgroundSerializer's ``write``, on its thread)."""
-        with open(filename, "wb") as f:
-            paced = PacedFile(f, self._journal.fsync_enabled)   # synced a MB at a time
+        # over the blocks of the snapshot before last, synced a MB at a time (snapshots.py)
+        with written_over(filename, self._journal.fsync_enabled) as paced:
             pickle.dump(payload, paced, protocol=5)
-            paced.flush_to_disk()
-            if self._journal.fsync_enabled:
-                os.fsync(f.fileno())
         # BackgroundSerializer renames it into place; DurableJournal.deleteEntriesTo fsyncs
         # the directory before it drops any log entry.
 

@@ -23,6 +23,16 @@ at a time, the journal's fsync waited at most 2 ms, and the file took as long to
 snapshot received from the leader is synced likewise, chunk by chunk as it arrives (all
 the replicas of a local cluster share one disk).
 
+Written over the blocks of the snapshot before last (`SPARE`, `written_over`). A snapshot
+that replaces the last one frees its blocks, and on a filesystem mounted with `discard`
+(this host's ext4) they are trimmed at the journal's next commit, which the journal's fsyncs
+wait for: 20-32 ms after each 100 MB snapshot installed (bench/writeback_bench.py
+--install), 170-190 ms seen in the 10^6 benchmark. So the file a snapshot replaces is kept
+under a second name, and the next snapshot is written over it, in place, cut to its length
+at the end: nothing is freed but a shorter tail, at the cost of a second snapshot's size on
+disk. A spare that is still a second name of the snapshot in place (a crash between the
+link and the rename) is dropped, never written over.
+
 A snapshot received from the leader while one is being written wins: the writer's job is
 cancelled under `_lock` before the received file is installed, so the older snapshot is
 never renamed over the newer one, and the cancelled job reports NOT_SERIALIZING (nothing was
@@ -30,11 +40,12 @@ compacted) instead of SUCCESS.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 from pysyncobj.atomic_replace import atomicReplace
 from pysyncobj.config import SERIALIZER_STATE
@@ -78,6 +89,26 @@ class PacedFile:
         self.unsynced = 0
 
 
+@contextlib.contextmanager
+def written_over(path: str, sync: bool) -> Iterator[PacedFile]:
+    """`path` open for writing from its start over the blocks it already has (no truncation
+    first: module docstring), as a PacedFile; at the end cut to what was written, synced
+    and fsynced (unless `sync` is False)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    with os.fdopen(fd, "wb") as f:         # an fd's "wb" does not truncate
+        paced = PacedFile(f, sync)
+        yield paced
+        f.truncate()                       # at what was written: a longer old tail goes
+        paced.flush_to_disk()
+        if sync:
+            os.fsync(f.fileno())
+
+
+#: the name (after the snapshot's) of the file the last snapshot replaced, which the next
+#: one is written over (module docstring)
+SPARE = ".spare"
+
+
 class _Job:
     __slots__ = ("id", "done", "result", "cancelled")
 
@@ -99,6 +130,7 @@ class BackgroundSerializer(Serializer):
                  deserializer: Callable[[str], Any], sync: bool = True) -> None:
         super().__init__(file_name, batch_size, False, write, deserializer, None)
         self._file = file_name
+        self._spare = file_name + SPARE
         self._sync = sync                # received chunks synced as they come (docstring)
         self._prepare = prepare
         self._write = write
@@ -128,11 +160,13 @@ class BackgroundSerializer(Serializer):
         started = time.monotonic()
         tmp = self._file + ".tmp"
         try:
+            _take_spare(self._spare, tmp)
             self._write(tmp, payload)
             with self._lock:
                 if job.cancelled:
-                    _remove(tmp)
+                    _move(tmp, self._spare)      # kept to be written over next time
                     return
+                _keep_previous(self._file, self._spare)
                 atomicReplace(tmp, self._file)
             job.result = SERIALIZER_STATE.SUCCESS
             self.written += 1
@@ -188,6 +222,39 @@ class BackgroundSerializer(Serializer):
             except OSError:    # the load's fsync of the whole file says whether it is durable
                 log.warning("syncing a received snapshot chunk failed", exc_info=True)
         return done
+
+
+def _take_spare(spare: str, tmp: str) -> None:
+    """Make the spare (if any) the file the next snapshot is written over (`tmp`, which may
+    also be left from a write a crash cut short). A file that has another name besides
+    `tmp` is never written over: the spare can be a second name of the snapshot in place
+    (a crash between `_keep_previous`'s link and the rename), so that name is dropped."""
+    _move(spare, tmp)
+    try:
+        if os.stat(tmp).st_nlink > 1:
+            os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+
+
+def _keep_previous(path: str, spare: str) -> None:
+    """Keep the snapshot about to be replaced (`path`) as the spare: a second name, which
+    the rename that replaces it leaves holding its blocks. Without one (the first snapshot)
+    or on a filesystem without hard links, the replaced file is freed, as it was before."""
+    _remove(spare)
+    try:
+        os.link(path, spare)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.debug("the replaced snapshot is not kept to be written over: %s", e)
+
+
+def _move(src: str, dst: str) -> None:
+    try:
+        os.replace(src, dst)
+    except FileNotFoundError:
+        pass
 
 
 def _remove(path: str) -> None:
