@@ -9,7 +9,14 @@ snapshot-sized file, either whole then fsynced (`whole`), or as the replicas wri
 synced a megabyte at a time (`paced`: replication/snapshots.py's PacedFile). It prints the
 journal fsync's latency before and during each write.
 
-    python bench/writeback_bench.py [--mb 100] [--runs 3] [--dir DIR]
+With --install it measures the step after: a snapshot renamed over the last one. The
+replaced file's blocks are freed, and on a filesystem mounted with `discard` they are trimmed
+at the journal's next commit, which fsyncs wait for. It installs `--runs` snapshots each way,
+`fresh` (a new file, as the replicas did before) and `over` (written over the blocks of the
+one before last: replication/snapshots.py's written_over and spare), and prints the journal
+fsync's latency over the 2 s after each rename, with the disk's discards meanwhile.
+
+    python bench/writeback_bench.py [--mb 100] [--runs 3] [--dir DIR] [--install]
 
 DIR (default: a new directory under the current one, removed after) should be on the disk
 the replicas' data dirs use.
@@ -25,27 +32,47 @@ import tempfile
 import threading
 import time
 
-from gesmas.server.replication.snapshots import PacedFile
+from gesmas.server.replication.snapshots import PacedFile, written_over
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_stalls import DISK_FIELDS, _disk, _disk_stat_path  # noqa: E402
+
+_DISCARD_MS = DISK_FIELDS.index(14)        # ms the device spent discarding
 
 
-def one(directory: str, mode: str, size: int) -> dict[str, float]:
-    lat: list[tuple[float, float]] = []
-    stop = threading.Event()
+class Journal:
+    """A thread appending 200 bytes and fsyncing every 2 ms: (start, seconds) per fsync."""
 
-    def journal() -> None:
-        fd = os.open(os.path.join(directory, "journal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, "journal")
+        self.lat: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
-            while not stop.is_set():
+            while not self.stop.is_set():
                 os.write(fd, b"x" * 200)
                 t = time.perf_counter()
                 os.fsync(fd)
-                lat.append((t, time.perf_counter() - t))
+                self.lat.append((t, time.perf_counter() - t))
                 time.sleep(0.002)
         finally:
             os.close(fd)
 
-    th = threading.Thread(target=journal)
-    th.start()
+    def between(self, a: float, b: float) -> list[float]:
+        return [d * 1e3 for t, d in self.lat if a <= t <= b]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        os.unlink(self.path)
+
+
+def one(directory: str, mode: str, size: int) -> dict[str, float]:
+    journal = Journal(directory)
     time.sleep(1.0)                    # the journal's own latency first
     data = os.urandom(1 << 20) * (size >> 20)
     path = os.path.join(directory, "snapshot.tmp")
@@ -61,15 +88,65 @@ def one(directory: str, mode: str, size: int) -> dict[str, float]:
         os.fsync(f.fileno())
     t1 = time.perf_counter()
     time.sleep(0.5)
-    stop.set()
-    th.join()
+    journal.close()
     os.unlink(path)
-    os.unlink(os.path.join(directory, "journal"))
-    before = [d * 1e3 for t, d in lat if t < t0]
-    during = [d * 1e3 for t, d in lat if t0 <= t <= t1]
+    before = journal.between(0.0, t0)
+    during = journal.between(t0, t1)
     return {"write_ms": (t1 - t0) * 1e3, "before_max_ms": max(before),
             "during_p50_ms": statistics.median(during) if during else 0.0,
             "during_max_ms": max(during) if during else 0.0, "during_n": len(during)}
+
+
+def installs(directory: str, mode: str, size: int, runs: int) -> list[dict[str, float]]:
+    """`runs` snapshots of `size` bytes installed by a rename over the last one, `fresh`
+    or written `over` the one before last; per install the journal's fsyncs over the 2 s
+    after the rename and the disk's discards meanwhile (module docstring)."""
+    data = os.urandom(1 << 20) * (size >> 20)
+    snap = os.path.join(directory, "snapshot.bin")
+    tmp, spare = snap + ".tmp", snap + ".spare"
+    stat = _disk_stat_path(directory)
+
+    def write(path: str) -> None:
+        if mode == "over":
+            with written_over(path, sync=True) as paced:
+                paced.write(data)
+            return
+        with open(path, "wb") as f:
+            paced = PacedFile(f, sync=True)
+            paced.write(data)
+            paced.flush_to_disk()
+            os.fsync(f.fileno())
+    write(snap)
+    if mode == "over":
+        write(spare)                     # as after the second snapshot of a replica
+    journal = Journal(directory)
+    rows = []
+    try:
+        time.sleep(1.0)
+        for _ in range(runs):
+            if mode == "over":
+                os.replace(spare, tmp)
+            write(tmp)
+            d0 = _disk(stat)
+            if mode == "over":
+                os.link(snap, spare)
+            t0 = time.perf_counter()
+            os.replace(tmp, snap)
+            fd = os.open(directory, os.O_RDONLY)
+            os.fsync(fd)                 # as the journal's compaction does after it
+            os.close(fd)
+            time.sleep(2.0)
+            d1 = _disk(stat)
+            after = journal.between(t0, t0 + 2.0)
+            rows.append({"after_n": len(after), "after_p50_ms": statistics.median(after),
+                         "after_max_ms": max(after),
+                         "discard_ms": d1[_DISCARD_MS] - d0[_DISCARD_MS]})
+    finally:
+        journal.close()
+        for p in (snap, tmp, spare):
+            if os.path.exists(p):
+                os.unlink(p)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,9 +154,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mb", type=int, default=100, help="size of the snapshot file")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", help="where to write (default: a new directory here)")
+    ap.add_argument("--install", action="store_true",
+                    help="measure the install of a snapshot over the last one instead")
     a = ap.parse_args(argv)
     directory = a.dir or tempfile.mkdtemp(prefix="writeback-", dir=".")
     os.makedirs(directory, exist_ok=True)
+    if a.install:
+        try:
+            got = {mode: installs(directory, mode, a.mb << 20, a.runs)
+                   for mode in ("fresh", "over")}
+        finally:
+            if not a.dir:
+                shutil.rmtree(directory, ignore_errors=True)
+        print(f"| {a.mb} MB snapshot installed | # | journal fsync over the 2 s after: n, "
+              "p50, max, ms | disk discarding, ms |")
+        print("|---|---:|---:|---:|")
+        for mode, rows in got.items():
+            for i, r in enumerate(rows, 1):
+                print(f"| {mode} | {i} | {r['after_n']}, {r['after_p50_ms']:.2f}, "
+                      f"{r['after_max_ms']:.1f} | {r['discard_ms']} |")
+        return 0
     try:
         rows = []
         for run in range(a.runs):

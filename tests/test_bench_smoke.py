@@ -148,3 +148,19 @@ def test_capture_slices_quick() -> None:
     for ln in rounds + restored:
         assert "slices, longest" in ln and "longest collection" in ln, ln
         assert int(ln.rsplit("blob ", 1)[1].split()[0]) > 0, ln
+
+
+def test_writeback_bench_install(tmp_path: Path) -> None:
+    """bench/writeback_bench.py --install: a row per install each way, and nothing left in
+    its directory (the journal, the snapshot, its spare and its .tmp removed)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "writeback_bench.py"),
+                          "--install", "--mb", "2", "--runs", "1", "--dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    rows = [ln.split("|")[1:-1] for ln in out.stdout.splitlines() if ln.startswith("| ")]
+    assert [r[0].strip() for r in rows[1:]] == ["fresh", "over"], out.stdout
+    for r in rows[1:]:
+        n, p50, longest = (float(x) for x in r[2].split(","))
+        assert n > 0 and 0 < p50 <= longest and int(r[3]) >= 0, r
+    assert list(tmp_path.iterdir()) == []
