@@ -26,7 +26,7 @@ the replicas of a local cluster share one disk).
 Written over the blocks of the snapshot before last (`SPARE`, `written_over`). A snapshot
 that replaces the last one frees its blocks, and on a filesystem mounted with `discard`
 (this host's ext4) they are trimmed at the journal's next commit, which the journal's fsyncs
-wait for: 20-32 ms after each 100 MB snapshot installed (bench/writeback_bench.py
+wait for: 15-32 ms after each 100 MB snapshot installed (bench/writeback_bench.py
 --install), 170-190 ms seen in the 10^6 benchmark. So the file a snapshot replaces is kept
 under a second name, and the next snapshot is written over it, in place, cut to its length
 at the end: nothing is freed but a shorter tail, at the cost of a second snapshot's size on
