@@ -159,30 +159,25 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     directory = a.dir or tempfile.mkdtemp(prefix="writeback-", dir=".")
     os.makedirs(directory, exist_ok=True)
-    if a.install:
-        try:
+    try:
+        if a.install:
             got = {mode: installs(directory, mode, a.mb << 20, a.runs)
                    for mode in ("fresh", "over")}
-        finally:
-            if not a.dir:
-                shutil.rmtree(directory, ignore_errors=True)
-        print(f"| {a.mb} MB snapshot installed | # | journal fsync over the 2 s after: n, "
-              "p50, max, ms | disk discarding, ms |")
-        print("|---|---:|---:|---:|")
-        for mode, rows in got.items():
-            for i, r in enumerate(rows, 1):
-                print(f"| {mode} | {i} | {r['after_n']}, {r['after_p50_ms']:.2f}, "
-                      f"{r['after_max_ms']:.1f} | {r['discard_ms']} |")
-        return 0
-    try:
-        rows = []
-        for run in range(a.runs):
-            for mode in ("whole", "paced"):
-                r = one(directory, mode, a.mb << 20)
-                rows.append((mode, run + 1, r))
+        else:
+            rows = [(mode, run + 1, one(directory, mode, a.mb << 20))
+                    for run in range(a.runs) for mode in ("whole", "paced")]
     finally:
         if not a.dir:
             shutil.rmtree(directory, ignore_errors=True)
+    if a.install:
+        print(f"| {a.mb} MB snapshot installed | # | journal fsync over the 2 s after: n, "
+              "p50, max, ms | disk discarding, ms |")
+        print("|---|---:|---:|---:|")
+        for mode, installed in got.items():
+            for i, r in enumerate(installed, 1):
+                print(f"| {mode} | {i} | {r['after_n']}, {r['after_p50_ms']:.2f}, "
+                      f"{r['after_max_ms']:.1f} | {r['discard_ms']} |")
+        return 0
     print(f"| {a.mb} MB snapshot | run | write + fsync, ms | journal fsync before: max, ms "
           "| during: n, p50, max, ms |")
     print("|---|---:|---:|---:|---:|")
