@@ -32,7 +32,8 @@ import tempfile
 import threading
 import time
 
-from gesmas.server.replication.snapshots import PacedFile, written_over
+from gesmas.server.replication.snapshots import (PacedFile, keep_previous, take_spare,
+                                                 written_over)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from host_stalls import DISK_FIELDS, _disk, _disk_stat_path  # noqa: E402
@@ -71,14 +72,15 @@ class Journal:
         os.unlink(self.path)
 
 
-def one(directory: str, mode: str, size: int) -> dict[str, float]:
-    journal = Journal(directory)
-    time.sleep(1.0)                    # the journal's own latency first
-    data = os.urandom(1 << 20) * (size >> 20)
-    path = os.path.join(directory, "snapshot.tmp")
-    t0 = time.perf_counter()
+def write(path: str, data: bytes, how: str) -> None:
+    """`data` into `path`, fsynced: `whole` (written, then fsynced), `paced` (a new file
+    synced a MB at a time: PacedFile) or `over` (over the blocks it has: written_over)."""
+    if how == "over":
+        with written_over(path, sync=True) as paced:
+            paced.write(data)
+        return
     with open(path, "wb") as f:
-        if mode == "whole":
+        if how == "whole":
             f.write(data)
             f.flush()
         else:
@@ -86,6 +88,15 @@ def one(directory: str, mode: str, size: int) -> dict[str, float]:
             paced.write(data)
             paced.flush_to_disk()
         os.fsync(f.fileno())
+
+
+def one(directory: str, mode: str, size: int) -> dict[str, float]:
+    journal = Journal(directory)
+    time.sleep(1.0)                    # the journal's own latency first
+    data = os.urandom(1 << 20) * (size >> 20)
+    path = os.path.join(directory, "snapshot.tmp")
+    t0 = time.perf_counter()
+    write(path, data, mode)
     t1 = time.perf_counter()
     time.sleep(0.5)
     journal.close()
@@ -105,31 +116,21 @@ def installs(directory: str, mode: str, size: int, runs: int) -> list[dict[str, 
     snap = os.path.join(directory, "snapshot.bin")
     tmp, spare = snap + ".tmp", snap + ".spare"
     stat = _disk_stat_path(directory)
-
-    def write(path: str) -> None:
-        if mode == "over":
-            with written_over(path, sync=True) as paced:
-                paced.write(data)
-            return
-        with open(path, "wb") as f:
-            paced = PacedFile(f, sync=True)
-            paced.write(data)
-            paced.flush_to_disk()
-            os.fsync(f.fileno())
-    write(snap)
+    how = "over" if mode == "over" else "paced"
+    write(snap, data, how)
     if mode == "over":
-        write(spare)                     # as after the second snapshot of a replica
+        write(spare, data, how)          # as after the second snapshot of a replica
     journal = Journal(directory)
     rows = []
     try:
         time.sleep(1.0)
         for _ in range(runs):
-            if mode == "over":
-                os.replace(spare, tmp)
-            write(tmp)
+            if mode == "over":                # the replicas' steps (snapshots.py)
+                take_spare(spare, tmp)
+            write(tmp, data, how)
             d0 = _disk(stat)
             if mode == "over":
-                os.link(snap, spare)
+                keep_previous(snap, spare)
             t0 = time.perf_counter()
             os.replace(tmp, snap)
             fd = os.open(directory, os.O_RDONLY)

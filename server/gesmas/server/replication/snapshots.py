@@ -160,13 +160,13 @@ class BackgroundSerializer(Serializer):
         started = time.monotonic()
         tmp = self._file + ".tmp"
         try:
-            _take_spare(self._spare, tmp)
+            take_spare(self._spare, tmp)
             self._write(tmp, payload)
             with self._lock:
                 if job.cancelled:
                     _move(tmp, self._spare)      # kept to be written over next time
                     return
-                _keep_previous(self._file, self._spare)
+                keep_previous(self._file, self._spare)
                 atomicReplace(tmp, self._file)
             job.result = SERIALIZER_STATE.SUCCESS
             self.written += 1
@@ -224,11 +224,11 @@ class BackgroundSerializer(Serializer):
         return done
 
 
-def _take_spare(spare: str, tmp: str) -> None:
+def take_spare(spare: str, tmp: str) -> None:
     """Make the spare (if any) the file the next snapshot is written over (`tmp`, which may
     also be left from a write a crash cut short). A file that has another name besides
     `tmp` is never written over: the spare can be a second name of the snapshot in place
-    (a crash between `_keep_previous`'s link and the rename), so that name is dropped."""
+    (a crash between `keep_previous`'s link and the rename), so that name is dropped."""
     _move(spare, tmp)
     try:
         if os.stat(tmp).st_nlink > 1:
@@ -237,7 +237,7 @@ def _take_spare(spare: str, tmp: str) -> None:
         pass
 
 
-def _keep_previous(path: str, spare: str) -> None:
+def keep_previous(path: str, spare: str) -> None:
     """Keep the snapshot about to be replaced (`path`) as the spare: a second name, which
     the rename that replaces it leaves holding its blocks. Without one (the first snapshot)
     or on a filesystem without hard links, the replaced file is freed, as it was before."""
