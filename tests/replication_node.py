@@ -90,20 +90,23 @@ class NodeMain:
                                password=args.password, tuning=tuning,
                                new_cluster=args.new_cluster)
         if args.slow_sync_ms:
-            self._simulate_slow_disk(args.slow_sync_ms / 1000)
+            self._simulate_slow_disk(args.slow_sync_ms / 1000, args.slow_sync_when)
 
-    def _simulate_slow_disk(self, delay):
-        """On a follower, each journal sync that has work takes `delay` longer *before* the data
-        is written: an acknowledgement sent ahead of sync() would let the (fast) leader commit
-        entries that both followers then lose to a kill -9, and elect each other without."""
+    def _simulate_slow_disk(self, delay, when="follower"):
+        """While this node is a follower (`when`: or the leader, or either), each journal sync
+        takes `delay` longer *before* the data is written: an acknowledgement sent ahead of
+        its sync would let the (fast) leader commit entries that both followers then lose to
+        a kill -9, and elect each other without; a leader counting its own copy before it is
+        written would commit entries that only one follower holds."""
         journal = self.replica._journal
-        real_sync = journal.sync
+        real_persist = journal._persist
 
-        def slow_sync():
-            if journal.dirty and not self.replica.is_leader():
+        def slow_persist(fd, offset, data):
+            if data and (when == "always" or
+                         (when == "leader") == self.replica.is_leader()):
                 time.sleep(delay)
-            return real_sync()
-        journal.sync = slow_sync
+            return real_persist(fd, offset, data)
+        journal._persist = slow_persist
 
     def emit(this, **ev):  # noqa: N805 -- status() has a key named 'self'
         line = json.dumps(ev)
@@ -418,6 +421,8 @@ def main():
     ap.add_argument("--pysyncobj-defaults", action="store_true")
     ap.add_argument("--compaction-min-entries", type=int, default=0)
     ap.add_argument("--slow-sync-ms", type=float, default=0)
+    ap.add_argument("--slow-sync-when", choices=["follower", "leader", "always"],
+                    default="follower")
     ap.add_argument("--password", default=TEST_SECRET)  # a Replica always needs one
     ap.add_argument("--n-latency", type=int, default=300)
     ap.add_argument("--n-throughput", type=int, default=5000)

@@ -194,7 +194,8 @@ def test_stale_append_entries_do_not_truncate_in_syncobj(tmp_path):
         # the unpatched handler cuts acknowledged entries on a stale duplicate (the bug):
         TCPTransport._onMessageReceived(transport, leader, _ae(1, 0, [(2, 1)], term=6))
         assert journal.last_index == 2
-        transport.flush()
+        transport.flush()              # hands the records to the syncer
+        journal.wait_synced()
         assert not journal.dirty
     finally:
         node.destroy()
@@ -406,6 +407,51 @@ def test_whole_cluster_kill9_loses_no_acknowledged_command(cluster):
     for n in nodes:
         st = n.request("status")
         assert st["log_last_index"] >= max(acked.values())
+
+
+def test_a_leader_counts_its_own_copy_only_once_written(tmp_path):
+    """The leader's journal is synced off its tick thread, so its own copy of an entry may
+    not be on disk when a follower's ack arrives: the commit count (DurableMatch, override
+    21) must not count it then. The leader and one follower have slow disks, the other
+    follower (F) a fast one; the whole cluster is killed mid-stream and the two slow nodes
+    restart first and elect without F. Counting the leader's unwritten copy would have
+    acknowledged entries that only F held, and F's log is cut when it rejoins."""
+    slow = ["--slow-sync-ms", "20", "--slow-sync-when"]
+    cluster = Cluster(str(tmp_path), extra=slow + ["always"])
+    try:
+        fast = cluster.nodes[2]
+        fast.kill()
+        fast.extra = slow + ["leader"]     # slow only while it leads
+        fast.start()
+        cluster.wait_ready()
+        while cluster.leader() is fast:    # the scenario needs a slow leader
+            fast.kill()
+            cluster.leader()
+            fast.start()
+            cluster.wait_ready()
+        leader = cluster.leader()
+        other = next(n for n in cluster.nodes if n is not leader and n is not fast)
+        assert leader.request("stream", prefix="k", count=20000, window=50)["ev"] == "ok"
+        leader.wait_for(lambda: len(leader.done) >= 600, 30, "600 completions")
+        for n in cluster.nodes:
+            n.sigkill()
+        for n in cluster.nodes:
+            n.kill()
+        acked = dict(leader.done)
+        leader.start()
+        other.start()
+        again = cluster.leader()           # the two slow nodes elect without F
+        _propose(again, ["after-restart"])
+        _wait_done(again, ["after-restart"])
+        fast.start()
+        cluster.wait_ready()
+        lists = _dumps_agree(cluster, again.done["after-restart"])
+        for items in lists:
+            applied = {tag: idx for idx, tag in items}
+            lost = [t for t, i in acked.items() if applied.get(t) != i]
+            assert not lost, f"{len(lost)} acknowledged commands lost or moved, e.g. {lost[:3]}"
+    finally:
+        cluster.kill()
 
 
 def test_wiped_replica_catches_up_from_snapshot(cluster):

@@ -21,10 +21,10 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
   and explained where it is:
   1. ``DurableJournal`` (journal.py) replaces ``FileJournal``, plugged in through
      ``_install_journal_factory``; it fsyncs in groups and stores term/vote durably.
-  2. ``_DurableTransport.send``/``flush`` queue every outgoing Raft message; ``flush`` syncs
-     the journal once and then releases them: a follower acks, and votes go out, only once
-     what they claim is on disk. A leader's append_entries (and forwarded commands) leave just
-     before the sync, so followers write in parallel (``_early`` says why that is safe).
+  2. ``_DurableTransport.send``/``flush`` queue every outgoing Raft message; ``flush`` hands
+     the journal's new records to its syncer and releases each message once what it claims
+     is on disk: a follower acks, and votes go out, only then. A leader's append_entries (and
+     forwarded commands) leave at once, so followers write in parallel (``_early``).
   3. ``_DurableTransport._onMessageReceived`` + ``filter_append_entries``: a follower
      truncates its log only on a real conflict.
   4. ``Replica._align_journal``: at start-up pysyncobj would discard the journal after a crash
@@ -89,6 +89,13 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      written before it arrived; the leader notes it heard them and does not start the
      snapshot over (forgotten on a disconnection, a reconnection, a new term as leader,
      or after a minute).
+  20. The journal syncs on a thread of its own (journal.py's syncer), never on the tick
+     thread, which the syncer wakes when a sync ends (``journal.on_durable``): a disk that
+     stalls holds back acks and commits, not heartbeats or votes, so it causes no election.
+  21. ``DurableMatch`` (transport.py) replaces the leader's match indexes: pysyncobj counts
+     the leader's own copy of an entry towards its commit, and with override 20 that copy may
+     not be durable yet; the count reads the followers' indexes capped at what the leader has
+     made durable (or what a majority of followers alone acknowledged).
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

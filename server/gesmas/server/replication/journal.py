@@ -8,16 +8,26 @@ them; its meta file (term, vote, commit index) is replaced with a rename and no 
 file in place, so a crash in the middle leaves a truncated log. This journal replaces it.
 
 * ``add()`` only appends the record to an in-memory buffer (and to the list pysyncobj reads).
-  Nothing reaches the file until ``sync()``, which writes the buffer and fsyncs once: group
-  commit. Because unsynced records exist only in this process, a ``kill -9`` loses exactly
-  what was never synced -- the whole-cluster kill test therefore really checks that nothing is
-  acknowledged before ``sync()`` (see ``replication._DurableTransport``, which holds every
-  outgoing Raft message while the journal is dirty and calls ``sync()`` before releasing).
+  Nothing reaches the file until a sync writes the buffer and fsyncs once: group commit.
+  Because unsynced records exist only in this process, a ``kill -9`` loses exactly what was
+  never synced -- the whole-cluster kill test therefore really checks that nothing is
+  acknowledged before its sync (see ``replication._DurableTransport``, which holds every
+  outgoing message that claims durable state until the sync that covers it is done).
+* The sync runs on a thread of its own (the syncer), never on the tick thread: ``start_sync()``
+  hands it the buffered records (``written_seq`` numbers each hand-over) and returns; the
+  syncer writes them, fsyncs, then publishes ``durable_seq`` and ``durable_index`` and calls
+  ``on_durable`` (which wakes the tick thread). One sync at a time; what is added meanwhile
+  goes with the next one. A disk that stalls for a second stalls the syncer, not Raft: the
+  tick thread goes on sending heartbeats and reading messages, so no election follows (an
+  fsync on the tick thread let a shared-disk stall of 0.6 s raise the term, measured).
+  ``sync()`` still does it all at once on the caller's thread (meta file, tests).
 * ``setCurrentTerm()`` syncs the log, then writes the meta file atomically (tmp + fsync +
   rename + fsync of the directory) before returning, i.e. before pysyncobj sends the vote
   request or the vote it reflects.
 * Truncation (``deleteEntriesFrom``) is an ``ftruncate``; it becomes durable with the next
-  ``sync()``, which always precedes any message that depends on it.
+  sync, which always precedes any message that depends on it. It, ``clear()``, the compaction
+  and the meta file first wait for a sync under way (``_idle()``), so the syncer never writes
+  to a file, or at an offset, that changed under it.
 * Compaction (``deleteEntriesTo``) writes the kept suffix to a new file and renames it over
   the old one: the file is always either the old or the new log. It first fsyncs the directory
   so the snapshot pysyncobj has just renamed into place is durable before log entries go.
@@ -32,8 +42,12 @@ fsync calls: data then survives a process crash but not an OS crash or power los
 ``marked`` indexes the entries whose command contains ``mark`` (the replication layer's own
 entries, applier.py ``ABORT_PREFIX``): they are few, and the replica looks ahead for them.
 
-Threading: every mutating method runs on pysyncobj's tick thread. Readers on other threads
-(status) only take ``len()``.
+Threading: every mutating method runs on pysyncobj's tick thread; the syncer only writes what
+it was handed, at the offset it was given, and fsyncs (``_lock`` guards the hand-over and the
+durable marks). Readers on other threads (status) only take ``len()``.
+
+Test-only failpoint: with ``GESMAS_FAILPOINT_FSYNC_STALL`` naming a file, every fsync of the
+journal first sleeps until the wall-clock time written in that file (a disk that stalls).
 """
 from __future__ import annotations
 
@@ -41,6 +55,7 @@ import fcntl
 import logging
 import os
 import struct
+import threading
 import time
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
@@ -56,6 +71,8 @@ _META = struct.Struct("<IQQI")  # crc32, term, commit index, len(votedFor)
 LOG_NAME = "raft.log"
 META_NAME = "raft.meta"
 LOCK_NAME = "LOCK"
+#: test-only failpoint (module docstring)
+FAILPOINT_FSYNC_STALL = "GESMAS_FAILPOINT_FSYNC_STALL"
 
 Entry = Tuple[bytes, int, int]  # (command, index, term), the shape pysyncobj uses
 
@@ -85,6 +102,24 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _stall(path: str) -> None:
+    """The fsync failpoint: sleep until the time written in `path`, if any."""
+    try:
+        with open(path) as f:
+            until = float(f.read() or 0)
+    except (OSError, ValueError):
+        return
+    if until > time.time():
+        time.sleep(until - time.time())
 
 
 class DurableJournal(Journal):
@@ -118,6 +153,21 @@ class DurableJournal(Journal):
         self.on_sync: Any = None  # called with the seconds each sync() took (metrics)
         self.synced_records = 0  # records made durable by those syncs
         self._pending_records = 0
+        # the syncer (module docstring): hand-overs numbered by written_seq; durable_seq and
+        # durable_index say what the last finished sync made durable
+        self._lock = threading.Condition()
+        self.written_seq = 0
+        self.durable_seq = 0
+        self.durable_index = 0
+        # (fd, offset, records' bytes, written_seq, last index, records, meta file or None)
+        self._job: Optional[Tuple[int, int, bytes, int, int, int, Optional[bytes]]] = None
+        self._meta_due = False          # the syncer writes the meta file with its next sync
+        self._busy = False              # a job handed over and not finished
+        self._syncer: Optional[threading.Thread] = None
+        self._closing = False
+        self.failure: Optional[OSError] = None   # an OSError of the syncer's write or fsync
+        self.on_durable: Any = None     # called by the syncer after each sync (wakes Raft)
+        self._stall_file = os.environ.get(FAILPOINT_FSYNC_STALL) or None
         try:
             self._load_meta()
             self._fd = self._open_log()
@@ -168,6 +218,7 @@ class DurableJournal(Journal):
             os.ftruncate(fd, pos)
             self._fsync(fd)
         self._written_end = self._end = pos
+        self.durable_index = self._entries[-1][1] if self._entries else 0
         os.lseek(fd, pos, os.SEEK_SET)
         return fd
 
@@ -189,16 +240,20 @@ class DurableJournal(Journal):
 
     # ------------------------------------------------------------- durability
     def _fsync(self, fd: int) -> None:
+        if self._stall_file is not None:
+            _stall(self._stall_file)
         if self.fsync_enabled:
             os.fsync(fd)
 
     @property
     def dirty(self) -> bool:
-        """True while some add/truncate is not yet durable."""
-        return bool(self._pending) or self._needs_fsync
+        """True while some add/truncate is not yet durable (handed to the syncer or not)."""
+        return bool(self._pending) or self._needs_fsync or self._busy
 
     def sync(self) -> bool:
-        """Write buffered records and fsync once. Returns True if anything was done."""
+        """Write buffered records and fsync once, on this thread, after any sync under way.
+        Returns True if anything was done."""
+        self._idle()
         if not self._pending and not self._needs_fsync:
             return False
         started = time.perf_counter()
@@ -209,12 +264,116 @@ class DurableJournal(Journal):
             self._pending.clear()
         self._fsync(self._fd)
         self._needs_fsync = False
-        self.syncs += 1
-        self.synced_records += self._pending_records
+        with self._lock:
+            self.written_seq += 1
+            self.durable_seq = self.written_seq
+            self.durable_index = self.last_index or 0
+        self._synced(self._pending_records, time.perf_counter() - started)
         self._pending_records = 0
-        if self.on_sync is not None:
-            self.on_sync(time.perf_counter() - started)
         return True
+
+    def _synced(self, records: int, seconds: float) -> None:
+        self.syncs += 1
+        self.synced_records += records
+        if self.on_sync is not None:
+            self.on_sync(seconds)
+
+    # -- the syncer -------------------------------------------------------------------
+    def start_sync(self) -> int:
+        """Hand what is not durable yet to the syncer, unless a sync is under way (what is
+        added meanwhile goes with the next one). Returns the ``written_seq`` whose end makes
+        everything added so far durable: a message claiming that state waits for
+        ``durable_seq`` to reach it. Tick thread only."""
+        if self.failure is not None:
+            raise self.failure
+        if not self._pending and not self._needs_fsync and not self._meta_due:
+            return self.written_seq          # durable, or covered by the sync under way
+        if self._busy:
+            return self.written_seq + (1 if self._pending or self._needs_fsync else 0)
+        meta = None
+        if self._meta_due:
+            # never ahead of the durable log: at most the last entry this sync makes durable
+            meta = self._meta_bytes(min(self._commit, self.last_index or 0))
+            self._meta_due = self._meta_dirty = False
+        data = bytes(self._pending)
+        self._pending.clear()
+        offset, self._written_end = self._written_end, self._end
+        self._needs_fsync = False
+        with self._lock:
+            self.written_seq += 1
+            self._job = (self._fd, offset, data, self.written_seq, self.last_index or 0,
+                         self._pending_records, meta)
+            self._pending_records = 0
+            self._busy = True
+            if self._syncer is None:
+                self._syncer = threading.Thread(target=self._sync_loop, daemon=True,
+                                                name=f"gesmas-journal-sync {self.directory}")
+                self._syncer.start()
+            self._lock.notify_all()
+        return self.written_seq
+
+    def _persist(self, fd: int, offset: int, data: bytes) -> None:
+        """What the syncer does with a hand-over (tests slow it down to simulate a disk)."""
+        if data:
+            _pwrite_all(fd, data, offset)
+        self._fsync(fd)
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._lock:
+                while self._job is None and not self._closing:
+                    self._lock.wait()
+                if self._job is None:
+                    return
+                fd, offset, data, seq, last, records, meta = self._job
+            started = time.perf_counter()
+            try:
+                self._persist(fd, offset, data)
+                if meta is not None:
+                    self._write_meta(meta)
+            except OSError as exc:
+                # the kernel may have dropped the dirty pages: nothing held may go out
+                with self._lock:
+                    self.failure = exc
+                    self._job, self._busy = None, False
+                    self._lock.notify_all()
+                log.critical("journal write/fsync failed in %s: %s", self.directory, exc)
+                self._wake()
+                return
+            with self._lock:
+                self.durable_seq, self.durable_index = seq, last
+                self._job, self._busy = None, False
+                self._lock.notify_all()
+            self._synced(records, time.perf_counter() - started)
+            self._wake()
+
+    def _wake(self) -> None:
+        if self.on_durable is not None:
+            try:
+                self.on_durable()
+            except Exception:  # pragma: no cover - a closed notifier at shutdown
+                log.debug("on_durable failed", exc_info=True)
+
+    def wait_synced(self) -> None:
+        """Wait for the sync under way, if any (tests, shutdown); raises its failure."""
+        self._idle()
+
+    def _idle(self) -> None:
+        """Wait for the sync under way, if any (before the file or its offsets change)."""
+        if not self._busy:
+            return
+        with self._lock:
+            while self._busy:
+                self._lock.wait()
+        if self.failure is not None:
+            raise self.failure
+
+    def _stop_syncer(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        if self._syncer is not None and self._syncer is not threading.current_thread():
+            self._syncer.join()
 
     @property
     def size(self) -> int:
@@ -234,10 +393,17 @@ class DurableJournal(Journal):
         return total
 
     def _store_meta(self) -> None:
+        """Term, vote and commit index durable now, on this thread (a vote waits for it)."""
         self.sync()  # the stored commit index never runs ahead of the durable log
+        self._write_meta(self._meta_bytes(self._commit))
+        self._meta_dirty = False
+
+    def _meta_bytes(self, commit: int) -> bytes:
         voted = (self._voted_for or "").encode()
-        body = _META.pack(0, self._term, self._commit, len(voted))[4:] + voted
-        raw = META_MAGIC + struct.pack("<I", zlib.crc32(body)) + body
+        body = _META.pack(0, self._term, commit, len(voted))[4:] + voted
+        return META_MAGIC + struct.pack("<I", zlib.crc32(body)) + body
+
+    def _write_meta(self, raw: bytes) -> None:
         tmp = self._meta_path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(raw)
@@ -246,7 +412,6 @@ class DurableJournal(Journal):
         os.replace(tmp, self._meta_path)
         if self.fsync_enabled:
             fsync_dir(self.directory)
-        self._meta_dirty = False
 
     # ------------------------------------------------------- pysyncobj Journal
     def add(self, command, idx, term):
@@ -264,6 +429,7 @@ class DurableJournal(Journal):
         self._end += len(rec)
 
     def clear(self):
+        self._idle()
         self._entries, self._offsets = [], []
         self.marked.clear()
         self._pending.clear()
@@ -271,11 +437,13 @@ class DurableJournal(Journal):
         os.ftruncate(self._fd, len(MAGIC))
         self._written_end = self._end = len(MAGIC)
         self._needs_fsync = True
+        self.durable_index = 0
 
     def deleteEntriesFrom(self, entryFrom):
         """Drop list positions >= entryFrom (pysyncobj passes positions, not Raft indexes)."""
         if entryFrom < 0 or entryFrom >= len(self._entries):
             return
+        self._idle()
         cut = self._offsets[entryFrom]
         removed = len(self._entries) - entryFrom
         if self.marked:
@@ -293,11 +461,13 @@ class DurableJournal(Journal):
             self._written_end = cut
             self._needs_fsync = True
         self._end = cut
+        self.durable_index = min(self.durable_index, self.last_index or 0)
 
     def deleteEntriesTo(self, entryTo):
         """Compaction: keep list positions >= entryTo, via write-new-file-and-rename."""
         if entryTo <= 0:
             return
+        self._idle()
         if self.fsync_enabled:
             fsync_dir(self.directory)  # make the snapshot's rename durable first
         kept = self._entries[entryTo:]
@@ -322,6 +492,10 @@ class DurableJournal(Journal):
         self._pending_records = 0
         self._written_end = self._end = len(buf)
         self._needs_fsync = False
+        with self._lock:        # all in the new file, fsynced: what waited for it may go
+            self.written_seq += 1
+            self.durable_seq = self.written_seq
+            self.durable_index = self.last_index or 0
 
     def __getitem__(self, item):
         return self._entries[item]
@@ -335,6 +509,7 @@ class DurableJournal(Journal):
         try:
             self._store_meta()
         finally:
+            self._stop_syncer()
             os.close(self._fd)
             self._fd = -1  # closed
             os.close(self._lock_fd)  # releases the flock
@@ -358,8 +533,10 @@ class DurableJournal(Journal):
         return self._voted_for
 
     def onOneSecondTimer(self):
+        # the commit index, once a second: the syncer writes it after its next sync (a file
+        # written, fsynced and renamed on the tick thread stalled Raft with the disk)
         if self._meta_dirty:
-            self._store_meta()
+            self._meta_due = True
 
     # ------------------------------------------------------ gesmas helpers
     @property

@@ -19,9 +19,9 @@ from pysyncobj.transport import TCPTransport
 from . import catchup, prevote, raftwire, reads
 from .tcpconn import _install_tcp_overrides, _raise_frame_cap
 from .journal import DurableJournal
-from .transport import (BATCH, SEND_AHEAD, _approx_bytes, _size_runs,  # noqa: F401
-                        _superseded_dropped, batch, coalesce, filter_append_entries,
-                        split_early)
+from .transport import (BATCH, SEND_AHEAD, DurableMatch, _approx_bytes,  # noqa: F401
+                        _early, _size_runs, _superseded_dropped, batch, coalesce,
+                        filter_append_entries, split_early)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .replica import Replica
@@ -91,18 +91,24 @@ def _install_wire() -> None:
 
 
 class _DurableTransport(TCPTransport):
-    """TCPTransport that never lets a Raft message out before the journal is durable.
+    """TCPTransport that never lets a Raft message out before what it claims is durable.
 
     Replaces ``TCPTransport.send`` for the Raft messages pysyncobj sends (append_entries,
-    next_node_idx acks, votes, forwarded commands): a message is queued; ``flush()`` sends the
-    leading ``_early`` messages of each node, syncs the journal once, and sends the rest, each
-    node's messages coalesced and batched into frames of about appendEntriesBatchSizeBytes
-    (``_size_runs``). pysyncobj acknowledges entries (next_node_idx) right after
-    ``journal.add`` in ``__onMessageReceived``, and the leader counts its own log as matched
-    in ``_onTick``: holding the ack, and the append_entries that lead to any follower
-    ack, until ``sync()`` is what makes an acknowledged entry durable. ``flush`` runs at the
-    end of each loop iteration before the poll (tick callback) and right after the poll
-    (``_RaftNode._onTick``), so each batch of received or proposed entries costs one fsync.
+    next_node_idx acks, votes, forwarded commands): a message is queued; ``flush()`` hands the
+    journal's new records to its syncer (``start_sync``, which returns at once), sends what may
+    go, and keeps the rest waiting, tagged with the hand-over whose end makes them true, until
+    a later flush finds it durable; each node's messages are coalesced and batched into frames
+    of about appendEntriesBatchSizeBytes (``_size_runs``). What may go: each node's leading
+    ``_early`` messages (a leader's append_entries, forwarded commands) and everything once
+    the journal holds nothing that is not durable. pysyncobj acknowledges entries
+    (next_node_idx) right after ``journal.add`` in ``__onMessageReceived``: holding the ack
+    until its sync is what makes an acknowledged entry durable; the leader's own count is
+    capped by ``DurableMatch``. The syncer wakes the tick thread's poll when a sync ends
+    (``journal.on_durable``), so a waiting ack leaves within one loop iteration. ``flush``
+    runs at the end of each loop iteration before the poll (tick callback) and right after
+    the poll (``_RaftNode._onTick``). A node alone (no other voters) syncs on the tick thread
+    as before: its own copy is the majority. The tick thread never waits for the disk
+    otherwise, so heartbeats and votes go on while a disk stalls (override 20).
     A flush hands a node's connection at most SEND_AHEAD frames' worth of bytes beyond what
     it has not written yet; the rest waits in that node's backlog (``_backlog``), in order,
     for the next flushes (override 17). pysyncobj queues a catching-up follower's whole
@@ -121,6 +127,8 @@ class _DurableTransport(TCPTransport):
     def __init__(self, syncObj, selfNode, otherNodes):
         self._journal: DurableJournal = syncObj._gesmas_journal
         self._outbox: List[Tuple[Any, Any]] = []
+        # (the journal's written_seq that makes it true, node, message), in queued order
+        self._waiting: List[Tuple[int, Any, Any]] = []
         # node -> (the socket its messages were queued for, messages past their sync)
         self._backlog: Dict[Any, Tuple[Any, List[Any]]] = {}
         super().__init__(syncObj, selfNode, otherNodes)
@@ -133,27 +141,60 @@ class _DurableTransport(TCPTransport):
         return True
 
     def flush(self) -> None:
-        held_early: List[Tuple[Any, Any]] = []
-        if self._outbox and self._journal.dirty:
-            # Messages that state nothing about this node's log go out before the fsync, so
-            # that followers write their copy while this node writes its own (Raft thesis
-            # §10.2.1). See _early() for why this keeps "majority durable before commit".
-            early, self._outbox = split_early(self._outbox)
-            held_early = self._send_grouped(early)
+        journal = self._journal
+        if not self._syncObj._SyncObj__otherNodes:
+            self._flush_alone()
+            return
+        try:
+            need = journal.start_sync()
+        except OSError as exc:
+            self._failed(exc)
+            raise
+        waiting = self._waiting
+        # everything holds once nothing is left that is not durable (a truncation may have
+        # dropped the records a waiting message was tagged for)
+        durable = journal.durable_seq if journal.dirty else need
+        ready = 0
+        while ready < len(waiting) and waiting[ready][0] <= durable:
+            ready += 1
+        out = [(node, message) for _, node, message in waiting[:ready]]
+        del waiting[:ready]
+        if self._outbox:
+            blocked = {node for _, node, _ in waiting}   # nothing overtakes a waiting message
+            for node, message in self._outbox:
+                if node not in blocked and (need <= durable or _early(message)):
+                    out.append((node, message))
+                else:
+                    blocked.add(node)
+                    waiting.append((need, node, message))
+            self._outbox = []
+        held = self._send_grouped(out)
+        if held:
+            self._outbox[:0] = held          # in their order, before anything newer
+
+    def _flush_alone(self) -> None:
+        """A node with no other voters: sync on this thread, then send (what a cluster of one
+        sends: answers to read-only nodes or to joining ones)."""
         try:
             self._journal.sync()
         except OSError as exc:
-            # After a failed fsync the kernel may have dropped the dirty pages, so a retry can
-            # "succeed" without the data: nothing held may go out; this replica stops.
-            self._outbox = []
-            replica = self._syncObj._gesmas_replica
-            if replica is not None:
-                replica._fail(exc, "journal write/fsync failed")
+            self._failed(exc)
             raise
-        outbox, self._outbox = self._outbox, []
+        waiting = [(node, message) for _, node, message in self._waiting]
+        self._waiting.clear()
+        outbox, self._outbox = waiting + self._outbox, []
         held = self._send_grouped(outbox)
-        if held_early or held:
-            self._outbox[:0] = held_early + held   # in their order, before anything newer
+        if held:
+            self._outbox[:0] = held
+
+    def _failed(self, exc: OSError) -> None:
+        # After a failed fsync the kernel may have dropped the dirty pages, so a retry can
+        # "succeed" without the data: nothing held may go out; this replica stops.
+        self._outbox = []
+        self._waiting.clear()
+        replica = self._syncObj._gesmas_replica
+        if replica is not None:
+            replica._fail(exc, "journal write/fsync failed")
 
     def _handshaking(self, node) -> bool:
         """Override 16. Is the connection to `node` up but its key exchange not finished? An outgoing
@@ -255,6 +296,20 @@ class _RaftNode(SyncObj):
             conf.password = _ClusterSecret(conf.password)
         super().__init__(self_addr, peers, conf, transportClass=_DurableTransport)
         self._gesmas_func_id = self._methodToID[self._getFuncName("_gesmas_apply")]
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if notifier is not None:   # override 20: a finished sync wakes the tick thread's poll
+            journal.on_durable = notifier.notify
+
+    # override 21: pysyncobj's ``self.__raftMatchIndex = {}`` (in SyncObj.__init__) lands here
+    @property
+    def _SyncObj__raftMatchIndex(self):
+        return self._gesmas_match
+
+    @_SyncObj__raftMatchIndex.setter
+    def _SyncObj__raftMatchIndex(self, values):
+        match = DurableMatch(self, getattr(self, "_gesmas_journal", None))
+        match.update(values)
+        self._gesmas_match = match
 
     def _gesmas_submit(self, data: bytes, callback) -> None:
         """Enqueue one ``_gesmas_apply(data)`` call. Replaces the ``@replicated`` wrapper's

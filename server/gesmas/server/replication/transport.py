@@ -125,18 +125,50 @@ def batch(messages: List[Any]) -> List[Any]:
 
 
 def _early(message: Any) -> bool:
-    """May this message leave before the journal's pending records are synced?
+    """May this message leave before the journal's pending records are durable?
 
     Yes for a leader's append_entries and for a command forwarded to the leader: they ask the
-    receiver to store entries or propose a command and claim nothing about this node's log.
-    A leader counts its own log towards a commit without an ack (pysyncobj's ``_onTick`` starts
-    the count at 1), but it computes commits only at the start of a loop iteration, and the
-    followers' acks are read only by the poll that follows ``flush``: by then this flush's sync
-    has made the leader's copy durable. So an entry is still committed only once a majority
-    has it on disk. Acks (next_node_idx) and votes stay held: they claim durable state.
+    receiver to store entries or propose a command and claim nothing about this node's log
+    (Raft thesis §10.2.1: followers write their copy while the leader writes its own). A
+    leader counts its own log towards a commit without an ack (pysyncobj's ``_onTick`` starts
+    the count at 1); ``DurableMatch`` keeps that count honest, so an entry is still committed
+    only once a majority has it on disk. Acks (next_node_idx) and votes wait for the sync
+    that covers them: they claim durable state.
     """
     return isinstance(message, dict) and (message.get("type") == "apply_command"
                                            or _plain_ae(message))
+
+
+class DurableMatch(dict):
+    """The leader's match indexes (follower -> highest index it acknowledged) as pysyncobj's
+    commit count reads them (override 21).
+
+    pysyncobj commits index i when 1 (the leader itself) plus the followers whose match index
+    is >= i make a majority. With the journal synced off the tick thread (journal.py) the
+    leader's own copy of i may not be durable yet, so a read returns the follower's value
+    capped at what may be committed: the leader's durable index, or past it an index that a
+    majority of the followers alone acknowledged. Acks are stored as they come; only reads
+    are capped, and only while the leader's last entries are not durable (otherwise the cap
+    is above every value). ``get`` and iteration (status, leadership transfer) see the raw
+    values.
+    """
+
+    def __init__(self, raft: Any, journal: Any) -> None:
+        super().__init__()
+        self._raft, self._journal = raft, journal
+
+    def __getitem__(self, node: Any) -> int:
+        value = dict.__getitem__(self, node)
+        if self._journal is None:        # a node built without a journal (unit tests)
+            return value
+        durable = self._journal.durable_index
+        if value <= durable:
+            return value
+        others = self._raft._SyncObj__otherNodes
+        majority = (len(others) + 1) // 2 + 1
+        acked = sorted((dict.get(self, n, 0) for n in others), reverse=True)
+        alone = acked[majority - 1] if len(acked) >= majority else 0
+        return min(value, max(durable, alone))
 
 
 def split_early(outbox: List[Tuple[Any, Any]]) -> Tuple[List[Tuple[Any, Any]],
