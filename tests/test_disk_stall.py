@@ -2,11 +2,13 @@
 
 The three replicas of these in-process clusters share one disk, as on this machine: the
 journal's fsync failpoint (GESMAS_FAILPOINT_FSYNC_STALL) makes every fsync of every replica
-wait until the time written in a file, three times for 1.4 s while one client commits in a
-loop. Writes wait for the disk, but the term and the leader stay: the tick threads go on
-sending and reading heartbeats. The control syncs on the tick thread, as gesmas did before:
-the same stalls hold every heartbeat past the election timeout (0.5-1.2 s) and raise the
-term. Also the syncer's own rules, on a journal alone."""
+wait until the time written in a file, twice for 2 s while one client commits in a loop.
+Writes wait for the disk, but the term and the leader stay: the tick threads go on sending
+and reading heartbeats, and the followers, whose acks wait, tell the leader they are alive
+(override 22). Two controls: syncing on the tick thread, as gesmas did before, holds every
+heartbeat past the election timeout (0.5-1.2 s); without the followers' keep-alives the
+leader, unanswered for leader_fallback_timeout (1.5 s), steps down. Both raise the term.
+Also the syncer's own rules, on a journal alone."""
 from __future__ import annotations
 
 import os
@@ -17,12 +19,12 @@ import pytest
 
 from gesmas.server.replication import journal as journal_mod
 from gesmas.server.replication.journal import FAILPOINT_FSYNC_STALL, DurableJournal
-from gesmas.server.replication.overrides import _DurableTransport
+from gesmas.server.replication.overrides import ALIVE, _DurableTransport
 
 from test_raft_port import InProcessCluster, warmed
 
-STALL = 1.4          # seconds: above the longest election timeout (RaftTuning: 1.2 s)
-STALLS = 3
+STALL = 2.0   # seconds: above the election timeout (RaftTuning: 1.2 s at most) and above
+STALLS = 2    # leader_fallback_timeout (1.5 s)
 
 
 def term(replica) -> int:
@@ -69,6 +71,13 @@ def test_a_stalled_disk_keeps_the_term_and_the_leader(tmp_path, monkeypatch):
 def test_control_syncing_on_the_tick_thread_the_same_stalls_raise_the_term(
         tmp_path, monkeypatch):
     monkeypatch.setattr(_DurableTransport, "flush", _DurableTransport._flush_alone)
+    before, after, _, _, _ = stalled_run(tmp_path, monkeypatch)
+    assert after[0] > before[0]
+
+
+def test_control_without_the_followers_keep_alives_the_leader_steps_down(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(_DurableTransport, "_alive", lambda self, waiting: [])
     before, after, _, _, _ = stalled_run(tmp_path, monkeypatch)
     assert after[0] > before[0]
 
@@ -188,3 +197,31 @@ def _stored_commit(path) -> int:
     probe._term, probe._commit, probe._voted_for = 0, 1, None
     probe._load_meta()
     return probe._commit
+
+
+def test_a_leader_counts_a_keep_alive_only_in_its_own_term():
+    class Raft:
+        _gesmas_replica = None
+        _SyncObj__raftCurrentTerm = 7
+        leader = True
+
+        def __init__(self):
+            self._SyncObj__lastResponseTime = {"f": 0.0}
+
+        def _isLeader(self):
+            return self.leader
+
+    class Transport:
+        _syncObj = Raft()
+    t = Transport()
+    receive = _DurableTransport._onMessageReceived
+    heard = t._syncObj._SyncObj__lastResponseTime
+    receive(t, "f", {"type": ALIVE, "term": 6})            # an earlier term: not an answer
+    receive(t, "stranger", {"type": ALIVE, "term": 7})     # not a member: nothing added
+    assert heard == {"f": 0.0}
+    t._syncObj.leader = False
+    receive(t, "f", {"type": ALIVE, "term": 7})            # not leading: nothing to count
+    assert heard == {"f": 0.0}
+    t._syncObj.leader = True
+    receive(t, "f", {"type": ALIVE, "term": 7})
+    assert heard["f"] > 0.0

@@ -96,6 +96,10 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      the leader's own copy of an entry towards its commit, and with override 20 that copy may
      not be durable yet; the count reads the followers' indexes capped at what the leader has
      made durable (or what a majority of followers alone acknowledged).
+  22. ``_DurableTransport._alive``: a follower whose acks wait for its disk sends its leader a
+     ``gesmas_alive`` (its term, no claim on the log) every 0.25 s, which the leader counts as
+     an answer in that term: a disk stall longer than leader_fallback_timeout no longer
+     deposes a reachable leader. A gesmas without it ignores the message.
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+#: override 22: a follower whose acks wait for its disk tells its leader it is alive
+ALIVE = "gesmas_alive"
+ALIVE_EVERY = 0.25   # seconds; a sync takes milliseconds, so only a stalled disk sends it
+
 
 # --------------------------------------------------------------- pysyncobj override 1: journal
 _factory_lock = threading.Lock()
@@ -129,6 +133,7 @@ class _DurableTransport(TCPTransport):
         self._outbox: List[Tuple[Any, Any]] = []
         # (the journal's written_seq that makes it true, node, message), in queued order
         self._waiting: List[Tuple[int, Any, Any]] = []
+        self._alive_sent = 0.0        # when this node last told its leader it is alive
         # node -> (the socket its messages were queued for, messages past their sync)
         self._backlog: Dict[Any, Tuple[Any, List[Any]]] = {}
         super().__init__(syncObj, selfNode, otherNodes)
@@ -168,9 +173,27 @@ class _DurableTransport(TCPTransport):
                     blocked.add(node)
                     waiting.append((need, node, message))
             self._outbox = []
+        if waiting:
+            out.extend(self._alive(waiting))
         held = self._send_grouped(out)
         if held:
             self._outbox[:0] = held          # in their order, before anything newer
+
+    def _alive(self, waiting: List[Tuple[int, Any, Any]]) -> List[Tuple[Any, Any]]:
+        """Override 22: while this follower's acks wait for a slow disk, tell its leader every
+        ALIVE_EVERY seconds that it is alive in the leader's term (``gesmas_alive``, which
+        claims nothing about the log). pysyncobj's leader steps down when no majority has
+        answered it for leader_fallback_timeout (1.5 s): without this, a disk that stalls
+        for that long on the followers deposed a leader whose network was fine."""
+        raft = self._syncObj
+        leader = raft._SyncObj__raftLeader
+        now = _ps.monotonicTime()
+        if leader is None or leader is raft._SyncObj__selfNode or \
+                now - self._alive_sent < ALIVE_EVERY or \
+                not any(node == leader for _, node, _ in waiting):
+            return []
+        self._alive_sent = now
+        return [(leader, {"type": ALIVE, "term": raft._SyncObj__raftCurrentTerm})]
 
     def _flush_alone(self) -> None:
         """A node with no other voters: sync on this thread, then send (what a cluster of one
@@ -257,6 +280,12 @@ class _DurableTransport(TCPTransport):
                 self._onMessageReceived(node, part)
             return
         replica = self._syncObj._gesmas_replica
+        if isinstance(message, dict) and message.get("type") == ALIVE:
+            raft = self._syncObj           # override 22: a follower whose disk is slow
+            if raft._isLeader() and message.get("term") == raft._SyncObj__raftCurrentTerm \
+                    and node in raft._SyncObj__lastResponseTime:
+                raft._SyncObj__lastResponseTime[node] = _ps.monotonicTime()
+            return
         if isinstance(message, dict) and message.get("type") in reads.MESSAGE_TYPES:
             if replica is not None:      # override 12: ReadIndex messages (reads.py)
                 replica.read_index.on_message(self._syncObj, self, node, message)
