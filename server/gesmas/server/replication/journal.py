@@ -163,6 +163,7 @@ class DurableJournal(Journal):
         self._job: Optional[Tuple[int, int, bytes, int, int, int, Optional[bytes]]] = None
         self._meta_due = False          # the syncer writes the meta file with its next sync
         self._busy = False              # a job handed over and not finished
+        self._waiters = 0               # threads in wait_synced (they need no on_durable)
         self._syncer: Optional[threading.Thread] = None
         self._closing = False
         self.failure: Optional[OSError] = None   # an OSError of the syncer's write or fsync
@@ -344,8 +345,10 @@ class DurableJournal(Journal):
                 self.durable_seq, self.durable_index = seq, last
                 self._job, self._busy = None, False
                 self._lock.notify_all()
+                waited_for = self._waiters > 0
             self._synced(records, time.perf_counter() - started)
-            self._wake()
+            if not waited_for:       # the tick thread is not in wait_synced: wake its poll
+                self._wake()
 
     def _wake(self) -> None:
         if self.on_durable is not None:
@@ -354,9 +357,21 @@ class DurableJournal(Journal):
             except Exception:  # pragma: no cover - a closed notifier at shutdown
                 log.debug("on_durable failed", exc_info=True)
 
-    def wait_synced(self) -> None:
-        """Wait for the sync under way, if any (tests, shutdown); raises its failure."""
-        self._idle()
+    def wait_synced(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the sync under way, if any, at most `timeout` seconds (None: for good);
+        True if none is under way any more. Raises its failure."""
+        if timeout is None:
+            self._idle()
+            return True
+        with self._lock:
+            self._waiters += 1
+            try:
+                self._lock.wait_for(lambda: not self._busy, timeout)
+            finally:
+                self._waiters -= 1
+        if self.failure is not None:
+            raise self.failure
+        return not self._busy
 
     def _idle(self) -> None:
         """Wait for the sync under way, if any (before the file or its offsets change)."""

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 #: override 22: a follower whose acks wait for its disk tells its leader it is alive
 ALIVE = "gesmas_alive"
 ALIVE_EVERY = 0.25   # seconds; a sync takes milliseconds, so only a stalled disk sends it
+#: override 20: how long a flush waits for the journal's sync before it goes on without it
+SYNC_WAIT = 0.01
 
 
 # --------------------------------------------------------------- pysyncobj override 1: journal
@@ -152,10 +154,26 @@ class _DurableTransport(TCPTransport):
             return
         try:
             need = journal.start_sync()
+            self._send_ready(need)            # the early ones, and what is durable already
+            if need > journal.durable_seq:
+                # A sync takes ~0.2-2 ms: waiting for it here, as long as it is quick, sends
+                # what it covers (and lets the leader count its own copy) within this flush,
+                # as when the tick thread synced itself; a slow disk is waited for at most
+                # SYNC_WAIT, then the tick goes on and the syncer wakes it when done.
+                journal.wait_synced(SYNC_WAIT)
+                if self._waiting:
+                    self._send_ready(need)
         except OSError as exc:
             self._failed(exc)
             raise
-        waiting = self._waiting
+        if self._waiting:
+            self._send_grouped(self._alive(self._waiting))
+
+    def _send_ready(self, need: int) -> None:
+        """Send the waiting messages the journal's durable state now covers, then those of
+        the outbox that may go (``_early``, or all if `need`, what makes them true, is
+        durable); the rest wait, tagged with `need`, in their order."""
+        journal, waiting = self._journal, self._waiting
         # everything holds once nothing is left that is not durable (a truncation may have
         # dropped the records a waiting message was tagged for)
         durable = journal.durable_seq if journal.dirty else need
@@ -173,8 +191,6 @@ class _DurableTransport(TCPTransport):
                     blocked.add(node)
                     waiting.append((need, node, message))
             self._outbox = []
-        if waiting:
-            out.extend(self._alive(waiting))
         held = self._send_grouped(out)
         if held:
             self._outbox[:0] = held          # in their order, before anything newer
