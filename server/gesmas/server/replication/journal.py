@@ -18,8 +18,9 @@ file in place, so a crash in the middle leaves a truncated log. This journal rep
   syncer writes them, fsyncs, then publishes ``durable_seq`` and ``durable_index`` and calls
   ``on_durable`` (which wakes the tick thread). One sync at a time; what is added meanwhile
   goes with the next one. A disk that stalls for a second stalls the syncer, not Raft: the
-  tick thread goes on sending heartbeats and reading messages, so no election follows (an
-  fsync on the tick thread let a shared-disk stall of 0.6 s raise the term, measured).
+  tick thread goes on sending heartbeats and reading messages, so no election follows (with
+  the fsync on the tick thread, three 1 s stalls of the disk the replicas share raised a
+  local cluster's term 1 -> 3, measured: docs/performance.md).
   ``sync()`` still does it all at once on the caller's thread (meta file, tests).
 * ``setCurrentTerm()`` syncs the log, then writes the meta file atomically (tmp + fsync +
   rename + fsync of the directory) before returning, i.e. before pysyncobj sends the vote
