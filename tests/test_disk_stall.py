@@ -225,3 +225,54 @@ def test_a_leader_counts_a_keep_alive_only_in_its_own_term():
     t._syncObj.leader = True
     receive(t, "f", {"type": ALIVE, "term": 7})
     assert heard["f"] > 0.0
+
+
+def test_a_compaction_does_not_wait_for_the_disk(tmp_path):
+    """The tick thread's part of a compaction touches no file: with a sync held under way,
+    deleteEntriesTo returns at once; the new file (written by the syncer after that sync)
+    holds exactly the kept entries, those written before and those buffered, and what is
+    added after; so does a second compaction queued behind the first."""
+    j = DurableJournal(str(tmp_path), fsync=True)
+    gate = threading.Event()
+    real = j._persist
+
+    def slow(fd, offset, data):
+        gate.wait(10)
+        real(fd, offset, data)
+    j._persist = slow
+    try:
+        for i in range(1, 6):
+            j.add(b"entry %d" % i, i, 1)
+        j.start_sync()                        # 1..5 handed over, held
+        j.add(b"entry 6", 6, 1)               # buffered
+        started = time.monotonic()
+        j.deleteEntriesTo(3)                  # keep 4, 5 (in the held sync) and 6
+        assert time.monotonic() - started < 1.0 and not gate.is_set()
+        assert [e[1] for e in j] == [4, 5, 6] and j.first_index == 4
+        j.add(b"entry 7", 7, 1)
+        j.deleteEntriesTo(1)                  # keep 5, 6, 7: queued behind the first
+        j.add(b"entry 8", 8, 1)
+        assert j.dirty and j.durable_index < 8
+        gate.set()
+        j.wait_synced()
+        j.start_sync()
+        j.wait_synced()
+        assert j.durable_index == 8 and not j.dirty
+        kept = DurableJournal.__new__(DurableJournal)    # what a restart would read now
+        kept.mark, kept.marked, kept._path = None, {}, j._path
+        kept._entries, kept._offsets = [], []
+        os.close(kept._open_log())
+        assert [e[1] for e in kept._entries] == [5, 6, 7, 8]
+        for i in (9, 10, 11):                 # buffered only: the kept part starts in them
+            j.add(b"entry %d" % i, i, 1)
+        j.deleteEntriesTo(len(j) - 2)         # keep 10, 11
+        j.wait_synced()
+    finally:
+        gate.set()
+        j._destroy()
+    assert not os.path.exists(os.path.join(str(tmp_path), journal_mod.LOG_NAME + ".tmp"))
+    again = DurableJournal(str(tmp_path), fsync=True)
+    try:
+        assert [(e[0], e[1]) for e in again] == [(b"entry 10", 10), (b"entry 11", 11)]
+    finally:
+        again._destroy()

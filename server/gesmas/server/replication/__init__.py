@@ -92,6 +92,7 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
   20. The journal syncs on a thread of its own (journal.py's syncer), never on the tick
      thread, which the syncer wakes when a sync ends (``journal.on_durable``): a disk that
      stalls holds back acks and commits, not heartbeats or votes, so it causes no election.
+     The compaction's files (new file, fsyncs, rename) are the syncer's job too.
   21. ``DurableMatch`` (transport.py) replaces the leader's match indexes: pysyncobj counts
      the leader's own copy of an entry towards its commit, and with override 20 that copy may
      not be durable yet; the count reads the followers' indexes capped at what the leader has

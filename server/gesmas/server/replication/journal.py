@@ -26,12 +26,17 @@ file in place, so a crash in the middle leaves a truncated log. This journal rep
   rename + fsync of the directory) before returning, i.e. before pysyncobj sends the vote
   request or the vote it reflects.
 * Truncation (``deleteEntriesFrom``) is an ``ftruncate``; it becomes durable with the next
-  sync, which always precedes any message that depends on it. It, ``clear()``, the compaction
-  and the meta file first wait for a sync under way (``_idle()``), so the syncer never writes
-  to a file, or at an offset, that changed under it.
+  sync, which always precedes any message that depends on it. It, ``clear()`` and the meta
+  file first wait for the syncer's jobs (``_idle()``), so the syncer never writes to a file,
+  or at an offset, that changed under it.
 * Compaction (``deleteEntriesTo``) writes the kept suffix to a new file and renames it over
   the old one: the file is always either the old or the new log. It first fsyncs the directory
   so the snapshot pysyncobj has just renamed into place is durable before log entries go.
+  The list pysyncobj reads changes at once; the files are the syncer's next job (queued
+  behind a sync under way), which copies the kept records from the old file and adds the
+  buffered ones: the tick thread neither encodes nor writes nor fsyncs a compaction. Until
+  the job is done the old file holds every kept entry and more, which a restart reads as
+  after a crash between the snapshot and the compaction (``Replica._align_journal``).
 * Records carry a CRC; on open, a torn or corrupt tail (power loss mid-write) is cut off.
 
 Record format (little endian): ``u32 len(command) | u32 crc32 | u64 index | u64 term |
@@ -52,6 +57,7 @@ journal first sleeps until the wall-clock time written in that file (a disk that
 """
 from __future__ import annotations
 
+import collections
 import fcntl
 import logging
 import os
@@ -59,7 +65,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from pysyncobj.journal import Journal
 
@@ -160,10 +166,12 @@ class DurableJournal(Journal):
         self.written_seq = 0
         self.durable_seq = 0
         self.durable_index = 0
-        # (fd, offset, records' bytes, written_seq, last index, records, meta file or None)
-        self._job: Optional[Tuple[int, int, bytes, int, int, int, Optional[bytes]]] = None
+        # jobs in order: ("sync", fd, offset, records' bytes, written_seq, last index, records,
+        # meta file or None) or ("compact", copy from, copy to, buffered bytes, written_seq,
+        # last index, records, None)
+        self._jobs: Deque[Tuple[Any, ...]] = collections.deque()
         self._meta_due = False          # the syncer writes the meta file with its next sync
-        self._busy = False              # a job handed over and not finished
+        self._busy = False              # a job handed over and not finished (or queued)
         self._waiters = 0               # threads in wait_synced (they need no on_durable)
         self._syncer: Optional[threading.Thread] = None
         self._closing = False
@@ -301,10 +309,16 @@ class DurableJournal(Journal):
         self._pending.clear()
         offset, self._written_end = self._written_end, self._end
         self._needs_fsync = False
+        self._hand_over(("sync", self._fd, offset, data), meta)
+        return self.written_seq
+
+    def _hand_over(self, job: Tuple[Any, ...], meta: Optional[bytes] = None) -> None:
+        """Queue `job` for the syncer with the next written_seq, covering every record added
+        so far (tick thread)."""
         with self._lock:
             self.written_seq += 1
-            self._job = (self._fd, offset, data, self.written_seq, self.last_index or 0,
-                         self._pending_records, meta)
+            self._jobs.append(job + (self.written_seq, self.last_index or 0,
+                                     self._pending_records, meta))
             self._pending_records = 0
             self._busy = True
             if self._syncer is None:
@@ -312,7 +326,6 @@ class DurableJournal(Journal):
                                                 name=f"gesmas-journal-sync {self.directory}")
                 self._syncer.start()
             self._lock.notify_all()
-        return self.written_seq
 
     def _persist(self, fd: int, offset: int, data: bytes) -> None:
         """What the syncer does with a hand-over (tests slow it down to simulate a disk)."""
@@ -323,33 +336,67 @@ class DurableJournal(Journal):
     def _sync_loop(self) -> None:
         while True:
             with self._lock:
-                while self._job is None and not self._closing:
+                while not self._jobs and not self._closing:
                     self._lock.wait()
-                if self._job is None:
+                if not self._jobs:
                     return
-                fd, offset, data, seq, last, records, meta = self._job
+                job = self._jobs[0]
+            kind, a, b, data, seq, last, records, meta = job
             started = time.perf_counter()
             try:
-                self._persist(fd, offset, data)
+                if kind == "sync":
+                    self._persist(a, b, data)
+                else:
+                    self._compact(a, b, data)
                 if meta is not None:
                     self._write_meta(meta)
             except OSError as exc:
                 # the kernel may have dropped the dirty pages: nothing held may go out
                 with self._lock:
                     self.failure = exc
-                    self._job, self._busy = None, False
+                    self._jobs.clear()
+                    self._busy = False
                     self._lock.notify_all()
                 log.critical("journal write/fsync failed in %s: %s", self.directory, exc)
                 self._wake()
                 return
             with self._lock:
                 self.durable_seq, self.durable_index = seq, last
-                self._job, self._busy = None, False
+                self._jobs.popleft()
+                self._busy = bool(self._jobs)
                 self._lock.notify_all()
                 waited_for = self._waiters > 0
             self._synced(records, time.perf_counter() - started)
             if not waited_for:       # the tick thread is not in wait_synced: wake its poll
                 self._wake()
+
+    def _compact(self, start: int, stop: int, tail: bytes) -> None:
+        """The syncer's part of a compaction: a new file of MAGIC, the old file's bytes
+        [start, stop) and `tail` (records not written yet), fsynced and renamed over the
+        old one, which it then replaces as the file later syncs append to."""
+        if self.fsync_enabled:
+            fsync_dir(self.directory)  # make the snapshot's rename durable first
+        tmp = self._path + ".tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, MAGIC)
+            while start < stop:
+                chunk = os.pread(self._fd, min(stop - start, 1 << 20), start)
+                if not chunk:
+                    raise OSError(f"{self._path}: shorter than its records ({start} < {stop})")
+                _write_all(fd, chunk)
+                start += len(chunk)
+            _write_all(fd, tail)
+            self._fsync(fd)
+            os.replace(tmp, self._path)
+            if self.fsync_enabled:
+                fsync_dir(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            old, self._fd = self._fd, fd
+        os.close(old)
 
     def _wake(self) -> None:
         if self.on_durable is not None:
@@ -480,38 +527,28 @@ class DurableJournal(Journal):
         self.durable_index = min(self.durable_index, self.last_index or 0)
 
     def deleteEntriesTo(self, entryTo):
-        """Compaction: keep list positions >= entryTo, via write-new-file-and-rename."""
+        """Compaction: keep list positions >= entryTo. The list changes now; the new file is
+        the syncer's (``_compact``: write-new-file-and-rename)."""
         if entryTo <= 0:
             return
-        self._idle()
-        if self.fsync_enabled:
-            fsync_dir(self.directory)  # make the snapshot's rename durable first
+        if self.failure is not None:
+            raise self.failure
         kept = self._entries[entryTo:]
         if self.marked:
             first_kept = kept[0][1] if kept else self._entries[-1][1] + 1
             self.marked = {i: c for i, c in self.marked.items() if i >= first_kept}
-        tmp = self._path + ".tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        offsets, buf = [], bytearray(MAGIC)
-        for command, idx, term in kept:
-            offsets.append(len(buf))
-            buf += _encode(command, idx, term)
-        _write_all(fd, bytes(buf))
-        self._fsync(fd)
-        os.replace(tmp, self._path)
-        if self.fsync_enabled:
-            fsync_dir(self.directory)
-        os.close(self._fd)
-        self._fd = fd
-        self._entries, self._offsets = list(kept), offsets
+        start = self._offsets[entryTo] if kept else self._end
+        # kept records already handed to the syncer are copied from the old file (a sync under
+        # way writes them first: jobs run in order); the buffered ones go with the job
+        copy_to = max(start, self._written_end)
+        tail = bytes(self._pending[copy_to - self._written_end:])
+        shift = start - len(MAGIC)
+        self._entries = list(kept)
+        self._offsets = [o - shift for o in self._offsets[entryTo:]]
         self._pending.clear()
-        self._pending_records = 0
-        self._written_end = self._end = len(buf)
+        self._written_end = self._end = self._end - shift
         self._needs_fsync = False
-        with self._lock:        # all in the new file, fsynced: what waited for it may go
-            self.written_seq += 1
-            self.durable_seq = self.written_seq
-            self.durable_index = self.last_index or 0
+        self._hand_over(("compact", start, copy_to, tail))
 
     def __getitem__(self, item):
         return self._entries[item]
