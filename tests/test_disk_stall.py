@@ -84,10 +84,11 @@ def test_control_without_the_followers_keep_alives_the_leader_steps_down(
 
 # -- the syncer on a journal alone ------------------------------------------------------------
 
-def test_start_sync_hands_over_and_a_second_waits_for_the_first(tmp_path, monkeypatch):
-    j = DurableJournal(str(tmp_path), fsync=True)
-    gate = threading.Event()
-    entered = threading.Event()
+def held_journal(path, fsync=True):
+    """(journal, gate, entered): each sync's write waits for `gate`; `entered` is set once
+    the syncer reached one."""
+    j = DurableJournal(str(path), fsync=fsync)
+    gate, entered = threading.Event(), threading.Event()
     real = j._persist
 
     def slow(fd, offset, data):
@@ -95,6 +96,11 @@ def test_start_sync_hands_over_and_a_second_waits_for_the_first(tmp_path, monkey
         gate.wait(10)
         real(fd, offset, data)
     j._persist = slow
+    return j, gate, entered
+
+
+def test_start_sync_hands_over_and_a_second_waits_for_the_first(tmp_path):
+    j, gate, entered = held_journal(tmp_path)
     woken = []
     j.on_durable = lambda: woken.append(j.durable_seq)
     try:
@@ -123,14 +129,7 @@ def test_start_sync_hands_over_and_a_second_waits_for_the_first(tmp_path, monkey
 
 def test_a_truncation_waits_for_the_sync_under_way(tmp_path):
     """The follower's cut of a conflicting tail must not race the syncer's write of it."""
-    j = DurableJournal(str(tmp_path), fsync=False)
-    gate = threading.Event()
-    real = j._persist
-
-    def slow(fd, offset, data):
-        gate.wait(10)
-        real(fd, offset, data)
-    j._persist = slow
+    j, gate, _ = held_journal(tmp_path, fsync=False)
     try:
         for i in range(1, 6):
             j.add(b"entry %d" % i, i, 1)
@@ -232,14 +231,7 @@ def test_a_compaction_does_not_wait_for_the_disk(tmp_path):
     deleteEntriesTo returns at once; the new file (written by the syncer after that sync)
     holds exactly the kept entries, those written before and those buffered, and what is
     added after; so does a second compaction queued behind the first."""
-    j = DurableJournal(str(tmp_path), fsync=True)
-    gate = threading.Event()
-    real = j._persist
-
-    def slow(fd, offset, data):
-        gate.wait(10)
-        real(fd, offset, data)
-    j._persist = slow
+    j, gate, _ = held_journal(tmp_path)
     try:
         for i in range(1, 6):
             j.add(b"entry %d" % i, i, 1)
