@@ -78,17 +78,18 @@ class ApplyThread:
     def __init__(self, name: str, apply: Callable[[int, bytes], None],
                  idle: Callable[[], None],
                  background: Callable[[], bool] = lambda: False,
-                 share: float = 1.0, pace_for: float = PACE_FOR) -> None:
+                 share: float = 1.0, pace_for: Optional[float] = None) -> None:
         """`apply(index, data)`: apply one entry (it handles its own errors). `idle()`: called
         after an entry when nothing more is queued. `background()`: one slice of background
         work, run while nothing is queued; returns whether there is more. `share`: of a core,
-        what background slices may take (1: back to back), in their first `pace_for` s."""
+        what background slices may take (1: back to back), in their first `pace_for` s
+        (default: PACE_FOR, or 1 / share s if longer: a second of CPU ends paced)."""
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], not {share!r}")
         self._apply, self._idle, self._background = apply, idle, background
         self._more = False               # background work may be left (this thread only)
         self._rest = (1 - share) / share     # rest per CPU second of a background slice
-        self._pace_for = pace_for
+        self._pace_for = max(PACE_FOR, 1 / share) if pace_for is None else pace_for
         self._rest_until = 0.0           # no background slice before (monotonic; this thread)
         self._paced_since: Optional[float] = None   # the first slice of this run of them
         self._cv = threading.Condition()
