@@ -67,6 +67,7 @@ def test_a_slow_entry_holds_up_the_entries_behind_it_but_not_raft(cluster):
 
 # -- ApplyThread on its own (apply_thread.py): no Raft, no cluster ------------------------------
 
+from gesmas.server.replication import apply_thread                  # noqa: E402
 from gesmas.server.replication.apply_thread import (ApplyThread, BACKGROUND_SHARE,  # noqa: E402
                                                     share_from_env)
 from gesmas.server.replication.types import ReplicaStopped          # noqa: E402
@@ -247,6 +248,26 @@ def test_a_run_of_slices_is_paced_only_in_its_first_seconds():
         first = spans[0][0]
         assert spans[1][0] >= first + 0.2         # rested until pace_for ended...
         assert spans[-1][0] < first + 4.5          # ...and no more (5 rests would be 25 s)
+    finally:
+        t.stop(5)
+
+
+def test_a_lower_share_is_paced_for_longer_by_default(monkeypatch):
+    """Without `pace_for`, a run is paced for PACE_FOR s or 1 / share s, whichever is longer,
+    so a second of capture CPU at a low share still ends paced (not flat out after PACE_FOR
+    on every replica at once). PACE_FOR shortened to 0.05 s: at share 0.2 the window is 5 s,
+    so slices of 0.02 s keep resting 0.08 s each well past 0.05 s."""
+    monkeypatch.setattr(apply_thread, "PACE_FOR", 0.05)
+    spans: list = []
+    done = threading.Event()
+    t = ApplyThread("t", lambda i, d: None, lambda: None, _slices(6, 0.02, spans, done),
+                    share=0.2)
+    try:
+        t.put(1, b"a")
+        assert done.wait(30)
+        assert spans[-1][0] - spans[0][0] > 0.2          # past PACE_FOR, still paced...
+        for (_, end, used), (start, _, _) in zip(spans, spans[1:]):
+            assert start - end >= used * 4                # ...each rest (1 - 0.2) / 0.2 = 4
     finally:
         t.stop(5)
 
