@@ -5,15 +5,16 @@ Theory of operation
 A ``Client`` holds the cluster's client addresses, one lazily created gRPC channel per
 address, and one *session* (OpenSession on connect, CloseSession on close).
 
-Sessions. A daemon thread renews the session every ttl/4 seconds with KeepAlive, which must
-reach the leader: an UNAVAILABLE answer names the leader in ``leader_hint`` and the thread
-follows it, and keeps sending keep-alives there. Each keep-alive attempt has a deadline of
-ttl/(3 * replicas) within [0.5 s, 1 s] (``session.keepalive_deadline``); a replica that does not
-answer in time is a *suspect* for 2 s: the keep-alive moves on to the next replica at once,
-hints naming the suspect are not followed (the followers of a hung leader name it until they
-elect another), and the call streams to it are cancelled, so calls blocked there are resent
-elsewhere with the same (session, seq). A keep-alive round ends only with an answer, the
-server saying the session is gone, or the lease running out (``session_.KeepAlives``).
+Sessions. A daemon thread (keepalive.py) renews the session every ttl/4 seconds with
+KeepAlive, which must reach the leader: an UNAVAILABLE answer names the leader in
+``leader_hint`` and the thread follows it, and keeps sending keep-alives there. Each
+keep-alive attempt has a deadline of ttl/(3 * replicas) within [0.5 s, 1 s]
+(``session.keepalive_deadline``); a replica that does not answer in time is a *suspect* for
+2 s: the keep-alive moves on to the next replica at once, hints naming the suspect are not
+followed (the followers of a hung leader name it until they elect another), and the call
+streams to it are cancelled, so calls blocked there are resent elsewhere with the same
+(session, seq). A keep-alive round ends only with an answer, the server saying the session
+is gone, or the lease running out (``session_.KeepAlives``).
 
 The client knows how long its session is surely valid (``session.Lease``): ``valid_until`` is
 the send time of the last acknowledged keep-alive plus the granted TTL minus
@@ -84,7 +85,8 @@ from gesmas.client import convert, core
 from gesmas.client import session as session_
 from gesmas.client.accessors import StandardObjects
 from gesmas.client.admin import AdminCalls, ClassSource, NodeHealth, ObjectInfo, Status
-from gesmas.client.session import Lease, SessionState
+from gesmas.client.keepalive import KeepAliveThread
+from gesmas.client.session import ClientClosed, Lease, SessionState
 from gesmas.client.errors import (
     GesmasError,
     NotFound,
@@ -187,26 +189,7 @@ def check_address(address: str) -> str:
 # --- the client ---------------------------------------------------------------------------
 
 
-class ClientClosed(SessionExpired):
-    """The client was closed (and with it its session); make a new Client."""
-
-    def __init__(self, message: str = "the client is closed", type: str = "SessionExpired",
-                 leader_hint: str = "") -> None:
-        super().__init__(message, type, leader_hint)
-
-
-def _late_keepalive(call: Any, lease: Lease, sent: float, interval: float,
-                    deadline: float) -> None:
-    """A keep-alive given up at its deadline ended (grpc's callback thread): an answer
-    renews the lease (session.late); a failure is ignored (the round went on)."""
-    try:
-        resp = call.result(timeout=0)
-    except (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError):
-        return
-    session_.late(lease, sent, resp.ttl, interval, deadline)
-
-
-class Client(session_.SessionView, AdminCalls, StandardObjects):
+class Client(KeepAliveThread, AdminCalls, StandardObjects):
     """A connection to a gesmas cluster with one session; safe to share between threads.
 
     ``cluster`` is "host:port,host:port,..." or a list (default: env GESMAS_CLUSTER, else
@@ -380,104 +363,6 @@ class Client(session_.SessionView, AdminCalls, StandardObjects):
             raise SessionExpired(self._expired.message, self._expired.type)
         if self._closed.is_set():
             raise ClientClosed()
-
-    def _session_lost(self, lease: Lease) -> None:
-        """``lease`` is lost: tell the listeners, then fail or forget the session (once)."""
-        with self._session_lock:
-            if lease is not self._lease or self._session != lease.session:
-                return                                   # handled already
-            log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
-            if self._on_expiry == "reopen":
-                self._session = 0                        # the next call opens another
-            elif self._expired is None:
-                self._expired = SessionExpired(
-                    f"session {lease.session} expired: {lease.reason}", "SessionExpired")
-            self._publish(lease)       # listeners hear it when calls already know
-
-    def _keepalive_loop(self, lease: Lease, schedule: session_.KeepAlives) -> None:
-        request = pb.KeepAliveRequest(session=lease.session,
-                                      session_secret=self._session_secret)
-        while not self._closed.is_set():
-            now = time.monotonic()
-            state = lease.state(now)
-            if state is SessionState.LOST:
-                self._session_lost(lease)
-                if not lease.by_server and not self._closed.is_set():
-                    self._close_lost(lease)
-                return
-            self._publish(lease, state)
-            wake = min(schedule.due, lease.next_change(now))
-            if self._closed.wait(max(0.0, wake - now)):
-                return
-            started = time.monotonic()
-            if started < schedule.due:
-                continue
-            address = schedule.address(started)
-            try:
-                resp = self._keepalive_attempt(address, request, schedule, lease, started)
-            except core.Failure as f:
-                log.debug("gesmas: keep-alive of session %d at %s failed: %s",
-                          lease.session, address, f.error)
-                if f.unresponsive:
-                    self._unresponsive(address)
-                schedule.failed(f.error, started, time.monotonic(), f.unresponsive)
-                continue
-            except ClientClosed:
-                return
-            except (NotFound, SessionExpired) as e:
-                lease.lose(e.message, by_server=True)
-                continue
-            except GesmasError as e:         # refused for another reason: try again later
-                log.warning("gesmas: keep-alive of session %d refused: %s", lease.session, e)
-                schedule.failed(e, started, time.monotonic())
-                continue
-            except ValueError:               # the channel was closed under it
-                if self._closed.is_set():
-                    return
-                raise
-            lease.acknowledged(started, resp.ttl, schedule.interval, schedule.deadline,
-                               time.monotonic())
-            schedule.answered(resp.ttl, time.monotonic())
-
-    def _keepalive_attempt(self, address: str, request: Any, schedule: session_.KeepAlives,
-                           lease: Lease, started: float) -> Any:
-        """One keep-alive attempt at ``address``: its answer within ``schedule.deadline``,
-        else core.Failure (unresponsive: the round moves on to another replica at once, as
-        from a hung leader). The RPC itself is left to run for as long as its answer could
-        still renew the lease (the TTL less the lease margin): a busy leader that answers
-        late renews it from when the attempt was sent (``_late_keepalive``), so that a
-        leader slow for a while (thousands of waits withdrawn at once) costs no session
-        while the round goes on elsewhere."""
-        metadata = self._metadata(address)
-        interval, deadline = schedule.interval, schedule.deadline
-        useful = lease.ttl - session_.lease_margin(lease.ttl)    # an answer renews that long
-        try:
-            call = self._stub(address).KeepAlive.future(
-                request, timeout=max(deadline, useful), metadata=metadata)
-        except ValueError as e:          # "Cannot invoke RPC on closed channel!"
-            if self._closed.is_set():
-                raise ClientClosed() from e
-            raise
-        try:
-            resp = call.result(timeout=deadline)
-        except grpc.FutureTimeoutError:
-            call.add_done_callback(lambda done: _late_keepalive(
-                done, lease, started, interval, deadline))
-            raise session_.given_up(address, deadline) from None
-        except grpc.RpcError as e:
-            raise core.classify(e, address, self._login, metadata) from e
-        self._seen.note(resp)
-        return resp
-
-    def _close_lost(self, lease: Lease) -> None:
-        """Close a session the client gave up (best effort: it may expire on the server a
-        little later), so that its locks go to their next waiters now."""
-        try:
-            self._call("CloseSession", pb.CloseSessionRequest(
-                session=lease.session, session_secret=self._session_secret),
-                retry_timeout=min(self._retry_timeout, lease.ttl))
-        except GesmasError as e:
-            log.info("gesmas: could not close the lost session %d: %s", lease.session, e)
 
     def _unresponsive(self, address: str) -> None:
         """``address`` gave no answer in time: it is a suspect (``core.Routing``), and the

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from gesmas.client import core
 from gesmas.client.core import Attempts, Routing
-from gesmas.client.errors import GesmasError, Unavailable
+from gesmas.client.errors import GesmasError, SessionExpired, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -268,3 +268,11 @@ class SessionView:
 
     def _session_lost(self, lease: Lease) -> None:
         raise NotImplementedError
+
+
+class ClientClosed(SessionExpired):
+    """The client was closed (and with it its session); make a new Client."""
+
+    def __init__(self, message: str = "the client is closed", type: str = "SessionExpired",
+                 leader_hint: str = "") -> None:
+        super().__init__(message, type, leader_hint)
