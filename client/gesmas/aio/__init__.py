@@ -52,7 +52,7 @@ from gesmas.aio.streams import CallStream
 from gesmas.client.client import (CHANNEL_OPTIONS, DEADLINE_MARGIN, MAX_MESSAGE,
                                   MAX_RPC_DEADLINE, ON_EXPIRY, RPC_TIMEOUT, ClientClosed,
                                   parse_cluster)
-from gesmas.client.errors import GesmasError, NotFound, SessionExpired
+from gesmas.client.errors import GesmasError, SessionExpired
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.streams import Unsupported, next_cursor, pick_stream
 from gesmas.v1 import gesmas_pb2 as pb
@@ -241,21 +241,10 @@ class Client(session_.SessionView):
             try:
                 resp = await self._keepalive_attempt(address, request, schedule, lease,
                                                      started)
-            except core.Failure as f:
-                log.debug("gesmas: keep-alive of session %d at %s failed: %s",
-                          lease.session, address, f.error)
-                if f.unresponsive:
-                    self._unresponsive(address)
-                schedule.failed(f.error, started, time.monotonic(), f.unresponsive)
-                continue
-            except ClientClosed:
-                return
-            except (NotFound, SessionExpired) as e:
-                lease.lose(e.message, by_server=True)
-                continue
-            except GesmasError as e:         # refused for another reason: try again later
-                log.warning("gesmas: keep-alive of session %d refused: %s", lease.session, e)
-                schedule.failed(e, started, time.monotonic())
+            except (core.Failure, GesmasError) as e:
+                if session_.keepalive_failed(e, lease, schedule, address, started,
+                                             self._unresponsive):
+                    return
                 continue
             lease.acknowledged(started, resp.ttl, schedule.interval, schedule.deadline,
                                time.monotonic())

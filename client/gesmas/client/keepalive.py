@@ -14,7 +14,7 @@ import grpc
 
 from gesmas.client import core
 from gesmas.client import session as session_
-from gesmas.client.errors import GesmasError, NotFound, SessionExpired
+from gesmas.client.errors import GesmasError, SessionExpired
 from gesmas.client.security import Login
 from gesmas.client.session import ClientClosed, Lease, SessionState
 from gesmas.v1 import gesmas_pb2 as pb
@@ -84,21 +84,10 @@ class KeepAliveThread(session_.SessionView):
             address = schedule.address(started)
             try:
                 resp = self._keepalive_attempt(address, request, schedule, lease, started)
-            except core.Failure as f:
-                log.debug("gesmas: keep-alive of session %d at %s failed: %s",
-                          lease.session, address, f.error)
-                if f.unresponsive:
-                    self._unresponsive(address)
-                schedule.failed(f.error, started, time.monotonic(), f.unresponsive)
-                continue
-            except ClientClosed:
-                return
-            except (NotFound, SessionExpired) as e:
-                lease.lose(e.message, by_server=True)
-                continue
-            except GesmasError as e:         # refused for another reason: try again later
-                log.warning("gesmas: keep-alive of session %d refused: %s", lease.session, e)
-                schedule.failed(e, started, time.monotonic())
+            except (core.Failure, GesmasError) as e:
+                if session_.keepalive_failed(e, lease, schedule, address, started,
+                                             self._unresponsive):
+                    return
                 continue
             except ValueError:               # the channel was closed under it
                 if self._closed.is_set():

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from gesmas.client import core
 from gesmas.client.core import Attempts, Routing
-from gesmas.client.errors import GesmasError, SessionExpired, Unavailable
+from gesmas.client.errors import GesmasError, NotFound, SessionExpired, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -276,3 +276,26 @@ class ClientClosed(SessionExpired):
     def __init__(self, message: str = "the client is closed", type: str = "SessionExpired",
                  leader_hint: str = "") -> None:
         super().__init__(message, type, leader_hint)
+
+
+def keepalive_failed(e: core.Failure | GesmasError, lease: Lease, schedule: KeepAlives,
+                     address: str, started: float,
+                     unresponsive: Callable[[str], None]) -> bool:
+    """What both clients' keep-alive loops do with an attempt that failed with ``e``; True
+    if the loop ends (the client is closed). A replica that gave no answer in time is made
+    a suspect (``unresponsive``) and the round goes on elsewhere; the server saying the
+    session is gone loses the lease; any other refusal is tried again later."""
+    if isinstance(e, core.Failure):
+        log.debug("gesmas: keep-alive of session %d at %s failed: %s",
+                  lease.session, address, e.error)
+        if e.unresponsive:
+            unresponsive(address)
+        schedule.failed(e.error, started, time.monotonic(), e.unresponsive)
+    elif isinstance(e, ClientClosed):
+        return True
+    elif isinstance(e, (NotFound, SessionExpired)):
+        lease.lose(e.message, by_server=True)
+    else:                              # refused for another reason: try again later
+        log.warning("gesmas: keep-alive of session %d refused: %s", lease.session, e)
+        schedule.failed(e, started, time.monotonic())
+    return False
