@@ -38,7 +38,7 @@ def test_flags_override_the_file_which_overrides_the_environment(tmp_path):
     assert cfg.peers == (("127.0.0.1:3", ""), ("127.0.0.1:4", ""))
     assert (cfg.checkpoint_every, cfg.fsync, cfg.secret, cfg.data_dir) == (
         7, False, "s4", "gesmas-data-1")
-    assert cfg.snapshot_every == 10_000
+    assert cfg.snapshot_every == 20_000
     cfg = load(flags(["--id", "1", "--client-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:2",
                       "--secret", "s", "--snapshot-every", "500"]),
                {"GESMAS_SNAPSHOT_EVERY": "9000"})

@@ -625,8 +625,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "disk'; env GESMAS_NEW_CLUSTER)")
     p.add_argument("--snapshot-every", type=int, metavar="ENTRIES",
                    help="log entries between two snapshots, after which the log before the "
-                        "snapshot is dropped (default 10000, at least 100; etcd's "
-                        "--snapshot-count; env GESMAS_SNAPSHOT_EVERY)")
+                        "snapshot is dropped (default 20000, at least 100; etcd's "
+                        "--snapshot-count; env GESMAS_SNAPSHOT_EVERY). A snapshot holds the "
+                        "last checkpoint (every 20000 commands: config key checkpoint_every) and "
+                        "the commands since; taken more often than checkpoints, it writes the "
+                        "same checkpoint again")
     p.add_argument("--max-stream-calls", type=int, metavar="CALLS",
                    help="calls this replica keeps in flight on its clients' call streams, "
                         "blocked ones included; past it a call fails RESOURCE_EXHAUSTED "

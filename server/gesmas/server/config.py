@@ -42,7 +42,7 @@ class NodeConfig:
     default_ttl: float = 10.0
     commit_timeout: float = 5.0            # a proposal not applied by then fails UNAVAILABLE
     checkpoint_every: int = 20_000         # commands between checkpoints
-    snapshot_every: int = 10_000           # log entries between snapshots (log compaction)
+    snapshot_every: int = 20_000           # log entries between snapshots (log compaction)
     max_stream_calls: int = 150_000        # calls in flight on all Calls streams (streams.py)
     duty_period: float = 0.05              # seconds between two rounds of leader duties
     skip_entries: frozenset[int] = frozenset()   # poison log entries (README), all replicas
@@ -224,7 +224,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> N
         data_dir=str(pick("data_dir") or f"gesmas-data-{node_id}"), secret=secret,
         fsync=not flag("unsafe_no_fsync"),
         checkpoint_every=_int("checkpoint_every", pick("checkpoint_every", 20_000)),
-        snapshot_every=_at_least("snapshot_every", pick("snapshot_every", 10_000), 100),
+        snapshot_every=_at_least("snapshot_every", pick("snapshot_every", 20_000), 100),
         max_stream_calls=_at_least("max_stream_calls", pick("max_stream_calls", 150_000), 1),
         skip_entries=frozenset(_int("skip_entries", i) for i in skip),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=client_ca,
