@@ -25,12 +25,13 @@ Pacing. Background work takes at most `share` of a core: after a slice that used
 of this thread's CPU the thread rests c * (1 - share) / share before the next one (entries
 and jobs are not paced: one queued ends the rest at once). A capture does not need to end
 fast, only before the next checkpoint, and the leader proposes checkpoints 5 s apart at the
-least (duties.py); so a run of slices rests only in its first PACE_FOR seconds, and goes
-flat out after that. Unpaced, the three replicas' captures after a checkpoint took both cores
-of a 2-core host for a second (~1 s of CPU each at 10^6 objects with 20,000 made since the
-last checkpoint: bench/capture_slices.py), and the calls made then waited for a core
-(docs/performance.md). `GESMAS_CAPTURE_SHARE` sets the share (default BACKGROUND_SHARE; 1
-runs slices back to back, as before).
+least (duties.py); so a run of slices rests only in its first PACE_FOR seconds (1 / share if
+longer: the time a second of CPU takes at that share), and goes flat out after that.
+Unpaced, the three replicas' captures after a checkpoint took both cores of a 2-core host
+for a second (~1 s of CPU each at 10^6 objects with 20,000 made since the last checkpoint:
+bench/capture_slices.py), and the calls made then waited for a core (docs/performance.md).
+`GESMAS_CAPTURE_SHARE` sets the share (default BACKGROUND_SHARE; 1 runs slices back to back,
+as before).
 
 Counters, under the condition's lock: `inflight` counts the entries queued or being applied
 (never the jobs), `last_done` is the last entry this thread finished. `busy()` and
