@@ -265,3 +265,51 @@ def test_holders_that_honour_held_never_write_stale_and_the_store_refuses_those_
         stop.set()
         rogue.close()
         other.close()
+
+
+class _Schedule:
+    def __init__(self) -> None:
+        self.failures: list[tuple[Any, bool]] = []
+
+    def failed(self, error: Any, started: float, now: float, unresponsive: bool = False) -> None:
+        self.failures.append((error, unresponsive))
+
+
+class _Lease:
+    session = 7
+
+    def __init__(self) -> None:
+        self.lost: list[tuple[str, bool]] = []
+
+    def lose(self, reason: str, by_server: bool = False) -> None:
+        self.lost.append((reason, by_server))
+
+
+def test_a_failed_keep_alive_is_handled_alike_by_both_clients():
+    """session.keepalive_failed (both clients' loops): a replica that gave no answer in time
+    is made a suspect and the round goes on; the server saying the session is gone loses
+    the lease; a closed client ends the loop; any other refusal is tried again later."""
+    from gesmas.client import core, session as session_
+    from gesmas.client.errors import NotFound, PermissionDenied, SessionExpired, Unavailable
+
+    def run(e: Any) -> tuple[bool, _Schedule, _Lease, list[str]]:
+        schedule, lease, suspects = _Schedule(), _Lease(), []
+        stop = session_.keepalive_failed(e, lease, schedule, "r1:1", 0.0,  # type: ignore[arg-type]
+                                         suspects.append)
+        return stop, schedule, lease, suspects
+
+    hung = Unavailable("no answer in 1 s")
+    stop, schedule, lease, suspects = run(core.Failure(hung, unresponsive=True))
+    assert (stop, schedule.failures, lease.lost, suspects) == (False, [(hung, True)], [],
+                                                               ["r1:1"])
+    refused = Unavailable("not the leader")
+    stop, schedule, lease, suspects = run(core.Failure(refused))
+    assert (stop, schedule.failures, lease.lost, suspects) == (False, [(refused, False)], [], [])
+    for gone in (NotFound("no session 7"), SessionExpired("session 7 expired")):
+        stop, schedule, lease, suspects = run(gone)
+        assert (stop, schedule.failures, lease.lost) == (False, [], [(gone.message, True)])
+    stop, schedule, lease, _ = run(session_.ClientClosed())
+    assert (stop, schedule.failures, lease.lost) == (True, [], [])
+    denied = PermissionDenied("not this caller's session")
+    stop, schedule, lease, _ = run(denied)
+    assert (stop, schedule.failures, lease.lost) == (False, [(denied, False)], [])

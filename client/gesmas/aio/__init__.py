@@ -208,15 +208,7 @@ class Client(session_.SessionView):
             raise ClientClosed()
 
     def _session_lost(self, lease: Lease) -> None:
-        if lease is not self._lease or self._session != lease.session:
-            return
-        log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
-        if self._on_expiry == "reopen":
-            self._session = 0
-        elif self._expired is None:
-            self._expired = SessionExpired(
-                f"session {lease.session} expired: {lease.reason}", "SessionExpired")
-        self._publish(lease)           # listeners hear it when calls already know
+        self._lose_session(lease)
 
     async def _keepalive_loop(self, lease: Lease, schedule: session_.KeepAlives) -> None:
         request = pb.KeepAliveRequest(session=lease.session,

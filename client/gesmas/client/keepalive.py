@@ -14,7 +14,7 @@ import grpc
 
 from gesmas.client import core
 from gesmas.client import session as session_
-from gesmas.client.errors import GesmasError, SessionExpired
+from gesmas.client.errors import GesmasError
 from gesmas.client.security import Login
 from gesmas.client.session import ClientClosed, Lease, SessionState
 from gesmas.v1 import gesmas_pb2 as pb
@@ -53,15 +53,7 @@ class KeepAliveThread(session_.SessionView):
     def _session_lost(self, lease: Lease) -> None:
         """``lease`` is lost: tell the listeners, then fail or forget the session (once)."""
         with self._session_lock:
-            if lease is not self._lease or self._session != lease.session:
-                return                                   # handled already
-            log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
-            if self._on_expiry == "reopen":
-                self._session = 0                        # the next call opens another
-            elif self._expired is None:
-                self._expired = SessionExpired(
-                    f"session {lease.session} expired: {lease.reason}", "SessionExpired")
-            self._publish(lease)       # listeners hear it when calls already know
+            self._lose_session(lease)
 
     def _keepalive_loop(self, lease: Lease, schedule: session_.KeepAlives) -> None:
         request = pb.KeepAliveRequest(session=lease.session,

@@ -213,6 +213,8 @@ class SessionView:
     _lease: Lease | None
     _listeners: Listeners
     _expired: Any
+    _session: int
+    _on_expiry: str
 
     @property
     def expired(self) -> bool:
@@ -245,6 +247,19 @@ class SessionView:
 
     def remove_listener(self, fn: Callable[[SessionState], object]) -> None:
         self._listeners.remove(fn)
+
+    def _lose_session(self, lease: Lease) -> None:
+        """``lease`` is lost: fail or forget the session, then tell the listeners (once; the
+        sync client holds its session lock around it)."""
+        if lease is not self._lease or self._session != lease.session:
+            return                                   # handled already
+        log.warning("gesmas: session %d is lost: %s", lease.session, lease.reason)
+        if self._on_expiry == "reopen":
+            self._session = 0                        # the next call opens another
+        elif self._expired is None:
+            self._expired = SessionExpired(
+                f"session {lease.session} expired: {lease.reason}", "SessionExpired")
+        self._publish(lease)       # listeners hear it when calls already know
 
     def _publish(self, lease: Lease, state: SessionState | None = None) -> SessionState:
         """Tell the listeners the state of ``lease`` if it is the current one and news."""
