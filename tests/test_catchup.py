@@ -347,3 +347,43 @@ def test_a_new_term_of_leadership_forgets_what_an_earlier_one_sent():
     assert node._gesmas_sent.sent == {} and node._SyncObj__raftNextIndex[F] > 12
     node._SyncObj__onMessageReceived(F, _reset())
     assert node._SyncObj__raftNextIndex[F] == 1
+
+
+# -- override 23: a snapshot sent at a bounded rate (catchup.SnapshotPacer) -------------------
+from gesmas.server.replication.catchup import (SNAPSHOT_RATE, SnapshotPacer,  # noqa: E402
+                                               chunk_bytes, snapshot_rate_from_env)
+
+
+def test_the_snapshot_rate_comes_from_the_environment_or_is_refused_by_name():
+    assert snapshot_rate_from_env({}) == SNAPSHOT_RATE
+    assert snapshot_rate_from_env({"GESMAS_SNAPSHOT_RATE": " 64 "}) == 64 * 2 ** 20
+    assert snapshot_rate_from_env({"GESMAS_SNAPSHOT_RATE": "0"}) == 0     # unpaced
+    for bad in ("fast", "nan", "inf", "-40", "7.9", "1e400"):
+        with pytest.raises(ValueError, match="GESMAS_SNAPSHOT_RATE"):
+            snapshot_rate_from_env({"GESMAS_SNAPSHOT_RATE": bad})
+
+
+def test_a_pacer_lets_a_burst_go_then_the_rate_per_node():
+    mb = 2 ** 20
+    p = SnapshotPacer(10 * mb)          # burst: 2 MiB (a tenth of a second would be 1 MiB)
+    assert p.burst == 2 * mb
+    mb1 = 1_000_000
+    assert p.may_send("a", mb1, 0.0) and p.may_send("a", mb1, 0.0)
+    assert p.may_send("a", mb1, 0.0)    # the last 97,152 bytes of credit: spent past it
+    assert not p.may_send("a", mb1, 0.0) and p.held == 1
+    assert p.may_send("b", mb1, 0.0)    # each node its own credit
+    assert p.may_send("a", 0, 0.0)      # nothing of a snapshot: never held
+    assert not p.may_send("a", mb1, 0.05)   # -902,848 + 524,288: still below zero
+    assert p.may_send("a", mb1, 0.11)       # + 0.06 s more: above
+    assert p.may_send("a", 1, 100.0) and p.credit["a"][0] == 2 * mb - 1   # capped at burst
+    p.forget("a")
+    assert "a" not in p.credit
+    assert SnapshotPacer(0).may_send("a", 10 ** 12, 0.0)     # unpaced
+
+
+def test_only_snapshot_chunks_are_counted():
+    chunk = {"type": "append_entries", "serialized": (b"s" * 1000, True, False)}
+    none = {"type": "append_entries", "serialized": None}    # no snapshot to send yet
+    ae = {"type": "append_entries", "entries": [(b"e" * 5000, 1, 1)]}
+    assert chunk_bytes([chunk, ae, none, chunk, "not a dict"]) == 2000
+    assert chunk_bytes([ae]) == 0

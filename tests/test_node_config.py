@@ -176,15 +176,19 @@ def test_a_bad_switch_interval_is_a_usage_error_and_a_good_one_is_applied(
         sys.setswitchinterval(before)
 
 
-@pytest.mark.parametrize("value", ["0", "1.5", "half", "nan"])
-def test_a_bad_capture_share_is_a_usage_error(tmp_path, capsys, monkeypatch, value):
-    """GESMAS_CAPTURE_SHARE (replication/apply_thread.py): refused by name before anything
-    starts, as the switch interval is, rather than by the replica as it starts."""
+@pytest.mark.parametrize("name,value", [
+    ("GESMAS_CAPTURE_SHARE", "0"), ("GESMAS_CAPTURE_SHARE", "1.5"),
+    ("GESMAS_CAPTURE_SHARE", "half"), ("GESMAS_CAPTURE_SHARE", "nan"),
+    ("GESMAS_SNAPSHOT_RATE", "-1"), ("GESMAS_SNAPSHOT_RATE", "fast")])
+def test_a_bad_tuning_variable_is_a_usage_error(tmp_path, capsys, monkeypatch, name, value):
+    """GESMAS_CAPTURE_SHARE (replication/apply_thread.py) and GESMAS_SNAPSHOT_RATE
+    (replication/catchup.py): refused by name before anything starts, as the switch
+    interval is, rather than by the replica as it starts."""
     monkeypatch.setattr("gesmas.server.main.ensure_hash_seed", lambda: None)
-    monkeypatch.setenv("GESMAS_CAPTURE_SHARE", value)
+    monkeypatch.setenv(name, value)
     good = {"id": 1, "client_addr": "127.0.0.1:1", "raft_addr": "127.0.0.1:2",
             "data_dir": str(tmp_path / "d"), "insecure": True, "secret": "s3cret-for-tests"}
     rc = cli.main(["server", "--config", write(tmp_path, good)])
     err = capsys.readouterr().err
-    assert rc == 2 and "GESMAS_CAPTURE_SHARE" in err and repr(value) in err, err
+    assert rc == 2 and name in err and repr(value) in err, err
     assert not (tmp_path / "d").exists()

@@ -23,7 +23,7 @@ import pytest
 from pysyncobj.encryptor import SALT
 
 from gesmas.server.replication import RaftTuning, Replica, overrides, tcpconn
-from gesmas.server.replication.catchup import SnapshotsSent
+from gesmas.server.replication.catchup import SnapshotPacer, SnapshotsSent
 from gesmas.server.replication.prevote import PRE_VOTE
 from gesmas.server.replication.raftwire import AeadEncryptor, Framing, derive_master
 from gesmas.server.replication.types import NotLeader
@@ -318,6 +318,18 @@ def _unbatched(messages) -> list:
             for x in (m["messages"] if m.get("type") == overrides.BATCH else [m])]
 
 
+def _bare_transport(limit: int, connections: dict, rate: float = 0.0):
+    """A _DurableTransport with only what _send_grouped reads: frames of `limit` bytes,
+    `connections`, snapshot chunks paced at `rate` bytes/s (0: unpaced)."""
+    t = object.__new__(overrides._DurableTransport)
+    t._syncObj = type("S", (), {"encryptor": None, "conf": type(
+        "C", (), {"appendEntriesBatchSizeBytes": limit})(), "_gesmas_sent": SnapshotsSent()})()
+    t._connections = connections
+    t._backlog = {}
+    t.pacer = SnapshotPacer(rate)
+    return t
+
+
 class _Conn:
     """What _send_grouped reads of a TcpConnection: its socket and its unwritten bytes."""
 
@@ -336,12 +348,8 @@ def test_a_flush_hands_a_connection_a_bounded_amount_and_keeps_the_rest_in_order
     sent to a node whose connection was replaced meanwhile (a cut transmission is started
     over by pysyncobj), and a node with room gets everything at once."""
     limit = 2 ** 20
-    t = object.__new__(overrides._DurableTransport)
-    t._syncObj = type("S", (), {"encryptor": None, "conf": type(
-        "C", (), {"appendEntriesBatchSizeBytes": limit})(), "_gesmas_sent": SnapshotsSent()})()
     slow, fast = _Conn(), _Conn()
-    t._connections = {"slow": slow, "fast": fast}
-    t._backlog = {}
+    t = _bare_transport(limit, {"slow": slow, "fast": fast})
     sent: list = []
     monkeypatch.setattr(overrides.TCPTransport, "send",
                         lambda self, node, m: sent.append((node, m)) or True)
@@ -375,18 +383,56 @@ def test_a_flush_hands_a_connection_a_bounded_amount_and_keeps_the_rest_in_order
     assert t._syncObj._gesmas_sent.sent == {}   # nor taken as arrived (override 19)
 
 
+def test_a_snapshot_goes_out_at_the_paced_rate_and_nothing_else_waits_for_it(monkeypatch):
+    """Override 23: a snapshot queued whole goes to its follower at the pacer's rate (its
+    chunks wait in the backlog, in order, with what was queued behind them), however much
+    room the connection has; another node's messages and a node without chunks go at once;
+    a chunk that waited goes once credit is back."""
+    limit, rate = 2 ** 20, 8 * 2 ** 20
+    far, near = _Conn(), _Conn()
+    t = _bare_transport(limit, {"far": far, "near": near}, rate=rate)
+    clock = [100.0]
+    monkeypatch.setattr(overrides._ps, "monotonicTime", lambda: clock[0])
+    sent: list = []
+    monkeypatch.setattr(overrides.TCPTransport, "send",
+                        lambda self, node, m: sent.append((node, m)) or True)
+    chunks = [{"type": "append_entries", "term": 1, "commit_index": 9,
+               "serialized": (bytes([k]) * 1_000_000, k == 0, k == 19)} for k in range(20)]
+    heartbeat = {"type": "append_entries", "term": 1, "commit_index": 9, "prevLogIdx": 9,
+                 "prevLogTerm": 1, "entries": []}
+    entries = [dict(heartbeat, entries=[(b"e" * 500_000, 10 + k, 1)]) for k in range(6)]
+    t._send_grouped([("far", c) for c in chunks] + [("far", heartbeat)] +
+                    [("near", e) for e in entries])
+    assert _unbatched(m for n, m in sent if n == "near") == entries   # no chunks: unpaced
+    first = _unbatched(m for n, m in sent if n == "far")
+    assert first == chunks[:3]      # a burst of 2 MiB, the last run spent past it
+    sent.clear()
+    t._send_grouped([])             # no time passed: no credit, nothing goes
+    assert sent == []
+    got, flushes = list(first), 0
+    while t._backlog:
+        clock[0] += 0.05            # a tick: 0.4 MB of credit at 8 MiB/s
+        t._send_grouped([])
+        got += _unbatched(m for _, m in sent)
+        sent.clear()
+        flushes += 1
+    assert got == chunks + [heartbeat]                 # in order, each once
+    seconds = flushes * 0.05
+    assert 17 * 1_000_000 / rate <= seconds <= 17 * 1_000_000 / rate + 0.2
+    assert t.pacer.held > 0
+    t.pacer = SnapshotPacer(0)      # unpaced (GESMAS_SNAPSHOT_RATE=0): room alone decides
+    t._send_grouped([("far", c) for c in chunks])
+    assert _unbatched(m for _, m in sent) == chunks[:3]
+
+
 def test_a_backlog_drops_the_entries_the_leader_queues_again_after_an_ack(monkeypatch):
     """pysyncobj moves a follower's nextIndex back to each ack, so the entries still waiting
     in the node's backlog are queued again: the waiting append_entries are dropped (their
     entries are on the follower or in the newer messages), a snapshot chunk waiting among
     them is kept, and newer messages that go on from the end keep the backlog whole."""
     limit = 2 ** 16
-    t = object.__new__(overrides._DurableTransport)
-    t._syncObj = type("S", (), {"encryptor": None, "conf": type(
-        "C", (), {"appendEntriesBatchSizeBytes": limit})()})()
     conn = _Conn()
-    t._connections = {"f": conn}
-    t._backlog = {}
+    t = _bare_transport(limit, {"f": conn})
     sent: list = []
     monkeypatch.setattr(overrides.TCPTransport, "send",
                         lambda self, node, m: sent.append(m) or True)

@@ -11,6 +11,7 @@ from typing import Any
 from .config import HASH_SEED, ConfigError
 from .config import load as load_config
 from .replication.apply_thread import share_from_env
+from .replication.catchup import snapshot_rate_from_env
 
 
 def ensure_hash_seed() -> None:
@@ -145,6 +146,7 @@ def run_server(args: Any) -> int:
         _setup_logging(config.node_id, config.log_format)
         tune_switching()
         share_from_env()                     # read again by the replica: refused here first
+        snapshot_rate_from_env()             # likewise, by the Raft transport
     except (ConfigError, ValueError) as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2

@@ -101,6 +101,10 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      ``gesmas_alive`` (its term, no claim on the log) every 0.25 s, which the leader counts as
      an answer in that term: a disk stall longer than leader_fallback_timeout no longer
      deposes a reachable leader. A gesmas without it ignores the message.
+  23. ``catchup.SnapshotPacer`` (``_DurableTransport._send_grouped``): a leader sends a
+     follower its snapshot's chunks at ``GESMAS_SNAPSHOT_RATE`` megabytes per second at
+     most (default 40; 0 for unpaced), so a transfer to a wiped follower does not take the
+     host's cores from the calls for its duration; the chunks wait in the backlog (17).
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

@@ -138,6 +138,7 @@ class _DurableTransport(TCPTransport):
         self._alive_sent = 0.0        # when this node last told its leader it is alive
         # node -> (the socket its messages were queued for, messages past their sync)
         self._backlog: Dict[Any, Tuple[Any, List[Any]]] = {}
+        self.pacer = catchup.SnapshotPacer(catchup.snapshot_rate_from_env())  # override 23
         super().__init__(syncObj, selfNode, otherNodes)
         syncObj.addOnTickCallback(self.flush)
 
@@ -257,6 +258,7 @@ class _DurableTransport(TCPTransport):
         for node, message in items:
             per_node.setdefault(node, []).append(message)
         limit = self._syncObj.conf.appendEntriesBatchSizeBytes
+        pacer, now = self.pacer, _ps.monotonicTime()
         for node, messages in per_node.items():
             sock, waiting = self._backlog.pop(node, (None, []))
             conn = self._connections.get(node)
@@ -265,6 +267,7 @@ class _DurableTransport(TCPTransport):
                 messages = _superseded_dropped(waiting, messages) + messages   # older first
             elif waiting:        # a snapshot's chunks among them never arrive (override 19)
                 self._syncObj._gesmas_sent.forget(node)
+                pacer.forget(node)
             if not messages:
                 continue
             if self._handshaking(node):
@@ -278,7 +281,8 @@ class _DurableTransport(TCPTransport):
             room = SEND_AHEAD * limit - (conn.getSendBufferSize() if conn is not None else 0)
             runs = list(_size_runs(coalesce(messages, limit), limit))
             for k, run in enumerate(runs):
-                if room <= 0 and now_sock is not None:
+                if now_sock is not None and (   # override 23: a snapshot's chunks paced
+                        room <= 0 or not pacer.may_send(node, catchup.chunk_bytes(run), now)):
                     self._backlog[node] = (now_sock, [m for r in runs[k:] for m in r])
                     break
                 for message in batch(run):

@@ -283,6 +283,9 @@ class Replica:
             "rejoining": self.rejoin is not None,     # no vote until caught up (rejoin.py)
             # queued for peers beyond what their connections were handed (override 17)
             "send_backlog_bytes": self._send_backlog_bytes(node),
+            # times a snapshot chunk waited for its follower's rate (override 23)
+            "snapshot_chunks_paced": getattr(getattr(node._SyncObj__transport, "pacer", None),
+                                             "held", 0),
         }
 
     @staticmethod
