@@ -51,8 +51,10 @@ def test_each_replica_serves_its_metrics():
                          "gesmas_checkpoint_seconds", "gesmas_raft_role_changes",
                          "gesmas_sessions_expired", "gesmas_gc_pause_seconds",
                          "gesmas_rejoining", "gesmas_snapshot_bytes", "gesmas_data_dir_bytes",
-                         "gesmas_waiting_readers", "gesmas_reader_wakes"):
+                         "gesmas_waiting_readers", "gesmas_reader_wakes",
+                         "gesmas_raft_snapshot_chunks_paced"):
                 assert name in f, (node_id, name)
+            assert value(f, "gesmas_raft_snapshot_chunks_paced_total") == 0   # none was sent
             assert value(f, "gesmas_data_dir_bytes") >= value(f, "gesmas_journal_bytes") > 0
             assert value(f, "gesmas_rejoining") == 0.0   # a new cluster's replicas vote
             assert value(f, "gesmas_raft_is_leader") == (1.0 if node_id == leader.node_id

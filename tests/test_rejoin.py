@@ -296,6 +296,8 @@ def test_a_snapshot_cut_off_on_its_way_is_sent_again_whole(tmp_path):
                     consistency="sequential", **cluster.client_options()) as c:
             got = [c.queue(f"big{i}").size() for i in range(4)]
         assert got == [28, 28, 27, 27]
+        # ~16 MB at the default rate (override 23): chunks waited for it at least once
+        assert _gauge(leader, "gesmas_raft_snapshot_chunks_paced_total") > 0
     finally:
         cluster.stop()
 

@@ -6,7 +6,8 @@ costs only what the gateway records about it: one histogram observation, and one
 increment when it fails.
 
     gesmas_raft_is_leader, gesmas_raft_term, gesmas_raft_commit_index,
-    gesmas_raft_applied_index, gesmas_raft_peers_connected, gesmas_raft_send_backlog_bytes
+    gesmas_raft_applied_index, gesmas_raft_peers_connected, gesmas_raft_send_backlog_bytes,
+    gesmas_raft_snapshot_chunks_paced_total
     gesmas_sessions, gesmas_objects, gesmas_waiters, gesmas_classes, gesmas_pending_calls
     gesmas_waiting_readers, gesmas_reader_wakes_total   (reads that wait on this replica: a
         Map's watches, observe, ...; and how many times one was woken to run again; watch
@@ -71,6 +72,11 @@ class NodeCollector:
         yield gauge("gesmas_raft_send_backlog_bytes", "bytes of Raft messages waiting for "
                     "their peer's connection to drain (a snapshot or log on its way to a "
                     "follower catching up)", float(st.get("send_backlog_bytes") or 0))
+        paced = CounterMetricFamily("gesmas_raft_snapshot_chunks_paced", "times a snapshot "
+                                    "chunk for a follower waited for the rate this leader "
+                                    "sends snapshots at (GESMAS_SNAPSHOT_RATE)")
+        paced.add_metric([], float(st.get("snapshot_chunks_paced") or 0))
+        yield paced
         reads = getattr(node, "reads", None)        # a node still being made has none
         if reads is not None:
             yield gauge("gesmas_waiting_readers", "reads waiting on this replica for a change "
