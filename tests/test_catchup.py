@@ -351,7 +351,8 @@ def test_a_new_term_of_leadership_forgets_what_an_earlier_one_sent():
 
 # -- override 23: a snapshot sent at a bounded rate (catchup.SnapshotPacer) -------------------
 from gesmas.server.replication.catchup import (SNAPSHOT_RATE, SnapshotPacer,  # noqa: E402
-                                               chunk_bytes, snapshot_rate_from_env)
+                                               snapshot_rate_from_env)
+from gesmas.server.replication.transport import chunk_bytes  # noqa: E402
 
 
 def test_the_snapshot_rate_comes_from_the_environment_or_is_refused_by_name():

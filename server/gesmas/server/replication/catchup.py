@@ -107,7 +107,6 @@ SNAPSHOT_RATE = 40 * 2 ** 20
 SNAPSHOT_RATE_FLOOR = 8 * 2 ** 20
 
 
-
 class CatchUp:
     """When each follower's connection last closed, and the rule (module docstring)."""
 
@@ -198,25 +197,13 @@ def snapshot_rate_from_env(environ: Any = os.environ) -> float:
                      f"0 (unpaced) or at least {SNAPSHOT_RATE_FLOOR >> 20}")
 
 
-def chunk_bytes(messages: Iterable[Any]) -> int:
-    """The bytes of snapshot chunks among `messages` (pysyncobj's append_entries with
-    ``serialized``: (data, is_first, is_last))."""
-    total = 0
-    for m in messages:
-        if isinstance(m, dict):
-            part = m.get("serialized")
-            if part:
-                total += len(part[0] or b"")
-    return total
-
-
 class SnapshotPacer:
     """Each node's credit of snapshot bytes (a token bucket): `rate` bytes a second, at
     most `burst` saved up (module docstring, override 23). Tick thread only."""
 
-    def __init__(self, rate: float, burst: float = 0.0) -> None:
+    def __init__(self, rate: float) -> None:
         self.rate = rate
-        self.burst = max(burst, 2 * 2 ** 20, rate * 0.1)
+        self.burst = max(2 * 2 ** 20, rate * 0.1)     # two chunks, or a tenth of a second
         self.credit: Dict[Any, Tuple[float, float]] = {}   # node -> (bytes, as of when)
         self.held = 0                                      # times a chunk had to wait
 
@@ -236,4 +223,3 @@ class SnapshotPacer:
 
     def forget(self, node: Any) -> None:
         self.credit.pop(node, None)
-

@@ -20,7 +20,7 @@ from . import catchup, prevote, raftwire, reads
 from .tcpconn import _install_tcp_overrides, _raise_frame_cap
 from .journal import DurableJournal
 from .transport import (BATCH, SEND_AHEAD, DurableMatch, _approx_bytes,  # noqa: F401
-                        _early, _size_runs, _superseded_dropped, batch, coalesce,
+                        _early, _size_runs, _superseded_dropped, batch, chunk_bytes, coalesce,
                         filter_append_entries, split_early)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -282,7 +282,7 @@ class _DurableTransport(TCPTransport):
             runs = list(_size_runs(coalesce(messages, limit), limit))
             for k, run in enumerate(runs):
                 if now_sock is not None and (   # override 23: a snapshot's chunks paced
-                        room <= 0 or not pacer.may_send(node, catchup.chunk_bytes(run), now)):
+                        room <= 0 or not pacer.may_send(node, chunk_bytes(run), now)):
                     self._backlog[node] = (now_sock, [m for r in runs[k:] for m in r])
                     break
                 for message in batch(run):
