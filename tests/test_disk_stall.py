@@ -19,7 +19,7 @@ import pytest
 
 from gesmas.server.replication import journal as journal_mod
 from gesmas.server.replication.journal import FAILPOINT_FSYNC_STALL, DurableJournal
-from gesmas.server.replication.overrides import ALIVE, _DurableTransport
+from gesmas.server.replication.durable_transport import ALIVE, _DurableTransport
 
 from test_raft_port import InProcessCluster, warmed
 

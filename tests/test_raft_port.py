@@ -22,7 +22,7 @@ import zlib
 import pytest
 from pysyncobj.encryptor import SALT
 
-from gesmas.server.replication import RaftTuning, Replica, overrides, tcpconn
+from gesmas.server.replication import RaftTuning, Replica, durable_transport, tcpconn, transport
 from gesmas.server.replication.catchup import SnapshotPacer, SnapshotsSent
 from gesmas.server.replication.prevote import PRE_VOTE
 from gesmas.server.replication.raftwire import AeadEncryptor, Framing, derive_master
@@ -304,24 +304,24 @@ def test_frames_are_grouped_by_size():
     ae = [{"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": i,
            "prevLogTerm": 1, "entries": [(b"x" * 400_000, i + 1, 1)]} for i in range(5)]
     ack = {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False}
-    runs = list(overrides._size_runs(ae + [ack], 2 ** 20))
+    runs = list(transport._size_runs(ae + [ack], 2 ** 20))
     assert [len(r) for r in runs] == [2, 2, 2]
     assert [m for r in runs for m in r] == ae + [ack]  # order kept
     huge = dict(ae[0], entries=[(b"x" * 3_000_000, 1, 1)])
-    assert list(overrides._size_runs([huge, ack], 2 ** 20)) == [[huge], [ack]]
+    assert list(transport._size_runs([huge, ack], 2 ** 20)) == [[huge], [ack]]
     chunk = {"type": "append_entries", "serialized": (b"s" * 900_000, True, False)}
-    assert len(list(overrides._size_runs([chunk, chunk], 2 ** 20))) == 2
+    assert len(list(transport._size_runs([chunk, chunk], 2 ** 20))) == 2
 
 
 def _unbatched(messages) -> list:
     return [x for m in messages
-            for x in (m["messages"] if m.get("type") == overrides.BATCH else [m])]
+            for x in (m["messages"] if m.get("type") == transport.BATCH else [m])]
 
 
 def _bare_transport(limit: int, connections: dict, rate: float = 0.0):
     """A _DurableTransport with only what _send_grouped reads: frames of `limit` bytes,
     `connections`, snapshot chunks paced at `rate` bytes/s (0: unpaced)."""
-    t = object.__new__(overrides._DurableTransport)
+    t = object.__new__(durable_transport._DurableTransport)
     t._syncObj = type("S", (), {"encryptor": None, "conf": type(
         "C", (), {"appendEntriesBatchSizeBytes": limit})(), "_gesmas_sent": SnapshotsSent()})()
     t._connections = connections
@@ -351,7 +351,7 @@ def test_a_flush_hands_a_connection_a_bounded_amount_and_keeps_the_rest_in_order
     slow, fast = _Conn(), _Conn()
     t = _bare_transport(limit, {"slow": slow, "fast": fast})
     sent: list = []
-    monkeypatch.setattr(overrides.TCPTransport, "send",
+    monkeypatch.setattr(durable_transport.TCPTransport, "send",
                         lambda self, node, m: sent.append((node, m)) or True)
     chunks = [{"type": "append_entries", "term": 1, "commit_index": 9,
                "serialized": (bytes([k]) * 900_000, k == 0, k == 9)} for k in range(10)]
@@ -392,9 +392,9 @@ def test_a_snapshot_goes_out_at_the_paced_rate_and_nothing_else_waits_for_it(mon
     far, near = _Conn(), _Conn()
     t = _bare_transport(limit, {"far": far, "near": near}, rate=rate)
     clock = [100.0]
-    monkeypatch.setattr(overrides._ps, "monotonicTime", lambda: clock[0])
+    monkeypatch.setattr(durable_transport._ps, "monotonicTime", lambda: clock[0])
     sent: list = []
-    monkeypatch.setattr(overrides.TCPTransport, "send",
+    monkeypatch.setattr(durable_transport.TCPTransport, "send",
                         lambda self, node, m: sent.append((node, m)) or True)
     chunks = [{"type": "append_entries", "term": 1, "commit_index": 9,
                "serialized": (bytes([k]) * 1_000_000, k == 0, k == 19)} for k in range(20)]
@@ -434,7 +434,7 @@ def test_a_backlog_drops_the_entries_the_leader_queues_again_after_an_ack(monkey
     conn = _Conn()
     t = _bare_transport(limit, {"f": conn})
     sent: list = []
-    monkeypatch.setattr(overrides.TCPTransport, "send",
+    monkeypatch.setattr(durable_transport.TCPTransport, "send",
                         lambda self, node, m: sent.append(m) or True)
 
     def ae(prev: int, n: int) -> dict:

@@ -112,7 +112,8 @@ The runaway defence: a watchdog process kills the replica when one entry burns t
 
 Measurements of this layer are in docs/performance.md ("Replication alone").
 """
-from .overrides import _DurableTransport, _install_journal_factory, _RaftNode  # noqa: F401
+from .durable_transport import _DurableTransport  # noqa: F401
+from .overrides import _install_journal_factory, _RaftNode  # noqa: F401
 from .replica import SNAPSHOT_NAME, Replica
 from .transport import batch, coalesce, filter_append_entries, split_early
 from .types import (NotLeader, Overloaded, ProposeFailure, RaftTuning, ReplicaStopped,

@@ -1,7 +1,7 @@
 """Pure functions over Raft messages: conflict-only truncation of append_entries, coalescing
 and batching of outgoing messages, which ones may leave before the journal is synced, and
 how much of a node's backlog one flush sends.
-No I/O: `overrides.py` calls them and the tests check them directly."""
+No I/O: `durable_transport.py` calls them and the tests check them directly."""
 from __future__ import annotations
 
 import itertools
