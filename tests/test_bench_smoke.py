@@ -3,11 +3,12 @@ sizes, exits 0 and prints the table and the JSON line. No timing assertions."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from procgroup import run_in_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,10 +19,10 @@ LATENCY_OPS = ["produce", "consume", "lock acquire+release", "counter add"]
 
 def test_cluster_bench_quick(tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
-    out = subprocess.run(
+    out = run_in_group(
         [sys.executable, str(ROOT / "bench" / "cluster_bench.py"), "--quick",
          "--json", str(out_json)],
-        capture_output=True, text=True, timeout=180, cwd=ROOT, stdin=subprocess.DEVNULL)
+        timeout=180, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     lines = out.stdout.splitlines()
     table = [ln for ln in lines if ln.startswith("|")]
@@ -50,9 +51,8 @@ def test_cluster_bench_quick(tmp_path: Path) -> None:
 
 
 def test_aio_bench_small() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "aio_bench.py"), "--n", "200"],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT,
-                         stdin=subprocess.DEVNULL)
+    out = run_in_group([sys.executable, str(ROOT / "bench" / "aio_bench.py"), "--n", "200"],
+                       timeout=180, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     figures = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
     assert figures["lost"] == "0" and figures["wrong"] == "0" and figures["n"] == "200"
@@ -62,10 +62,9 @@ def test_aio_bench_small() -> None:
 def test_cancel_bench_small() -> None:
     """bench/cancel_bench.py: a killed client's 300 waits are all withdrawn, in fewer log
     entries than waits, and the other client's session is kept."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "cancel_bench.py"),
-                          "--waiters", "300", "--limit", "120"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         stdin=subprocess.DEVNULL)
+    out = run_in_group([sys.executable, str(ROOT / "bench" / "cancel_bench.py"),
+                        "--waiters", "300", "--limit", "120"],
+                       timeout=300, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     line = [x for x in out.stdout.splitlines() if x.startswith("withdrawn after")]
     assert line and line[0].endswith("kept"), out.stdout
@@ -77,10 +76,10 @@ def test_scale_bench_quick(tmp_path: Path) -> None:
     """bench/scale_bench.py --quick: every phase runs, the catch-up after a restart and after
     a wipe is measured, and the JSON holds what the table prints."""
     out_json = tmp_path / "scale.json"
-    out = subprocess.run(
+    out = run_in_group(
         [sys.executable, str(ROOT / "bench" / "scale_bench.py"), "--quick",
          "--json", str(out_json)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
+        timeout=300, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     run = json.loads(out_json.read_text())["runs"][0]
     assert [p["phase"] for p in run["phases"]] == ["create", "idle", "waiters", "restart",
@@ -137,9 +136,8 @@ def test_capture_slices_quick() -> None:
     """bench/capture_slices.py --quick --restore: every round's capture ends with a blob,
     and each round prints its entry, its slices and its collector passes; so does the first
     capture of a kernel restored after them."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "capture_slices.py"), "--quick",
-                          "--restore"], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         stdin=subprocess.DEVNULL)
+    out = run_in_group([sys.executable, str(ROOT / "bench" / "capture_slices.py"), "--quick",
+                        "--restore"], timeout=120, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     rounds = [ln for ln in out.stdout.splitlines() if ln.startswith("round ")]
     assert len(rounds) == 2, out.stdout
@@ -153,10 +151,9 @@ def test_capture_slices_quick() -> None:
 def test_writeback_bench_install(tmp_path: Path) -> None:
     """bench/writeback_bench.py --install: a row per install each way, and nothing left in
     its directory (the journal, the snapshot, its spare and its .tmp removed)."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "writeback_bench.py"),
-                          "--install", "--mb", "2", "--runs", "1", "--dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         stdin=subprocess.DEVNULL)
+    out = run_in_group([sys.executable, str(ROOT / "bench" / "writeback_bench.py"),
+                        "--install", "--mb", "2", "--runs", "1", "--dir", str(tmp_path)],
+                       timeout=120, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     rows = [ln.split("|")[1:-1] for ln in out.stdout.splitlines() if ln.startswith("| ")]
     assert [r[0].strip() for r in rows[1:]] == ["fresh", "over"], out.stdout

@@ -4,11 +4,12 @@ table; the JSON and the plots are written under --out. No timing assertions."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from procgroup import run_in_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,10 +18,10 @@ pytestmark = pytest.mark.cluster
 
 def test_paper_quick_gesmas_only(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    out = subprocess.run(
+    out = run_in_group(
         [sys.executable, str(ROOT / "bench" / "paper.py"), "--quick", "--systems", "gesmas",
          "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=150, cwd=ROOT, stdin=subprocess.DEVNULL)
+        timeout=150, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     table = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
     assert table and table[0].startswith("| measurement | better | gesmas | zookeeper"), out.stdout
@@ -61,10 +62,10 @@ def test_paper_reads_and_map_quick_gesmas_only(tmp_path: Path) -> None:
     empty, and no log entry while only reads ran (the leader's commit index, before and
     after each point); issue 27's map table: gets, puts, and watch fan-outs in which every
     watcher was notified of every change."""
-    out = subprocess.run(
+    out = run_in_group(
         [sys.executable, str(ROOT / "bench" / "paper.py"), "--quick", "--only", "reads,map",
          "--systems", "gesmas", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=200, cwd=ROOT, stdin=subprocess.DEVNULL)
+        timeout=200, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     reads_out, _, map_out = out.stdout.partition("Map (issue 27)")
     assert map_out, out.stdout
