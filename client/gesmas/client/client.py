@@ -95,6 +95,7 @@ from gesmas.client.errors import (
 from gesmas.client.security import TLS, Login, resolve_tls
 from gesmas.client.own_follow import SLOTS, Deadlines, OwnFollowing, own_follow_setting
 from gesmas.client.streams import CallStream, Unsupported, next_cursor, pick_stream
+from gesmas.client.thread_streams import ThreadStreams, thread_stream_setting
 from gesmas.client.proxies import PROXIES, ObjectProxy
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -253,6 +254,9 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
         self._own_follow = own_follow_setting()
         self._followings: dict[str, set[OwnFollowing]] = {}
         self._deadlines = Deadlines()
+        # a thread's calls on a Calls RPC of its own (thread_streams), read by that thread
+        self._threads = (ThreadStreams(self._login, MAX_MESSAGE, self._deadlines)
+                         if thread_stream_setting() else None)
         self._unary_only: set[str] = set()     # replicas without the Calls stream
         self._proxies: OrderedDict[tuple[str, str], ObjectProxy] = OrderedDict()
         self._channels_closed = False
@@ -354,6 +358,8 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
         for own in followings.values():
             for following in own:
                 following.cancel()
+        if self._threads is not None:
+            self._threads.end()
         self._deadlines.close()
         for channel, _ in stubs.values():
             channel.close()
@@ -376,6 +382,8 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
             stream.cancel()
         for following in own:
             following.cancel()
+        if self._threads is not None:
+            self._threads.end(address, cancel=True)
 
     # --- transport and retries -----------------------------------------------------------
 
@@ -474,7 +482,9 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
                         request, *follow, deadline)
                     self._seen.note(response)
                     return following, response
-                response = self._stream(address, metadata).call(request, deadline)
+                stream = (self._threads.get(address, metadata, self._stub)
+                          if self._threads is not None else None)
+                response = (stream or self._stream(address, metadata)).call(request, deadline)
                 self._seen.note(response)
                 return response
             except Unsupported:               # an older replica: unary Invoke there

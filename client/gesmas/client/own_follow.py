@@ -28,7 +28,8 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator
+import weakref
+from typing import Any, Callable, Iterator, Protocol
 
 import grpc
 
@@ -37,7 +38,7 @@ from gesmas.client.errors import Unavailable
 from gesmas.client.security import Login
 from gesmas.client.streams import FollowedAnswers, call_message, no_answer, stream_failure
 
-__all__ = ["Deadlines", "OwnFollowing", "SLOTS", "Slots", "OWN_PER_REPLICA",
+__all__ = ["Deadlines", "OwnFollowing", "OwnRpc", "SLOTS", "Slots", "OWN_PER_REPLICA",
            "own_follow_setting"]
 
 #: Followed calls on RPCs of their own per replica, in this process (see the module doc).
@@ -86,7 +87,35 @@ class Slots:
 SLOTS = Slots(OWN_PER_REPLICA)
 
 
-class OwnFollowing(FollowedAnswers):
+class OwnRpc:
+    """A Calls RPC of its own, read by its caller's thread (``OwnFollowing``,
+    ``thread_streams.ThreadStream``): where it goes, its login, the fields ``Deadlines``
+    keeps under its lock (when the awaited answer is due, whether the RPC is in its heap,
+    whether it passed), and its reading. The subclass opens ``_rpc``."""
+    _rpc: Any
+
+    def __init__(self, address: str, metadata: tuple[tuple[str, str], ...], login: Login,
+                 deadlines: Deadlines) -> None:
+        self.address = address
+        self.metadata = metadata
+        self._login = login
+        self._deadlines = deadlines
+        self.due: float | None = None
+        self.queued = False
+        self.timed_out = False
+
+    def _next_answer(self) -> Any:
+        """The RPC's next CallAnswer, or the failure it ended with (``core.Failure``, or
+        ``Unsupported`` from a replica without the Calls stream)."""
+        try:
+            return next(self._rpc)
+        except StopIteration:
+            return core.Failure(Unavailable(f"{self.address}: the call stream ended"))
+        except grpc.RpcError as e:
+            return stream_failure(e, self.address, self._login, self.metadata)
+
+
+class OwnFollowing(FollowedAnswers, OwnRpc):
     """One followed call alone on a Calls RPC to ``address``; it is its own stream for
     ``FollowedAnswers`` (address, login, metadata). It holds one of ``SLOTS`` at
     ``address``, which its maker took, until it ends; ``on_end`` is told then, once."""
@@ -95,18 +124,10 @@ class OwnFollowing(FollowedAnswers):
                  login: Login, max_message: int, request: Any, argument: str, key: str,
                  deadline: float | None, deadlines: Deadlines,
                  on_end: Callable[[OwnFollowing], None]) -> None:
-        super().__init__(self, deadline)
-        self.address = address
-        self.metadata = metadata
-        self._login = login
-        self._deadlines = deadlines
+        FollowedAnswers.__init__(self, self, deadline)
+        OwnRpc.__init__(self, address, metadata, login, deadlines)
         self._on_end = on_end
         self._ended = False
-        # kept by ``Deadlines`` under its lock: when the awaited answer is due, whether the
-        # following is in its heap, whether it passed
-        self.due: float | None = None
-        self.queued = False
-        self.timed_out = False
         msg = call_message(request, deadline, max_message)
         msg.follow.argument, msg.follow.key = argument, key
         msg.id = self.id = 1
@@ -123,13 +144,7 @@ class OwnFollowing(FollowedAnswers):
         deadline."""
         if self.deadline is not None:
             self._deadlines.arm(self, self.deadline)
-        answer: Any
-        try:
-            answer = next(self._rpc)
-        except StopIteration:
-            answer = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
-        except grpc.RpcError as e:
-            answer = stream_failure(e, self.address, self._login, self.metadata)
+        answer = self._next_answer()
         if self.deadline is not None and self._deadlines.disarm(self):
             self.close()                 # late: the replica is a suspect, as on a shared
             raise no_answer(self.address, self.deadline)   # stream (the answer is dropped)
@@ -159,36 +174,48 @@ class OwnFollowing(FollowedAnswers):
             self._on_end(self)
 
 
+class Timed(Protocol):
+    """What ``Deadlines`` keeps: an RPC awaiting an answer (an ``OwnFollowing``, a
+    ``thread_streams.ThreadStream``); the fields are Deadlines' own, under its lock."""
+    due: float | None
+    queued: bool
+    timed_out: bool
+    finished: bool
+
+    def cancel(self) -> None: ...
+
+
 class Deadlines:
-    """Cancels the RPC of each ``OwnFollowing`` whose awaited answer is overdue, from one
-    thread (started at the first deadline). ``next`` writes when its answer is due (``arm``)
-    and clears it when it comes (``disarm``); the thread keeps one heap entry per following
-    and, when an entry's time comes, looks at what is due then, so an answer costs no
-    wake-up of this thread (about one per deadline's length and following)."""
+    """Cancels the RPC of each ``OwnFollowing`` or ``ThreadStream`` whose awaited answer is
+    overdue, from one thread (started at the first deadline). A call writes when its answer
+    is due (``arm``) and clears it when it comes (``disarm``); the thread keeps one heap
+    entry per RPC and, when an entry's time comes, looks at what is due then, so an answer
+    costs no wake-up of this thread (about one per deadline's length and RPC)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, OwnFollowing]] = []
+        # weakly: a stream its thread dropped ends (its RPC, its slot) without waiting here
+        self._heap: list[tuple[float, int, weakref.ref[Timed]]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def arm(self, following: OwnFollowing, seconds: float) -> None:
+    def arm(self, following: Timed, seconds: float) -> None:
         due = time.monotonic() + seconds
         with self._cond:
             following.due = due
             if following.queued or self._closed:
                 return
             following.queued = True
-            heapq.heappush(self._heap, (due, next(self._seq), following))
+            heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(following)))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="gesmas-deadlines",
                                                 daemon=True)
                 self._thread.start()
-            elif self._heap[0][2] is following:
+            elif self._heap[0][2]() is following:
                 self._cond.notify()
 
-    def disarm(self, following: OwnFollowing) -> bool:
+    def disarm(self, following: Timed) -> bool:
         """The awaited answer came (or the RPC ended): whether it came too late (the RPC
         was cancelled for it)."""
         with self._cond:
@@ -197,7 +224,7 @@ class Deadlines:
 
     def _run(self) -> None:
         while True:
-            overdue: list[OwnFollowing] = []
+            overdue: list[Timed] = []
             with self._cond:
                 while not overdue:
                     if self._closed:
@@ -209,9 +236,12 @@ class Deadlines:
                     if self._heap[0][0] > now:
                         self._cond.wait(self._heap[0][0] - now)
                         continue
-                    _, _, f = heapq.heappop(self._heap)
+                    _, _, ref = heapq.heappop(self._heap)
+                    f = ref()
+                    if f is None:
+                        continue
                     if f.due is not None and f.due > now and not f.finished:
-                        heapq.heappush(self._heap, (f.due, next(self._seq), f))   # re-armed
+                        heapq.heappush(self._heap, (f.due, next(self._seq), ref))   # re-armed
                         continue
                     f.queued = False
                     if f.due is not None and not f.finished:
