@@ -67,6 +67,12 @@ class FollowReplica(Replica):
         self.server.start()
 
 
+@pytest.fixture(autouse=True)
+def own_rpcs(monkeypatch):
+    """Followed calls on RPCs of their own (the default is the merged streams)."""
+    monkeypatch.setenv("GESMAS_FOLLOW_STREAM", "own")
+
+
 @pytest.fixture
 def follow_replicas():
     started = [FollowReplica() for _ in range(2)]
@@ -139,8 +145,9 @@ def test_past_the_slots_of_a_replica_follows_go_on_the_shared_stream(follow_repl
 
 def test_a_bad_setting_is_named(monkeypatch):
     monkeypatch.setenv("GESMAS_FOLLOW_STREAM", "maybe")
-    with pytest.raises(ValueError, match="GESMAS_FOLLOW_STREAM must be 'own' or 'shared'"):
-        own_follow.own_follow_setting()
+    with pytest.raises(ValueError, match="GESMAS_FOLLOW_STREAM must be 'merged', 'own' or "
+                       "'shared'"):
+        own_follow.follow_stream_setting()
 
 
 def test_an_answer_overdue_follows_again_elsewhere_from_the_last_cursor(follow_replicas,

@@ -93,7 +93,8 @@ from gesmas.client.errors import (
     SessionExpired,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
-from gesmas.client.own_follow import SLOTS, Deadlines, OwnFollowing, own_follow_setting
+from gesmas.client.merged_follow import HUBS, MergedFollowing
+from gesmas.client.own_follow import SLOTS, Deadlines, OwnFollowing, follow_stream_setting
 from gesmas.client.streams import CallStream, Unsupported, next_cursor, pick_stream
 from gesmas.client.thread_streams import ThreadStreams, thread_stream_setting
 from gesmas.client.proxies import PROXIES, ObjectProxy
@@ -250,9 +251,10 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.GesmasStub]] = {}
         self._call_stream = core.call_stream_setting(call_stream)
         self._streams: dict[str, list[CallStream]] = {}
-        # followed calls on RPCs of their own (own_follow), by replica; and their deadlines
-        self._own_follow = own_follow_setting()
-        self._followings: dict[str, set[OwnFollowing]] = {}
+        # followed calls on RPCs of their own (own_follow) or on the process's merged streams
+        # (merged_follow), by replica; and their deadlines
+        self._follow_stream = follow_stream_setting()
+        self._followings: dict[str, set[OwnFollowing | MergedFollowing]] = {}
         self._deadlines = Deadlines()
         # a thread's calls on a Calls RPC of its own (thread_streams), read by that thread
         self._threads = (ThreadStreams(self._login, MAX_MESSAGE, self._deadlines)
@@ -387,17 +389,18 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
 
     # --- transport and retries -----------------------------------------------------------
 
+    def _new_channel(self, address: str) -> grpc.Channel:
+        if self._credentials is not None:
+            return grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
     def _stub(self, address: str) -> pb_grpc.GesmasStub:
         with self._lock:
             entry = self._stubs.get(address)
             if entry is None:
                 if self._channels_closed:
                     raise ClientClosed()
-                if self._credentials is not None:
-                    channel = grpc.secure_channel(address, self._credentials,
-                                                  options=CHANNEL_OPTIONS)
-                else:
-                    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = self._new_channel(address)
                 stub = pb_grpc.GesmasStub(channel)
                 entry = self._stubs[address] = (channel, stub)
             return entry[1]
@@ -445,7 +448,27 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
             following.close()
             raise
 
-    def _following_ended(self, following: OwnFollowing) -> None:
+    def _follow_merged(self, address: str, metadata: tuple[tuple[str, str], ...],
+                       request: Any, follow: tuple[str, str],
+                       deadline: float | None) -> tuple[MergedFollowing, Any]:
+        """(a MergedFollowing of ``request`` at ``address``, its first InvokeResponse): a
+        followed call on the process's merged stream there (merged_follow)."""
+        hub = HUBS.take(address, metadata, self._tls, self._new_channel, self._login,
+                        MAX_MESSAGE)
+        following = MergedFollowing(hub, deadline, HUBS.release, self._following_ended)
+        with self._lock:
+            closed = self._channels_closed
+            if not closed:
+                self._followings.setdefault(address, set()).add(following)
+        try:
+            if closed:
+                raise ClientClosed()
+            return following, hub.stream.follow(request, *follow, deadline, following)[1]
+        except BaseException:
+            following.close()
+            raise
+
+    def _following_ended(self, following: OwnFollowing | MergedFollowing) -> None:
         with self._lock:
             own = self._followings.get(following.address)
             if own is not None:
@@ -475,9 +498,14 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
         metadata = self._metadata(address) if login else ()
         if method == "Invoke" and self._call_stream and address not in self._unary_only:
             try:
+                if follow is not None and self._follow_stream == "merged":
+                    merged, response = self._follow_merged(address, metadata, request,
+                                                           follow, deadline)
+                    self._seen.note(response)
+                    return merged, response
                 if follow is not None:
                     own = (self._follow_own(address, metadata, request, follow, deadline)
-                           if self._own_follow else None)
+                           if self._follow_stream == "own" else None)
                     following, response = own or self._stream(address, metadata).follow(
                         request, *follow, deadline)
                     self._seen.note(response)

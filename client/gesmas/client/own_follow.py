@@ -19,7 +19,8 @@ server's grpclimits.MAX_CONCURRENT_STREAMS; past it grpc queues further calls, w
 stall). So a process gives RPCs of their own to at most OWN_PER_REPLICA followed calls per
 replica (``Slots``); further ones go on the shared stream as before.
 
-GESMAS_FOLLOW_STREAM=shared keeps followed calls on the shared stream (to compare).
+Followed calls come here with GESMAS_FOLLOW_STREAM=own; by default they go on the process's
+merged streams (merged_follow), and =shared keeps them on the client's shared stream.
 """
 from __future__ import annotations
 
@@ -38,20 +39,27 @@ from gesmas.client.errors import Unavailable
 from gesmas.client.security import Login
 from gesmas.client.streams import FollowedAnswers, call_message, no_answer, stream_failure
 
-__all__ = ["Deadlines", "OwnFollowing", "OwnRpc", "SLOTS", "Slots", "OWN_PER_REPLICA",
-           "own_follow_setting"]
+__all__ = ["Deadlines", "FOLLOW_STREAMS", "OwnFollowing", "OwnRpc", "SLOTS", "Slots",
+           "OWN_PER_REPLICA", "follow_stream_setting"]
 
 #: Followed calls on RPCs of their own per replica, in this process (see the module doc).
 OWN_PER_REPLICA = 256
 
 
-def own_follow_setting() -> bool:
-    """Whether followed calls get an RPC of their own: yes unless GESMAS_FOLLOW_STREAM is
-    "shared"."""
-    value = os.environ.get("GESMAS_FOLLOW_STREAM", "own").strip().lower()
-    if value not in ("own", "shared"):
-        raise ValueError(f"GESMAS_FOLLOW_STREAM must be 'own' or 'shared', not {value!r}")
-    return value == "own"
+#: Where followed calls go (GESMAS_FOLLOW_STREAM): one stream per replica for the process,
+#: with their answers merged (merged_follow, the default), an RPC of their own each (here),
+#: or the client's shared Calls stream.
+FOLLOW_STREAMS = ("merged", "own", "shared")
+
+
+def follow_stream_setting() -> str:
+    """Where followed calls go: GESMAS_FOLLOW_STREAM, one of FOLLOW_STREAMS ("merged" when
+    unset)."""
+    value = os.environ.get("GESMAS_FOLLOW_STREAM", "merged").strip().lower()
+    if value not in FOLLOW_STREAMS:
+        raise ValueError(f"GESMAS_FOLLOW_STREAM must be 'merged', 'own' or 'shared', "
+                         f"not {value!r}")
+    return value
 
 
 class Slots:

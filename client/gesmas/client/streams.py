@@ -136,10 +136,15 @@ class CallStream:
         try:
             for answer in self._rpc:
                 with self._lock:
-                    fut = (self._pending.get(answer.id) if answer.more
-                           else self._pending.pop(answer.id, None))
-                if fut is not None:
-                    fut.set_result(answer)
+                    if not answer.more:
+                        futs = [self._pending.pop(answer.id, None)]
+                    elif answer.also:     # merged: the same answer to several follows
+                        futs = [self._pending.get(i) for i in (answer.id, *answer.also)]
+                    else:
+                        futs = [self._pending.get(answer.id)]
+                for fut in futs:
+                    if fut is not None:
+                        fut.set_result(answer)
             failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
         except grpc.RpcError as e:
             failure = stream_failure(e, self.address, self._login, self.metadata)
@@ -175,14 +180,18 @@ class CallStream:
             raise
         return response(answer, self.address, self._login, self.metadata)
 
-    def follow(self, request: Any, argument: str, key: str,
-               deadline: float | None) -> tuple[Following, Any]:
+    def follow(self, request: Any, argument: str, key: str, deadline: float | None,
+               following: Following | None = None) -> tuple[Following, Any]:
         """Send the InvokeRequest of a declared reader as a followed call (Call.follow) and
         return (its Following, its first InvokeResponse); ``deadline`` bounds that first
-        answer, and each later one (``Following.next``)."""
+        answer, and each later one (``Following.next``). A ``following`` given (made for
+        this stream) takes the answers merged with other follows' (Follow.merge)."""
         msg = call_message(request, deadline, self.max_message)
         msg.follow.argument, msg.follow.key = argument, key
-        following = Following(self, deadline)
+        if following is None:
+            following = Following(self, deadline)
+        else:
+            msg.follow.merge = True
         with self._lock:
             if self.broken is not None or self._closing:
                 raise ended(self.address, self.broken)

@@ -34,7 +34,6 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-
 from gesmas.client import core
 from gesmas.client.errors import Unavailable
 from gesmas.client.own_follow import Deadlines, OwnRpc, Slots

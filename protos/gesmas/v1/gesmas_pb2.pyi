@@ -224,24 +224,28 @@ class Call(_message.Message):
     def __init__(self, id: _Optional[int] = ..., invoke: _Optional[_Union[InvokeRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., deadline: _Optional[float] = ..., follow: _Optional[_Union[Follow, _Mapping]] = ...) -> None: ...
 
 class Follow(_message.Message):
-    __slots__ = ("argument", "key")
+    __slots__ = ("argument", "key", "merge")
     ARGUMENT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    MERGE_FIELD_NUMBER: _ClassVar[int]
     argument: str
     key: str
-    def __init__(self, argument: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+    merge: bool
+    def __init__(self, argument: _Optional[str] = ..., key: _Optional[str] = ..., merge: _Optional[bool] = ...) -> None: ...
 
 class CallAnswer(_message.Message):
-    __slots__ = ("id", "response", "error", "more")
+    __slots__ = ("id", "response", "error", "more", "also")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    ALSO_FIELD_NUMBER: _ClassVar[int]
     id: int
     response: InvokeResponse
     error: ErrorDetail
     more: bool
-    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[InvokeResponse, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
+    also: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[InvokeResponse, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., more: _Optional[bool] = ..., also: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateObjectRequest(_message.Message):
     __slots__ = ("session", "class_name", "object_name", "args", "kwargs", "session_secret")

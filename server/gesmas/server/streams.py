@@ -81,6 +81,18 @@ async def _cancel_slices(tasks: list[asyncio.Task[Any]]) -> None:
             task.cancel()
 
 
+class _Merged:
+    """Followed answers of one stream that are one message (`CallStream._send_merged`): the
+    response they share and the ids it answers; `sent` when written (or failed)."""
+    __slots__ = ("response", "ids", "sent", "flushed")
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+        self.ids: list[int] = []
+        self.sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.flushed = False
+
+
 class CallStream:
     def __init__(self, gateway: Gateway, context: grpc.aio.ServicerContext,
                  answer_budget: int) -> None:
@@ -91,6 +103,7 @@ class CallStream:
         self.withdrawn: set[int] = set()       # ids cancelled by the peer
         self.senders: set[asyncio.Task[None]] = set()   # answers of refused calls
         self.sending: set[int] = set()         # calls whose answer went to _send
+        self.merging: dict[int, _Merged] = {}  # _send_merged's batches, by id(response)
         self.write_lock = asyncio.Lock()       # grpc.aio: one write at a time
         self.queued_bytes = 0                  # answers waiting for the write lock
         self.in_flight = 0                     # calls taken and not yet written
@@ -249,11 +262,56 @@ class CallStream:
             response, answers = await self.gateway.follow(msg.invoke, self.context, msg.follow)
         try:
             while True:
-                await self._send(pb.CallAnswer(id=msg.id, response=response, more=True),
-                                 more=True)
+                if msg.follow.merge:
+                    await self._send_merged(msg.id, response)
+                else:
+                    await self._send(pb.CallAnswer(id=msg.id, response=response, more=True),
+                                     more=True)
                 response = await anext(answers)
         finally:
             await answers.aclose()
+
+    async def _send_merged(self, call_id: int, response: Any) -> None:
+        """Write `response` as the next answer of the followed call `call_id` (Follow.merge)
+        in one message with the other merged follows of this stream given the same response
+        object in this turn of the event loop: the followers of one shared run of a reader
+        (ReaderCalls._shared) are settled together, so a hundred watches of one key on one
+        stream cost one write per change. Returns once it is written, as `_send` does."""
+        batch = self.merging.get(id(response))
+        if batch is None:
+            batch = self.merging[id(response)] = _Merged(response)
+            asyncio.get_running_loop().call_soon(self._flush_merged, batch)
+        batch.ids.append(call_id)
+        try:
+            await asyncio.shield(batch.sent)
+        except asyncio.CancelledError:
+            if not batch.flushed:               # withdrawn before the write: not in it
+                batch.ids.remove(call_id)
+            raise
+
+    def _flush_merged(self, batch: _Merged) -> None:
+        if self.merging.get(id(batch.response)) is batch:
+            del self.merging[id(batch.response)]
+        batch.flushed = True
+        if not batch.ids or self.closed:
+            batch.sent.cancel()
+            return
+        task = asyncio.create_task(self._write_merged(batch))
+        self.senders.add(task)
+        task.add_done_callback(self.senders.discard)
+
+    async def _write_merged(self, batch: _Merged) -> None:
+        answer = pb.CallAnswer(id=batch.ids[0], response=batch.response, more=True)
+        answer.also.extend(batch.ids[1:])
+        try:
+            await self._send(answer, more=True)
+        except asyncio.CancelledError:
+            batch.sent.cancel()
+            raise
+        except Exception as e:                  # an AnswerBudget: each follow ends with it
+            batch.sent.set_exception(e)
+        else:
+            batch.sent.set_result(None)
 
     def _failure(self, msg: Any, error: Error, leader_hint: str = "") -> Any:
         if log.isEnabledFor(logging.INFO):
