@@ -7,7 +7,6 @@ last follow. Waits are bounded joins and answers, never sleeps as synchronisatio
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -15,17 +14,8 @@ import pytest
 from gesmas.client import Client, ClientClosed, convert
 from gesmas.client.merged_follow import HUBS
 from gesmas.v1 import gesmas_pb2 as pb
+from waiting import WAIT, until
 from test_streams import Raw, leader_of, result
-
-WAIT = 60.0
-
-
-def until(cond, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not cond():
-        assert time.monotonic() < deadline, f"not {what} within {WAIT} s"
-        time.sleep(0.02)
-
 
 @pytest.fixture(scope="module")
 def client(cluster):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import queue
 import threading
-import time
 from typing import Any
 
 import grpc
@@ -19,17 +18,7 @@ from gesmas.client.own_follow import Deadlines, Slots
 from gesmas.client.streams import Unsupported
 from gesmas.client.thread_streams import ThreadStream, ThreadStreams
 from gesmas.v1 import gesmas_pb2 as pb
-
-WAIT = 60.0
-
-
-def until(cond, what: str) -> None:
-    """Poll `cond` (state another thread or the cluster changes) until true, bounded."""
-    deadline = time.monotonic() + WAIT
-    while not cond():
-        assert time.monotonic() < deadline, f"not {what} within {WAIT} s"
-        time.sleep(0.02)
-
+from waiting import WAIT, until
 
 def own_streams(c: Client) -> dict[str, ThreadStream]:
     """The calling thread's ThreadStreams of client `c`, by replica."""

@@ -436,17 +436,7 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
         except BaseException:            # refused before its RPC (the message's size)
             SLOTS.give(address)
             raise
-        with self._lock:
-            closed = self._channels_closed
-            if not closed:
-                self._followings.setdefault(address, set()).add(following)
-        try:
-            if closed:
-                raise ClientClosed()
-            return following, following.next()
-        except BaseException:
-            following.close()
-            raise
+        return following, self._first_answer(following, following.next)
 
     def _follow_merged(self, address: str, metadata: tuple[tuple[str, str], ...],
                        request: Any, follow: tuple[str, str],
@@ -456,14 +446,21 @@ class Client(KeepAliveThread, AdminCalls, StandardObjects):
         hub = HUBS.take(address, metadata, self._tls, self._new_channel, self._login,
                         MAX_MESSAGE)
         following = MergedFollowing(hub, deadline, HUBS.release, self._following_ended)
+        return following, self._first_answer(
+            following, lambda: hub.stream.follow(request, *follow, deadline, following)[1])
+
+    def _first_answer(self, following: OwnFollowing | MergedFollowing,
+                      first: Callable[[], Any]) -> Any:
+        """``first()``, the first answer of ``following``, which the client's close and
+        ``_unresponsive`` end meanwhile (it is closed if that raises)."""
         with self._lock:
             closed = self._channels_closed
             if not closed:
-                self._followings.setdefault(address, set()).add(following)
+                self._followings.setdefault(following.address, set()).add(following)
         try:
             if closed:
                 raise ClientClosed()
-            return following, hub.stream.follow(request, *follow, deadline, following)[1]
+            return first()
         except BaseException:
             following.close()
             raise
