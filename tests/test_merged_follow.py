@@ -6,6 +6,7 @@ or finds the replica unresponsive ends only its own follows, and the stream ends
 last follow. Waits are bounded joins and answers, never sleeps as synchronisation."""
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -13,9 +14,24 @@ import pytest
 
 from gesmas.client import Client, ClientClosed, convert
 from gesmas.client.merged_follow import HUBS
+from gesmas.server.cluster import LocalCluster
 from gesmas.v1 import gesmas_pb2 as pb
 from waiting import WAIT, until
+from test_metrics import scrape, value
 from test_streams import Raw, leader_of, result
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(nodes=3, fsync=True, metrics=True)     # the merged answers counted
+    try:
+        c.start(timeout=90)
+        yield c
+    finally:
+        c.stop()
+
 
 @pytest.fixture(scope="module")
 def client(cluster):
@@ -126,13 +142,21 @@ def merged(monkeypatch):
     monkeypatch.setenv("GESMAS_FOLLOW_STREAM", "merged")
 
 
+def merged_answers(cluster, address: str) -> float:
+    """gesmas_followed_answers_merged_total of the replica at `address`."""
+    member = next(m for m in cluster.members if m.client_addr == address)
+    return value(scrape(member.metrics_addr), "gesmas_followed_answers_merged_total")
+
+
 def test_every_watcher_sees_every_change_once_on_one_stream(cluster, client, merged):
     """Eight clients of this process watch one key at one replica: they share one stream
-    there, each sees each change once and in order, and the stream ends with the last
-    watch."""
+    there, each sees each change once and in order, the replica sends the answers of each
+    change after the first as one message (seven answers in another's, counted), and the
+    stream ends with the last watch."""
     m = client.map("mf-client")
     start = m.put("k", 0)["revision"]
     address = leader_of(client)
+    before = merged_answers(cluster, address)
     clients, threads, seen = watchers(address, 8, "k", start, 5)
     try:
         until(lambda: HUBS.count() == 1, "the watches on one stream")
@@ -141,6 +165,7 @@ def test_every_watcher_sees_every_change_once_on_one_stream(cluster, client, mer
             t.join(WAIT)
             assert not t.is_alive()
         assert seen == [revs] * 8
+        assert merged_answers(cluster, address) - before >= 7
     finally:
         for c in clients:
             c.close()
@@ -213,3 +238,32 @@ def test_a_full_stream_makes_room_on_another(cluster, client, merged, monkeypatc
         for c in clients:
             c.close()
     until(lambda: HUBS.count() == 0, "the streams ended with their last watch")
+
+
+def test_one_asyncio_clients_watches_of_one_key_are_merged(cluster, client):
+    """Four watch streams of one key from one asyncio client (its one Calls stream): each
+    sees each change, and after the first answer the replica merges them (what a server
+    handing one key's changes to many subscribers does)."""
+    from gesmas.aio import Client as AioClient
+    m = client.map("mf-aio")
+    start = m.put("k", 0)["revision"]
+    address = leader_of(client)
+    before = merged_answers(cluster, address)
+
+    async def main() -> list[list[int]]:
+        async with AioClient(address, route="replica") as a:
+            seen: list[list[int]] = [[] for _ in range(4)]
+
+            async def read(i: int) -> None:
+                async for got in a.map("mf-aio").watch_stream("k", start, timeout=WAIT):
+                    seen[i].append(got["revision"])
+                    if len(seen[i]) == 3:
+                        return
+            tasks = [asyncio.create_task(read(i)) for i in range(4)]
+            for i in range(1, 4):
+                await asyncio.to_thread(m.put, "k", i)
+            await asyncio.gather(*tasks)
+            return seen
+    seen = asyncio.run(asyncio.wait_for(main(), 2 * WAIT))
+    assert all(s == seen[0] and len(s) == 3 for s in seen)
+    assert merged_answers(cluster, address) - before >= 3

@@ -498,11 +498,14 @@ def test_the_cli_manages_users_roles_and_auth(cluster):
     assert r.returncode == 1 and "wrong user name or password" in r.stderr
 
 
-def test_a_new_token_opens_a_new_call_stream_and_the_old_one_finishes_its_calls(cluster):
+def test_a_new_token_opens_a_new_call_stream_and_the_old_one_finishes_its_calls(
+        cluster, monkeypatch):
     """A stream's token is fixed when it opens: after the client logs in again, new calls
-    go over a new stream, and a call still waiting on the old one is answered there."""
+    go over a new stream, and a call still waiting on the old one is answered there (the
+    client's shared streams; a thread's own stream: the next test)."""
     import threading
     import time
+    monkeypatch.setenv("GESMAS_THREAD_STREAM", "shared")
     with login(cluster, "root") as root:
         q = root.queue("a/stream-relogin")
         q.invoke("size")
@@ -522,6 +525,21 @@ def test_a_new_token_opens_a_new_call_stream_and_the_old_one_finishes_its_calls(
         new = root._streams[address]
         assert old not in new and len(new) == 1 and new[0].metadata != old.metadata
         assert not old.usable
+
+
+def test_a_new_token_replaces_a_threads_own_stream(cluster):
+    """A thread's own Calls RPC (thread_streams) carries the token it opened with: after the
+    client logs in again, the thread's next call goes on a new RPC with the new token."""
+    with login(cluster, "root") as root:
+        q = root.queue("a/thread-relogin")
+        q.invoke("size")
+        q.invoke("size")                      # the thread's second call: its own RPC
+        address = root.leader
+        old = root._threads._local.streams[address]
+        root._login._expiry = 0.0            # the token is due: the next call logs in again
+        assert q.invoke("size") == 0
+        new = root._threads._local.streams[address]
+        assert new is not old and new.metadata != old.metadata and not old.usable
 
 
 def test_tooz_takes_tls_and_the_login_from_the_url(cluster, monkeypatch):

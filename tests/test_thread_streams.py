@@ -20,6 +20,9 @@ from gesmas.client.thread_streams import ThreadStream, ThreadStreams
 from gesmas.v1 import gesmas_pb2 as pb
 from waiting import WAIT, until
 
+pytestmark = pytest.mark.cluster
+
+
 def own_streams(c: Client) -> dict[str, ThreadStream]:
     """The calling thread's ThreadStreams of client `c`, by replica."""
     return getattr(c._threads._local, "streams", {})

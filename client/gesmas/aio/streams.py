@@ -18,7 +18,7 @@ from gesmas.client import core
 from gesmas.client.errors import Unavailable
 from gesmas.client.security import Login
 from gesmas.client.streams import (FollowedAnswers, Unsupported, call_message, ended,
-                                   no_answer, response, stream_failure)
+                                   no_answer, response, settled, stream_failure)
 from gesmas.v1 import gesmas_pb2 as pb
 
 __all__ = ["CallStream", "Following"]
@@ -54,10 +54,9 @@ class CallStream:
                 answer = await self._rpc.read()
                 if answer is grpc.aio.EOF:
                     break
-                fut = (self._pending.get(answer.id) if answer.more
-                       else self._pending.pop(answer.id, None))
-                if fut is not None and not fut.done():
-                    fut.set_result(answer)
+                for fut in settled(answer, self._pending):
+                    if not fut.done():
+                        fut.set_result(answer)
             failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
         except grpc.RpcError as e:
             failure = stream_failure(e, self.address, self._login, self.metadata)
@@ -100,7 +99,7 @@ class CallStream:
                      deadline: float | None) -> tuple[Following, Any]:
         """As the sync stream's: (the Following of a followed reader, its first answer)."""
         msg = call_message(request, deadline, self.max_message)
-        msg.follow.argument, msg.follow.key = argument, key
+        msg.follow.argument, msg.follow.key, msg.follow.merge = argument, key, True
         if not self.usable:
             raise ended(self.address, self.broken)
         following = Following(self, deadline)

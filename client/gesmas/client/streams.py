@@ -30,8 +30,9 @@ from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_deta
 from gesmas.client.security import Login
 from gesmas.v1 import gesmas_pb2 as pb
 
-__all__ = ["CallStream", "FollowedAnswers", "next_cursor", "Following", "Unsupported", "call_message", "ended", "stream_failure", "response",
-           "no_answer", "pick_stream", "CALLS_PER_STREAM"]
+__all__ = ["CallStream", "FollowedAnswers", "next_cursor", "Following", "Unsupported",
+           "call_message", "ended", "stream_failure", "response", "no_answer", "pick_stream",
+           "settled", "CALLS_PER_STREAM"]
 
 #: Calls in flight on one Calls stream before the client opens another to the same replica
 #: (a replica takes 1000 at a time from one stream: gesmas.server.streams.MAX_IN_FLIGHT).
@@ -82,6 +83,17 @@ def response(answer: Any, address: str, login: Login,
     if answer.HasField("error"):
         raise core.classify_error(error_from_detail(answer.error), address, login, metadata)
     return answer.response
+
+
+def settled(answer: Any, pending: dict[int, Any]) -> list[Any]:
+    """What ``answer`` settles among ``pending`` (call id to its future or Following): its
+    call's (taken out of ``pending`` unless more answers come), and with ``also`` (merged:
+    Follow.merge) those of the other followed calls it answers too."""
+    if not answer.more:
+        fut = pending.pop(answer.id, None)
+        return [] if fut is None else [fut]
+    ids = (answer.id, *answer.also) if answer.also else (answer.id,)
+    return [f for f in map(pending.get, ids) if f is not None]
 
 
 def no_answer(address: str, deadline: float | None) -> core.Failure:
@@ -136,15 +148,9 @@ class CallStream:
         try:
             for answer in self._rpc:
                 with self._lock:
-                    if not answer.more:
-                        futs = [self._pending.pop(answer.id, None)]
-                    elif answer.also:     # merged: the same answer to several follows
-                        futs = [self._pending.get(i) for i in (answer.id, *answer.also)]
-                    else:
-                        futs = [self._pending.get(answer.id)]
+                    futs = settled(answer, self._pending)
                 for fut in futs:
-                    if fut is not None:
-                        fut.set_result(answer)
+                    fut.set_result(answer)
             failure = core.Failure(Unavailable(f"{self.address}: the call stream ended"))
         except grpc.RpcError as e:
             failure = stream_failure(e, self.address, self._login, self.metadata)
@@ -184,14 +190,13 @@ class CallStream:
                following: Following | None = None) -> tuple[Following, Any]:
         """Send the InvokeRequest of a declared reader as a followed call (Call.follow) and
         return (its Following, its first InvokeResponse); ``deadline`` bounds that first
-        answer, and each later one (``Following.next``). A ``following`` given (made for
-        this stream) takes the answers merged with other follows' (Follow.merge)."""
+        answer, and each later one (``Following.next``); ``following`` is made here unless
+        given (made for this stream). Its answers may come merged with other follows' on
+        this stream (Follow.merge: the reader thread hands each its copy)."""
         msg = call_message(request, deadline, self.max_message)
-        msg.follow.argument, msg.follow.key = argument, key
+        msg.follow.argument, msg.follow.key, msg.follow.merge = argument, key, True
         if following is None:
             following = Following(self, deadline)
-        else:
-            msg.follow.merge = True
         with self._lock:
             if self.broken is not None or self._closing:
                 raise ended(self.address, self.broken)

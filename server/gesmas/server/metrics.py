@@ -13,6 +13,8 @@ increment when it fails.
         Map's watches, observe, ...; and how many times one was woken to run again; watch
         streams of one call at one state wait as one)
     gesmas_followed_calls   (followed reader calls in flight: watch streams, Call.follow)
+    gesmas_followed_answers_merged_total   (their answers sent in another call's message:
+        Follow.merge, the watches of one key on one stream)
     gesmas_reader_memo_hits_total   (reader calls answered by an identical one's run at the
         same state: node_reads.ReadMemo)
     gesmas_checkpoint_index, gesmas_checkpoint_bytes, gesmas_rejoining
@@ -88,6 +90,11 @@ class NodeCollector:
                                         "waiting reads woken to run again")
             wakes.add_metric([], float(reads.changes.wakes))
             yield wakes
+            merged = CounterMetricFamily("gesmas_followed_answers_merged",
+                                         "answers of followed calls sent in another call's "
+                                         "message (Follow.merge)")
+            merged.add_metric([], float(reads.merged))
+            yield merged
             hits = CounterMetricFamily("gesmas_reader_memo_hits",
                                        "reader calls answered by an identical call's run")
             hits.add_metric([], float(reads.memo.hits))

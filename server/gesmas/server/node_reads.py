@@ -34,6 +34,7 @@ class NodeReads:
         self.changes = ObjectChanges()     # waiting readers: which objects entries change
         self.memo = ReadMemo()             # identical reader calls at one index share a run
         self.followed = 0                  # followed calls in flight (Gateway.follow; metrics)
+        self.merged = 0                    # their answers sent in another's message (metrics)
 
     async def read(self, fn: Callable[[Kernel], Any], consistency: str = LINEARIZABLE,
                    min_index: int = 0, wait: float = READ_WAIT) -> tuple[Any, int]:

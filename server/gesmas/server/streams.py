@@ -303,6 +303,7 @@ class CallStream:
     async def _write_merged(self, batch: _Merged) -> None:
         answer = pb.CallAnswer(id=batch.ids[0], response=batch.response, more=True)
         answer.also.extend(batch.ids[1:])
+        self.gateway.node.reads.merged += len(batch.ids) - 1
         try:
             await self._send(answer, more=True)
         except asyncio.CancelledError:
