@@ -1,5 +1,5 @@
-"""Followed calls of a process on one Calls RPC per replica, their answers merged (sync
-client; GESMAS_FOLLOW_STREAM=merged).
+"""Followed calls of a process on one Calls RPC per replica, their answers merged (the sync
+client's default; GESMAS_FOLLOW_STREAM=own or shared sends them otherwise).
 
 A hundred watches of one key, each on an RPC of its own (own_follow), cost the replica one
 write and the watching process one message per watch and change: most of what a change
