@@ -142,30 +142,44 @@ def merged(monkeypatch):
     monkeypatch.setenv("GESMAS_FOLLOW_STREAM", "merged")
 
 
+def metrics_of(cluster, address: str) -> dict[str, list]:
+    member = next(m for m in cluster.members if m.client_addr == address)
+    return scrape(member.metrics_addr)
+
+
 def merged_answers(cluster, address: str) -> float:
     """gesmas_followed_answers_merged_total of the replica at `address`."""
-    member = next(m for m in cluster.members if m.client_addr == address)
-    return value(scrape(member.metrics_addr), "gesmas_followed_answers_merged_total")
+    return value(metrics_of(cluster, address), "gesmas_followed_answers_merged_total")
+
+
+def readers(cluster, address: str) -> tuple[float, float]:
+    """(reads waiting for a change, followed calls in flight) at the replica `address`."""
+    got = metrics_of(cluster, address)
+    return value(got, "gesmas_waiting_readers"), value(got, "gesmas_followed_calls")
 
 
 def test_every_watcher_sees_every_change_once_on_one_stream(cluster, client, merged):
     """Eight clients of this process watch one key at one replica: they share one stream
-    there, each sees each change once and in order, the replica sends the answers of each
-    change after the first as one message (seven answers in another's, counted), and the
-    stream ends with the last watch."""
+    there and each sees each change once and in order, changes made back to back included;
+    once the eight wait as one reader, each change is one message (seven answers in
+    another's, counted); the stream ends with the last watch."""
     m = client.map("mf-client")
     start = m.put("k", 0)["revision"]
     address = leader_of(client)
-    before = merged_answers(cluster, address)
     clients, threads, seen = watchers(address, 8, "k", start, 5)
     try:
         until(lambda: HUBS.count() == 1, "the watches on one stream")
-        revs = [m.put("k", i)["revision"] for i in range(1, 6)]
+        revs = [m.put("k", i)["revision"] for i in (1, 2)]          # back to back
+        for i in (3, 4, 5):
+            until(lambda: readers(cluster, address) == (1, 8), "the watches waiting as one")
+            before = merged_answers(cluster, address)
+            revs.append(m.put("k", i)["revision"])
+            until(lambda: all(len(s) == len(revs) for s in seen), "every watcher told")
+            assert merged_answers(cluster, address) - before == 7
         for t in threads:
             t.join(WAIT)
             assert not t.is_alive()
         assert seen == [revs] * 8
-        assert merged_answers(cluster, address) - before >= 7
     finally:
         for c in clients:
             c.close()
@@ -242,8 +256,8 @@ def test_a_full_stream_makes_room_on_another(cluster, client, merged, monkeypatc
 
 def test_one_asyncio_clients_watches_of_one_key_are_merged(cluster, client):
     """Four watch streams of one key from one asyncio client (its one Calls stream): each
-    sees each change, and after the first answer the replica merges them (what a server
-    handing one key's changes to many subscribers does)."""
+    sees each change, and once they wait as one reader the replica answers the four in one
+    message (what a server handing one key's changes to many subscribers does)."""
     from gesmas.aio import Client as AioClient
     m = client.map("mf-aio")
     start = m.put("k", 0)["revision"]
@@ -260,10 +274,43 @@ def test_one_asyncio_clients_watches_of_one_key_are_merged(cluster, client):
                     if len(seen[i]) == 3:
                         return
             tasks = [asyncio.create_task(read(i)) for i in range(4)]
-            for i in range(1, 4):
+            await asyncio.to_thread(until, lambda: readers(cluster, address)[0] == 4,
+                                    "the four first reads waiting")    # not merged
+            await asyncio.to_thread(m.put, "k", 1)
+            for i in (2, 3):
+                await asyncio.to_thread(until, lambda: readers(cluster, address) == (1, 4),
+                                        "the follows waiting as one")
                 await asyncio.to_thread(m.put, "k", i)
             await asyncio.gather(*tasks)
             return seen
     seen = asyncio.run(asyncio.wait_for(main(), 2 * WAIT))
     assert all(s == seen[0] and len(s) == 3 for s in seen)
-    assert merged_answers(cluster, address) - before >= 3
+    assert merged_answers(cluster, address) - before == 6
+
+
+def test_a_broken_stream_is_replaced_and_ends_with_its_last_follow(cluster):
+    """A hub whose stream broke is not given to new follows (they get a new one); the broken
+    one is closed when the last follow that held it lets go, the new one with its own."""
+    from gesmas.client.merged_follow import Hubs
+    from gesmas.client.security import Login
+    import grpc
+    hubs = Hubs()
+    address = cluster.members[0].client_addr
+    channels: list[grpc.Channel] = []
+
+    def open_channel(addr: str) -> grpc.Channel:
+        channels.append(grpc.insecure_channel(addr))
+        return channels[-1]
+    login = Login(None, None, None)
+    first = hubs.take(address, (), None, open_channel, login, 1 << 20)
+    first.stream.cancel()
+    until(lambda: not first.stream.usable, "the stream broken")
+    second = hubs.take(address, (), None, open_channel, login, 1 << 20)
+    assert second is not first and len(channels) == 2 and hubs.count() == 1
+    assert hubs.take(address, (), None, open_channel, login, 1 << 20) is second
+    hubs.release(first)
+    assert hubs.count() == 1
+    hubs.release(second)
+    assert hubs.count() == 1                   # one follow still holds it
+    hubs.release(second)
+    assert hubs.count() == 0 and not second.stream.usable
