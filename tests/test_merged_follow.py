@@ -7,8 +7,9 @@ last follow. Waits are bounded joins and answers, never sleeps as synchronisatio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -111,10 +112,12 @@ def test_a_withdrawn_follow_is_left_out_of_the_merged_answer(raw, client):
 # --- the client -------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
 def watchers(address: str, n: int, key: str, after: int, rounds: int
-             ) -> tuple[list[Client], list[threading.Thread], list[list[Any]]]:
+             ) -> Iterator[tuple[list[Client], list[threading.Thread], list[list[Any]]]]:
     """`n` clients at `address`, each iterating a watch of `key` after `after` on its own
-    thread for `rounds` events (or until its iterator fails: the error lands last)."""
+    thread for `rounds` events (or until its iterator fails: the error lands last). The
+    clients are closed at the end, and then the process's streams must end."""
     clients = [Client(address, route="replica") for _ in range(n)]
     seen: list[list[Any]] = [[] for _ in range(n)]
     armed = threading.Barrier(n + 1)
@@ -131,10 +134,21 @@ def watchers(address: str, n: int, key: str, after: int, rounds: int
         except BaseException as e:       # the test looks at it
             seen[i].append(e)
     threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        armed.wait(WAIT)
+        yield clients, threads, seen
+    finally:
+        for c in clients:
+            c.close()
+    until(lambda: HUBS.count() == 0, "the streams ended with their last watch")
+
+
+def joined(threads: list[threading.Thread]) -> None:
     for t in threads:
-        t.start()
-    armed.wait(WAIT)
-    return clients, threads, seen
+        t.join(WAIT)
+        assert not t.is_alive()
 
 
 @pytest.fixture()
@@ -166,8 +180,7 @@ def test_every_watcher_sees_every_change_once_on_one_stream(cluster, client, mer
     m = client.map("mf-client")
     start = m.put("k", 0)["revision"]
     address = leader_of(client)
-    clients, threads, seen = watchers(address, 8, "k", start, 5)
-    try:
+    with watchers(address, 8, "k", start, 5) as (clients, threads, seen):
         until(lambda: HUBS.count() == 1, "the watches on one stream")
         revs = [m.put("k", i)["revision"] for i in (1, 2)]          # back to back
         for i in (3, 4, 5):
@@ -176,14 +189,8 @@ def test_every_watcher_sees_every_change_once_on_one_stream(cluster, client, mer
             revs.append(m.put("k", i)["revision"])
             until(lambda: all(len(s) == len(revs) for s in seen), "every watcher told")
             assert merged_answers(cluster, address) - before == 7
-        for t in threads:
-            t.join(WAIT)
-            assert not t.is_alive()
+        joined(threads)
         assert seen == [revs] * 8
-    finally:
-        for c in clients:
-            c.close()
-    until(lambda: HUBS.count() == 0, "the stream ended with its last watch")
 
 
 def test_a_client_that_closes_ends_only_its_own_watch(cluster, client, merged):
@@ -192,8 +199,7 @@ def test_a_client_that_closes_ends_only_its_own_watch(cluster, client, merged):
     m = client.map("mf-client")
     start = m.put("j", 0)["revision"]
     address = leader_of(client)
-    clients, threads, seen = watchers(address, 2, "j", start, 2)
-    try:
+    with watchers(address, 2, "j", start, 2) as (clients, threads, seen):
         first = m.put("j", 1)["revision"]
         until(lambda: all(s for s in seen), "both watchers told")
         clients[0].close()
@@ -203,10 +209,6 @@ def test_a_client_that_closes_ends_only_its_own_watch(cluster, client, merged):
         second = m.put("j", 2)["revision"]
         threads[1].join(WAIT)
         assert seen[1] == [first, second]
-    finally:
-        for c in clients:
-            c.close()
-    until(lambda: HUBS.count() == 0, "the stream ended with its last watch")
 
 
 def test_an_unresponsive_replica_moves_only_that_clients_watch(cluster, client, merged):
@@ -216,20 +218,13 @@ def test_an_unresponsive_replica_moves_only_that_clients_watch(cluster, client, 
     m = client.map("mf-client")
     start = m.put("u", 0)["revision"]
     address = leader_of(client)
-    clients, threads, seen = watchers(address, 2, "u", start, 4)
-    try:
+    with watchers(address, 2, "u", start, 4) as (clients, threads, seen):
         revs = [m.put("u", 1)["revision"]]
         until(lambda: all(s for s in seen), "both watchers told")
         clients[0]._unresponsive(address)
         revs += [m.put("u", i)["revision"] for i in (2, 3, 4)]
-        for t in threads:
-            t.join(WAIT)
-            assert not t.is_alive()
+        joined(threads)
         assert seen == [revs, revs]
-    finally:
-        for c in clients:
-            c.close()
-    until(lambda: HUBS.count() == 0, "the streams ended with their last watch")
 
 
 def test_a_full_stream_makes_room_on_another(cluster, client, merged, monkeypatch):
@@ -240,18 +235,11 @@ def test_a_full_stream_makes_room_on_another(cluster, client, merged, monkeypatc
     m = client.map("mf-client")
     start = m.put("f", 0)["revision"]
     address = leader_of(client)
-    clients, threads, seen = watchers(address, 3, "f", start, 2)
-    try:
+    with watchers(address, 3, "f", start, 2) as (clients, threads, seen):
         until(lambda: HUBS.count() == 2, "the watches on two streams")
         revs = [m.put("f", i)["revision"] for i in (1, 2)]
-        for t in threads:
-            t.join(WAIT)
-            assert not t.is_alive()
+        joined(threads)
         assert seen == [revs] * 3
-    finally:
-        for c in clients:
-            c.close()
-    until(lambda: HUBS.count() == 0, "the streams ended with their last watch")
 
 
 def test_one_asyncio_clients_watches_of_one_key_are_merged(cluster, client):

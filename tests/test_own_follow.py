@@ -18,7 +18,7 @@ import pytest
 from gesmas.client import Client, convert
 from gesmas.client import own_follow
 from gesmas.client.own_follow import Deadlines
-from gesmas.client import client as client_module
+from gesmas.client import transport as transport_module
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
 from test_client_unit import WAIT, Fake, Replica, cluster
@@ -155,7 +155,7 @@ def test_an_answer_overdue_follows_again_elsewhere_from_the_last_cursor(follow_r
     """The first replica answers once, then nothing: past the deadline the RPC is cancelled,
     the replica is a suspect, and the watch goes on at the other replica from the first
     answer's revision."""
-    monkeypatch.setattr(client_module, "DEADLINE_MARGIN", 0.3)
+    monkeypatch.setattr(transport_module, "DEADLINE_MARGIN", 0.3)
     a, b = follow_replicas
     with Client(cluster(follow_replicas), route="replica") as c:
         a.fake.answers[0].put(6)
