@@ -151,6 +151,14 @@ class Watch:
                             "index": int(got.get("gesmas_checkpoint_index", 0)),
                             "seconds": s / n if n > 0 else None,
                             "bytes": int(got.get("gesmas_checkpoint_bytes", 0))})
+                    elif before and got.get("gesmas_checkpoint_bytes") != before.get(
+                            "gesmas_checkpoint_bytes"):
+                        # a deferred checkpoint's size is known once its capture has ended
+                        for c in reversed(self.checkpoints):
+                            if c["node"] == m.node_id:
+                                if c["index"] == int(got.get("gesmas_checkpoint_index", 0)):
+                                    c["bytes"] = int(got.get("gesmas_checkpoint_bytes", 0))
+                                break
                     if got.get("gesmas_raft_term") != before.get("gesmas_raft_term"):
                         self.terms.append((now, m.node_id, got.get("gesmas_raft_term", 0)))
                     snap = got.get("gesmas_snapshot_bytes")

@@ -56,6 +56,9 @@ def summary(runs: list[dict[str, Any]]) -> None:
               f"{', '.join(str(p.get('produce_over_50ms_host')) for p in ps)} |")
         print(f"| {name}: longest checkpoint, s | "
               f"{spread([p['checkpoint_seconds_max'] for p in ps])} |")
+        sizes = [round(p["checkpoint_bytes"] / 1e6, 2) if p.get("checkpoint_bytes") else None
+                 for p in ps]
+        print(f"| {name}: largest checkpoint, MB | {spread(sizes)} |")
         terms = ", ".join(f"{p['term_before']:g}->{p['term_after']:g}" for p in ps)
         print(f"| {name}: term before -> after | {terms} |")
         print(f"| {name}: leader changes | {', '.join(str(p['leader_changes']) for p in ps)} |")

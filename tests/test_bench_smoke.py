@@ -97,6 +97,9 @@ def test_scale_bench_quick(tmp_path: Path) -> None:
     assert all(p["host_steal_ms"] >= 0 and p["host_iowait_ms"] >= 0 and p["host_gaps"] >= 0
                for p in run["phases"])
     assert "host steal; I/O wait, ms" in out.stdout
+    # a checkpoint's size is read once its capture has ended (it is 0 before)
+    assert create["checkpoints"] > 0 and create["checkpoint_bytes"] > 0
+    assert "| create: largest checkpoint, MB |" in out.stdout
 
 
 def test_host_stalls_spans() -> None:
