@@ -74,7 +74,8 @@ class Driver:
 
     def checkpoint(self) -> None:
         self.run(Checkpoint(ts=self.ts, tag="k", defer=True, calls_apart=True,
-                            listed_after=True, touched_in_parts=True), "checkpoint")
+                            listed_after=True, touched_in_parts=True,
+                            hooked_touched=True), "checkpoint")
 
 
 class Collector:

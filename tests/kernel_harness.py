@@ -99,17 +99,20 @@ class H:
         return self.apply(Tick(ts=ts))
 
     def checkpoint(self, defer: bool | None = None, apart: bool | None = None,
-                   listed: bool | None = None, parts: bool | None = None) -> Completion:
+                   listed: bool | None = None, parts: bool | None = None,
+                   hooked: bool = False) -> Completion:
         """A Checkpoint as the leader proposes it: its standard-class objects and its waiting
         calls saved after it, the changed objects found by its capture (kernel/capture.py)
         and the sessions' objects written in parts, unless `defer`, `apart`, `listed` and
-        `parts` (or the harness's) say otherwise."""
+        `parts` (or the harness's) say otherwise; `hooked`: with hooked_touched (the sessions
+        keep only the objects with a session-end hook)."""
         defer = self.defer if defer is None else defer
         apart = (self.apart and defer) if apart is None else apart
         listed = (self.listed and apart) if listed is None else listed
         parts = (self.parts and listed) if parts is None else parts
         return self.run(Checkpoint(ts=self.ts, defer=defer, calls_apart=apart,
-                                   listed_after=listed, touched_in_parts=parts))
+                                   listed_after=listed, touched_in_parts=parts,
+                                   hooked_touched=hooked))
 
     # -- reading results ----------------------------------------------------------------------
 

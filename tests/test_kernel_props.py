@@ -164,12 +164,14 @@ FORMS = st.sampled_from([(False, False, False), (True, False, False), (True, Tru
 
 
 def with_checkpoint(log, pos: int, defer: bool = False,
-                    form: tuple[bool, bool, bool] = (False, False, False)):
+                    form: tuple[bool, bool, bool] = (False, False, False), hooked: bool = False):
     """The log with a Checkpoint before its entry `pos` (the last entry is a Tick, so every
-    interesting position is covered and the final index is the same)."""
+    interesting position is covered and the final index is the same); `hooked`: with
+    hooked_touched, which the state records (so not for a digest compared with a log
+    without it)."""
     index = 2 * pos + 1
     ckpt = Checkpoint(ts=0.0, tag="ckpt", defer=defer, calls_apart=form[0],
-                      listed_after=form[1], touched_in_parts=form[2])
+                      listed_after=form[1], touched_in_parts=form[2], hooked_touched=hooked)
     return log[:pos] + [(index, ckpt)] + log[pos:], index
 
 
@@ -234,7 +236,8 @@ def test_c_restore_and_reapply_gives_same_completions_and_digest(subject, script
     log = build(script, subject)
     pos = data.draw(st.integers(0, len(log) - 1), label="checkpoint before entry")
     ck_log, ck_index = with_checkpoint(log, pos, data.draw(st.booleans(), label="defer"),
-                                       data.draw(FORMS, label="calls apart, listed after, in parts"))
+                                       data.draw(FORMS, label="calls apart, listed after, in parts"),
+                                       data.draw(st.booleans(), label="hooked touched"))
     k, trace = run(ck_log)
     assert k.checkpoint_index == ck_index
     restored = Kernel.restore(k.checkpoint_blob, CONFIG)
@@ -271,8 +274,9 @@ def test_g_a_restored_replicas_next_checkpoint_is_the_live_replicas_bytes(subjec
     log = build(script, subject)
     p1 = data.draw(st.integers(0, len(log) - 2), label="first checkpoint before entry")
     p2 = data.draw(st.integers(p1 + 1, len(log) - 1), label="second checkpoint before entry")
-    leader = dict(defer=True, calls_apart=True, listed_after=True, touched_in_parts=True)
-    one, i1 = with_checkpoint(log, p1, True, (True, True, True))
+    leader = dict(defer=True, calls_apart=True, listed_after=True, touched_in_parts=True,
+                  hooked_touched=True)
+    one, i1 = with_checkpoint(log, p1, True, (True, True, True), hooked=True)
     i2 = 2 * p2 + 1
     two = sorted(one + [(i2, Checkpoint(ts=0.0, tag="ckpt2", **leader))], key=lambda e: e[0])
     k, trace = replay(two, Kernel(CONFIG), encoded=True)    # as the log holds them
@@ -370,10 +374,12 @@ def test_f_a_deferred_capture_is_the_same_whenever_its_slices_run(subject, scrip
     p1 = data.draw(st.integers(0, len(log) - 2), label="first checkpoint before entry")
     p2 = data.draw(st.integers(p1 + 1, len(log) - 1), label="second checkpoint before entry")
     form = data.draw(FORMS, label="calls apart, listed after, in parts")
-    one, i1 = with_checkpoint(log, p1, defer=True, form=form)
+    hooked = data.draw(st.booleans(), label="hooked touched")
+    one, i1 = with_checkpoint(log, p1, defer=True, form=form, hooked=hooked)
     two = sorted(one + [(2 * p2 + 1, Checkpoint(ts=0.0, tag="ckpt2", defer=True,
                                                 calls_apart=form[0], listed_after=form[1],
-                                                touched_in_parts=form[2]))],
+                                                touched_in_parts=form[2],
+                                                hooked_touched=hooked))],
                  key=lambda e: e[0])
 
     def run_two(slices):

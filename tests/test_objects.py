@@ -1797,6 +1797,52 @@ def test_a_format_8_checkpoint_writes_each_sessions_objects_in_parts_pickled_onc
     assert r7.kernel.state_digest() == h.kernel.state_digest()
 
 
+def test_a_hooked_touched_checkpoint_keeps_only_the_objects_whose_hook_runs(monkeypatch):
+    """Checkpoint.hooked_touched (the leader's since): from its entry on, a session remembers
+    only the objects it calls whose class has a session-end hook, and forgets the others it
+    remembered then; the rule is part of the state (a restored replica follows it, and a
+    later checkpoint without the flag keeps it). The hooks still run at the session's end,
+    and a restored replica writes the same bytes at the next checkpoint."""
+    from gesmas.server.kernel import records
+    monkeypatch.setattr(records, "TOUCHED_CHUNK", 3)
+    h = OH()
+    s, other = h.sessions(2)
+    for i in range(5):
+        h.make("Counter", f"c{i}")
+    for name in ("l0", "l1"):
+        h.make("Lock", name)
+    for name in ("c0", "l0", "c1", "c2", "c3"):
+        h.ok(s, name, *(("acquire",) if name[0] == "l" else ("add", 1)))
+    live = h.kernel.state.sessions[s]
+    h.checkpoint()                                    # without the flag: all remembered
+    assert list(live.touched) == ["c0", "l0", "c1", "c2", "c3"]
+    assert len(live._touched_parts) == 1 and not h.kernel.state.hooked_touched
+    h.checkpoint(hooked=True)
+    assert list(live.touched) == ["l0"] and live._touched_parts == []
+    assert h.kernel.state.hooked_touched
+    r = h.restored()
+    assert r.kernel.state.hooked_touched
+    assert list(r.kernel.state.sessions[s].touched) == ["l0"]
+    waits = {}
+    for k in (h, r):
+        k.ok(s, "c4", "add", 1)                      # no hook: not remembered
+        k.ok(s, "l1", "acquire")
+        k.ok(other, "c0", "add", 1)
+        assert list(k.kernel.state.sessions[s].touched) == ["l0", "l1"]
+        assert list(k.kernel.state.sessions[other].touched) == []
+        k.checkpoint()                                # no flag: the rule stays
+        assert k.kernel.state.hooked_touched
+        waits[k] = k.call(other, "l1", "acquire")
+        assert k.waiting(waits[k])
+    assert h.kernel.checkpoint_blob == r.kernel.checkpoint_blob
+    assert h.kernel.state_digest() == r.kernel.state_digest()
+    for k in (h, r):
+        k.end("close", s)                             # l1's hook ran: the waiter has it
+        assert k.value(waits[k]) > 0
+        assert k.ok(other, "l0", "try_acquire") is not None      # and l0's
+    assert h.kernel.state_digest() == r.kernel.state_digest()
+
+
 def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied_later(
         monkeypatch):
     """A format-7 capture puts the sizes it measured in the table's order as its idle slices

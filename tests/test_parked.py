@@ -121,7 +121,8 @@ def build(script) -> list[tuple[int, object]]:
             add(CreateObject(ts=clock, tag=tag, class_name=cls, name=name, args=args))
         elif what == "checkpoint":
             add(Checkpoint(ts=clock, tag=tag, defer=bool(x % 2), calls_apart=True,
-                           listed_after=True, touched_in_parts=True))
+                           listed_after=True, touched_in_parts=True,
+                           hooked_touched=bool(x % 3)))
     clock += 100.0
     add(Tick(ts=clock))                          # times out what still can
     return log

@@ -20,8 +20,8 @@ from gesmas.server.replication.journal import LOG_NAME, DurableJournal, JournalE
 
 def test_a_newer_command_format_stops_the_state_machine_instead_of_being_skipped():
     data = bytearray(codec.encode(OpenSession(ttl=5.0)))
-    data[0] = 9
-    with pytest.raises(codec.UnknownFormat, match="format version 9"):
+    data[0] = codec.FORMAT_VERSION + 1
+    with pytest.raises(codec.UnknownFormat, match=f"format version {codec.FORMAT_VERSION + 1}"):
         codec.decode(bytes(data))
     sm = Node(NodeConfig(1, "127.0.0.1:1", "127.0.0.1:2", (), "/tmp/x", "s")) \
         .make_state_machine()

@@ -164,9 +164,11 @@ class LeaderDuties:
                 and now - self._checkpoint_proposed > PROPOSE_RETRY):
             self._checkpoint_proposed = now
             # objects and waiting calls saved after the entry, the changed objects found
-            # by the capture (kernel/capture.py), the sessions' objects in parts
+            # by the capture (kernel/capture.py), the sessions' objects in parts, and only
+            # those with a session-end hook
             out.append(codec.Checkpoint(ts=wall, defer=True, calls_apart=True,
-                                        listed_after=True, touched_in_parts=True))
+                                        listed_after=True, touched_in_parts=True,
+                                        hooked_touched=True))
         if not self._has_standard and now - self._standard_proposed > PROPOSE_RETRY:
             self._standard_proposed = now
             out.extend(codec.RegisterClass(ts=wall, source=source, user=SYSTEM)

@@ -138,6 +138,8 @@ class Checkpoints:
         state = {"format": FORMAT, "index": st.index, "now": st.now,
                  "order": self.runner.order, "sessions": st.sessions, "dropped": st.dropped,
                  "over_limit": st.over_limit, "auth": st.auth.dump()}
+        if st.hooked_touched:        # (absent before: the same bytes as an older replica's)
+            state["hooked_touched"] = True
         if per_object:
             state["owners"] = {n: r.owner for n, r in st.objects.items() if r.owner}
             state["sizes"] = {n: r.size for n, r in st.objects.items() if r.size}
@@ -280,6 +282,7 @@ class Checkpoints:
         st.index, st.now, self.runner.order = state["index"], state["now"], state["order"]
         st.sessions = state["sessions"]
         st.dropped, st.over_limit = state.get("dropped", {}), state.get("over_limit", {})
+        st.hooked_touched = state.get("hooked_touched", False)
         st.auth = AuthState.load(state.get("auth"))
         if "auth" not in state:             # before auth: every source was anonymous
             st.auth.source_used = {"": sum(map(len, registry.sources))} if registry.sources \
@@ -357,6 +360,10 @@ class Checkpoints:
     def take(self, cmd: codec.Checkpoint) -> None:
         st, runner = self.state, self.runner
         self.finish()                        # the last checkpoint's capture, if still open
+        if cmd.hooked_touched and not st.hooked_touched:
+            st.hooked_touched = True         # once: sessions keep only hooked objects
+            for s in st.sessions.values():
+                s.forget_unhooked(st.objects)
         listed = bool(cmd.defer and cmd.calls_apart and cmd.listed_after) and self.defer
         if listed:
             self.deferred.take_sizes()       # what it measured: applied after this entry

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 #: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
@@ -47,6 +47,10 @@ _NEW_IN_7 = frozenset({"touched_in_parts"})
 #: fields added by version 8 (CreateObject.measured, Invoke.measured: an object made by the
 #: command is measured at once, lifecycle.py), written only when set
 _NEW_IN_8 = frozenset({"measured"})
+#: fields added by version 9 (Checkpoint.hooked_touched: from this checkpoint on, a session
+#: remembers only the objects it calls whose class has a session-end hook), written only
+#: when set
+_NEW_IN_9 = frozenset({"hooked_touched"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -364,12 +368,16 @@ class Checkpoint(Command):
     `listed_after`: and the entry hands the set of changed objects to the capture as it is,
     which lists the deferred ones after the frames (format 7; needs `calls_apart`).
     `touched_in_parts`: and each session's objects (`Session.touched`) are written in parts,
-    the full ones pickled once (format 8; needs `listed_after`)."""
+    the full ones pickled once (format 8; needs `listed_after`).
+    `hooked_touched`: from this entry on, each session remembers only the objects it called
+    whose class has a session-end hook (`Session.touched`: the objects whose hook runs when
+    it ends), and forgets the others it remembered (State.hooked_touched)."""
     CODE: ClassVar[int] = 9
     defer: bool = False
     calls_apart: bool = False
     listed_after: bool = False
     touched_in_parts: bool = False
+    hooked_touched: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -412,8 +420,11 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
+_FIELDS_V8: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_9) for c, names in _FIELDS.items()
+}
 _FIELDS_V7: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_8) for c, names in _FIELDS.items()
+    c: tuple(n for n in names if n not in _NEW_IN_8) for c, names in _FIELDS_V8.items()
 }
 _FIELDS_V6: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_7) for c, names in _FIELDS_V7.items()
@@ -434,12 +445,12 @@ _FIELDS_V1: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
 }
 _BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, 4: _FIELDS_V4, 5: _FIELDS_V5,
-               6: _FIELDS_V6, 7: _FIELDS_V7, FORMAT_VERSION: _FIELDS}
+               6: _FIELDS_V6, 7: _FIELDS_V7, 8: _FIELDS_V8, FORMAT_VERSION: _FIELDS}
 #: per command type: (version, its new fields and their defaults), newest first
 _NEWER = {c: tuple((v, {f.name: (f.default if f.default_factory is MISSING
                                  else f.default_factory()) for f in fields(c) if f.name in new})
-                   for v, new in ((8, _NEW_IN_8), (7, _NEW_IN_7), (6, _NEW_IN_6), (5, _NEW_IN_5),
-                                  (4, _NEW_IN_4), (3, _NEW_IN_3)))
+                   for v, new in ((9, _NEW_IN_9), (8, _NEW_IN_8), (7, _NEW_IN_7), (6, _NEW_IN_6),
+                                  (5, _NEW_IN_5), (4, _NEW_IN_4), (3, _NEW_IN_3)))
           for c in COMMANDS.values()}
 
 

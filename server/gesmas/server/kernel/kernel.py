@@ -384,7 +384,7 @@ class Kernel:
             req.deadline = deadline
         elif timeout:
             req.deadline = call_deadline
-        s.touched[cmd.name] = None
+        s.remember(cmd.name, rec, st.hooked_touched)
         s.inflight[cmd.seq] = req
         self.runner.seal(cmd.name)           # an open checkpoint capture saves it first
         self.runner.spawn(req, fn, (rec.instance, *args), kwargs)

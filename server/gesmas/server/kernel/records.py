@@ -61,7 +61,7 @@ class State:
     which fields it changes; nothing but data and the quota check lives here."""
 
     __slots__ = ("index", "now", "sessions", "objects", "dropped", "over_limit", "auth",
-                 "usage", "default_quota", "session_changes", "frames")
+                 "usage", "default_quota", "session_changes", "frames", "hooked_touched")
 
     def __init__(self, config: Config) -> None:
         self.index = 0                           # the log index of the last command applied
@@ -77,6 +77,9 @@ class State:
         self.frames = FrameTable()
         self.dropped: dict[str, str] = {}   # objects a checkpoint had to drop -> why (bounded)
         self.over_limit: dict[str, int] = {}   # objects over max_object_bytes -> their size
+        # since a Checkpoint with hooked_touched: sessions remember only the objects whose
+        # class has a session-end hook (Session.remember)
+        self.hooked_touched = False
         self.auth = AuthState()
         self.usage = Usage()
         self.default_quota = dict(config.default_quota)
@@ -225,12 +228,35 @@ class Session:
         self.results: dict[int, tuple[Any, Error | None]] = {}
         self.acked = 0
         self.dropped = 0                         # highest seq whose result was evicted
-        self.touched: dict[str, None] = {}       # objects used, in first-use order
+        self.touched: dict[str, None] = {}       # objects used, in first-use order (remember)
         self.inflight: dict[int, Request] = {}   # seq -> request; a checkpoint writes
                                                  # them as its pending calls instead
         # `touched` as a checkpoint writes it: the pickles of its names TOUCHED_CHUNK at a
         # time, in order, the full ones made once (a cache, not state: `touched` only grows)
         self._touched_parts: list[bytes] = []
+
+    def remember(self, name: str, rec: ObjectRecord, hooked_only: bool) -> None:
+        """This session calls `rec`, named `name` in the command (the string kept: a
+        checkpoint of format 7 or older pickles `touched` with a memo, so which string
+        object it holds shows in the bytes): remember it, so that its session-end hook runs
+        when the session ends (sessions.py). With `hooked_only` (State.hooked_touched), only
+        an object whose class has such a hook: a session that called 10^6 Counters kept their
+        10^6 names (~33 bytes each in memory, ~18 in every checkpoint) for nothing."""
+        if not hooked_only or rec.cls.ends_with_sessions():
+            self.touched[name] = None
+
+    def forget_unhooked(self, objects: Any) -> None:
+        """Keep, in their order, only the remembered objects that exist in `objects` with a
+        session-end hook (a Checkpoint with hooked_touched); the checkpoint parts of the
+        names are made again."""
+        kept: dict[str, None] = {}
+        for name in self.touched:
+            rec = objects.get(name)
+            if rec is not None and rec.cls.ends_with_sessions():
+                kept[name] = None
+        if len(kept) != len(self.touched):
+            self.touched = kept
+            self._touched_parts = []
 
     def touched_parts(self) -> list[bytes]:
         """`touched` as a checkpoint writes it: its names in order, in lists of

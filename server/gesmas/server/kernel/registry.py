@@ -38,6 +38,14 @@ class ClassVersion:
     _methods: dict[str, tuple[Callable[..., Any], inspect.Signature] | None] = field(
         default_factory=dict)
     _init: list[inspect.Signature | None] = field(default_factory=list)
+    _hook: list[bool] = field(default_factory=list)
+
+    def ends_with_sessions(self) -> bool:
+        """Whether the class has a session-end hook (`_on_session_end`, limits.py): its
+        objects are remembered by each session that calls them (Session.touched)."""
+        if not self._hook:
+            self._hook.append(hasattr(self.cls, "_on_session_end"))
+        return self._hook[0]
 
     def constructor(self) -> inspect.Signature | None:
         """The signature the class is called with, or None if inspect cannot tell."""

@@ -76,7 +76,7 @@ class SessionKeeper:
         runner.drain()
         for name in s.touched:
             rec = st.objects.get(name)
-            if rec is not None and hasattr(rec.cls.cls, "_on_session_end"):
+            if rec is not None and rec.cls.ends_with_sessions():
                 self._run_hook(rec, s.id)
                 runner.drain()
         runner.complete(cmd.tag, True)
