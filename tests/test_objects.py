@@ -10,6 +10,7 @@ uninterrupted run.
 """
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,8 @@ from typing import Any
 import pytest
 
 from gesmas.objects import RESERVED_CLASSES, standard_sources
-from gesmas.server.kernel import (CloseSession, Code, Completion, Config, ExpireSession, Invoke,
-                                  Kernel, RegisterClass, Tick)
+from gesmas.server.kernel import (Checkpoint, CloseSession, Code, Completion, Config,
+                                  ExpireSession, Invoke, Kernel, RegisterClass, Tick, encode)
 from gesmas.server.kernel.auth import SYSTEM
 
 try:
@@ -1841,6 +1842,17 @@ def test_a_hooked_touched_checkpoint_keeps_only_the_objects_whose_hook_runs(monk
         assert k.value(waits[k]) > 0
         assert k.ok(other, "l0", "try_acquire") is not None      # and l0's
     assert h.kernel.state_digest() == r.kernel.state_digest()
+    # the same log with checkpoints that never set the rule: every object remembered, the
+    # same answers, and the same digest after every entry (it hashes what a session
+    # remembers as what its end acts on: the hooked objects)
+    flagged, plain = Kernel(h.kernel.config), Kernel(h.kernel.config)
+    for index, cmd in h.log:
+        unflagged = dataclasses.replace(cmd, hooked_touched=False) \
+            if isinstance(cmd, Checkpoint) else cmd
+        assert flagged.apply(index, encode(cmd)) == plain.apply(index, encode(unflagged))
+        assert flagged.state_digest() == plain.state_digest(), index
+    assert list(flagged.state.sessions[other].touched) == ["l1", "l0"]
+    assert list(plain.state.sessions[other].touched) == ["c0", "l1", "l0"]
 
 
 def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied_later(

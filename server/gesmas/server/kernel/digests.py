@@ -11,6 +11,7 @@ import pickle
 from typing import Any, Callable
 
 from .measure import state_size
+from .records import DIGEST_HOOKED
 
 
 def described(v: Any) -> str:
@@ -78,7 +79,18 @@ def tree_digest(obj: Any, persistent_id: Any) -> bytes:
 def state_digest(cp: Any, volatile: bool, parts: dict[str, str] | None,
                  pickle_state: Callable[[Any, Any], bytes]) -> str:
     """`Checkpoints.digest` (checkpoint.py) of the state the Checkpoints `cp` holds, see
-    there; `pickle_state` pickles a part with a memo (checkpoint.py's)."""
+    there; `pickle_state` pickles a part with a memo (checkpoint.py's). What sessions
+    remember is hashed as what their end would act on (records.DIGEST_HOOKED)."""
+    hooked = DIGEST_HOOKED.set(frozenset(n for n, r in cp.state.objects.items()
+                                         if r.cls.ends_with_sessions()))
+    try:
+        return _state_digest(cp, volatile, parts, pickle_state)
+    finally:
+        DIGEST_HOOKED.reset(hooked)
+
+
+def _state_digest(cp: Any, volatile: bool, parts: dict[str, str] | None,
+                  pickle_state: Callable[[Any, Any], bytes]) -> str:
     h = hashlib.sha256()
     registry = pickle.dumps(cp.registry.dump(), protocol=5)
     h.update(registry)
@@ -90,6 +102,7 @@ def state_digest(cp: Any, volatile: bool, parts: dict[str, str] | None,
     del state["format"]     # how a checkpoint encodes the state, not the state
     del state["order"]      # a counter whose absolute value a checkpoint's re-run shifts
     del state["sizes"]      # measured at checkpoints (a cache of what the objects hold)
+    state.pop("hooked_touched", None)   # what sessions remember: hashed as DIGEST_HOOKED says
     if not volatile:
         del state["index"], state["now"]
     objects = [(n, r.cls.name, r.cls.version, r.instance)

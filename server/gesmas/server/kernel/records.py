@@ -201,6 +201,12 @@ TOUCHED_CHUNK = 4096
 #: Set while a checkpoint of format 8 (Checkpoint.touched_in_parts) pickles the sessions.
 TOUCHED_IN_PARTS: contextvars.ContextVar[bool] = contextvars.ContextVar("touched_in_parts",
                                                                        default=False)
+#: Set while the state digest pickles the sessions (digests.state_digest): the names of the
+#: objects with a session-end hook; a session's `touched` is hashed as those of them it
+#: holds, so a kernel that remembers only hooked objects (State.hooked_touched) and one that
+#: remembers all have the same digest, and the checkpoint that forgets the others keeps it.
+DIGEST_HOOKED: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar(
+    "digest_hooked", default=None)
 
 
 def unshared_pickle(value: Any) -> bytes:
@@ -279,6 +285,11 @@ class Session:
     def __getstate__(self) -> tuple[Any, ...]:
         inflight = [] if SAVING.get() else \
             [(seq, r.index, r.tags) for seq, r in self.inflight.items()]
+        hooked = DIGEST_HOOKED.get()
+        if hooked is not None:                   # the state digest
+            touched = {n: None for n in self.touched if n in hooked}
+            return (self.id, self.ttl, self.results, self.acked, self.dropped, touched,
+                    inflight, self.user, self.secret, self.opened)
         if TOUCHED_IN_PARTS.get():               # format 8
             return (self.id, self.ttl, self.results, self.acked, self.dropped,
                     self.touched_parts(), inflight, self.user, self.secret, self.opened)
