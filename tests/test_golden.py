@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gesmas.server.kernel import Config, Kernel, codec
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -132,6 +134,35 @@ def _frames(blob: bytes) -> list[bytes]:
         pickle.load(buf)
         out.append(blob[start:buf.tell()])
     return out
+
+
+#: The golden checkpoint's state digest (volatile=False) as gesmas computed it before
+#: checkpoint command version 9 (157c1cc), hashing every object a session remembered: what a
+#: backup of that state taken then carries.
+DIGEST_BEFORE_V9 = "4e7cf6fd068d48cdde0fb9de2653e96a354eb9702cad518d6bff426ff792aa1f"
+
+
+def test_a_backup_taken_before_command_version_9_still_restores(tmp_path):
+    """The digest now hashes what a session remembers as the objects its end acts on; a
+    backup taken by an earlier gesmas carries the digest of every remembered object, and
+    `gesmas restore` still takes it (and still refuses a digest that is neither)."""
+    from gesmas.protocol import backups
+    from gesmas.server import backup
+    blob = BLOB.read_bytes()
+    k = Kernel.restore(blob, _config(_load()[1]))
+    now = k.checkpoints.digest(volatile=False)
+    assert now != DIGEST_BEFORE_V9              # its sessions remember hook-less objects
+    assert k.checkpoints.digest(volatile=False, every_remembered=True) == DIGEST_BEFORE_V9
+    for digest, ok in ((DIGEST_BEFORE_V9, True), (now, True), ("ab" * 32, False)):
+        path = str(tmp_path / "golden.bak")
+        backups.write(path, backups.header_for(
+            blob, index=k.index, state_digest=digest, checkpoint_format=k.checkpoint_format,
+            members=["127.0.0.1:1"], node_id="127.0.0.1:1", created=1.0), blob)
+        if ok:
+            assert backup.load_checked(path)[0].state_digest == digest
+        else:
+            with pytest.raises(backups.BadBackup, match="digest"):
+                backup.load_checked(path)
 
 
 def test_the_pins_do_not_depend_on_the_hash_seed():

@@ -340,16 +340,19 @@ class Checkpoints:
 
     # -- the state digest ----------------------------------------------------------------------
 
-    def digest(self, volatile: bool = True, parts: dict[str, str] | None = None) -> str:
+    def digest(self, volatile: bool = True, parts: dict[str, str] | None = None,
+               every_remembered: bool = False) -> str:
         """A hash of the whole state, waiters included: equal on replicas that applied the
         same log (without `volatile`, the log index and kernel time are left out). Pickled
         without a memo where it can be, so that which objects happen to be shared (an
         interned string, say) does not change the bytes; an object with reference cycles is
         pickled with a memo instead. `parts`: filled with a short hash of each part.
         A part that cannot be pickled (a lambda or a generator an object holds until the next
-        checkpoint drops it) is hashed by its content, the unpicklable values by their kind."""
+        checkpoint drops it) is hashed by its content, the unpicklable values by their kind.
+        `every_remembered`: the sessions' remembered objects hashed as the digest of an
+        earlier gesmas did (digests.state_digest)."""
         with stack.relative():
-            return state_digest(self, volatile, parts, pickle_state)
+            return state_digest(self, volatile, parts, pickle_state, every_remembered)
 
     def _part_bytes(self, part: Any, limit: int) -> bytes:
         """What the digest hashes of one part (digests.part_bytes)."""

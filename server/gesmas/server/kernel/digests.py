@@ -77,12 +77,14 @@ def tree_digest(obj: Any, persistent_id: Any) -> bytes:
 
 
 def state_digest(cp: Any, volatile: bool, parts: dict[str, str] | None,
-                 pickle_state: Callable[[Any, Any], bytes]) -> str:
+                 pickle_state: Callable[[Any, Any], bytes], every_remembered: bool = False) -> str:
     """`Checkpoints.digest` (checkpoint.py) of the state the Checkpoints `cp` holds, see
     there; `pickle_state` pickles a part with a memo (checkpoint.py's). What sessions
-    remember is hashed as what their end would act on (records.DIGEST_HOOKED)."""
-    hooked = DIGEST_HOOKED.set(frozenset(n for n, r in cp.state.objects.items()
-                                         if r.cls.ends_with_sessions()))
+    remember is hashed as what their end would act on (records.DIGEST_HOOKED), or, with
+    `every_remembered`, as all of it: the digest before checkpoint command version 9, which
+    backups taken by an earlier gesmas carry (backup.load_checked)."""
+    hooked = DIGEST_HOOKED.set(None if every_remembered else frozenset(
+        n for n, r in cp.state.objects.items() if r.cls.ends_with_sessions()))
     try:
         return _state_digest(cp, volatile, parts, pickle_state)
     finally:
