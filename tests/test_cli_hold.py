@@ -78,8 +78,9 @@ class Gesmas:
 
     def wait(self) -> int:
         assert self.proc.stderr is not None
+        code = self.proc.wait(timeout=LINE_WITHIN)     # bounded: a process that hangs fails
         self.err = self.proc.stderr.read()
-        return self.proc.wait(timeout=LINE_WITHIN)
+        return code
 
     def env(self) -> dict[str, str]:
         """The environment the held command printed ("env K=V ...")."""

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gesmas.client import Client, ClientClosed, GesmasError, core, thread_streams
+from gesmas.client import Client, ClientClosed, GesmasError, core, exiting, thread_streams
 from gesmas.client.own_follow import Deadlines, Slots
 from gesmas.client.streams import Unsupported
 from gesmas.client.thread_streams import ThreadStream, ThreadStreams
@@ -172,6 +172,31 @@ def test_closing_the_client_under_a_waiting_call(cluster):
     t.join(WAIT)
     assert not t.is_alive()
     assert isinstance(out[0], GesmasError), out
+
+
+def test_a_closed_clients_request_threads_are_let_finish_at_exit(cluster, monkeypatch):
+    """grpc's request thread of a thread's RPC ends after the client closes, and says so
+    (client/exiting.py): a program's exit waits for it rather than stop it inside grpc's
+    RPC lock (which hung `gesmas lock -- CMD` at its exit once)."""
+    named: list[threading.Thread] = []
+    real = exiting.ending
+
+    def ending(thread: threading.Thread | None = None) -> None:
+        named.append(thread or threading.current_thread())
+        real(thread)
+    monkeypatch.setattr(exiting, "ending", ending)
+    c = Client(cluster.addresses)
+    q = c.queue("ts-exit")
+    q.produce("a")
+    q.produce("b")                      # the main thread's own RPC from its second call
+    assert len(own_streams(c)) == 1
+    c.close()
+    # the thread stream's request thread (its iterator runs there) and the shared stream's
+    # request and reader threads
+    until(lambda: len(named) >= 3, "the request threads named as ending")
+    assert threading.current_thread() not in named
+    assert exiting.let_finish(WAIT) == []
+    assert not any(t.is_alive() for t in named)
 
 
 def test_an_unresponsive_replica_sends_the_waiting_call_elsewhere(cluster):

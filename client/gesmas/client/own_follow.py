@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import grpc
 
-from gesmas.client import core
+from gesmas.client import core, exiting
 from gesmas.client.errors import Unavailable
 from gesmas.client.security import Login
 from gesmas.client.streams import FollowedAnswers, call_message, no_answer, stream_failure
@@ -145,6 +145,7 @@ class OwnFollowing(FollowedAnswers, OwnRpc):
     def _messages(self, msg: Any) -> Iterator[Any]:
         yield msg
         self._half_close.wait()          # grpc's request thread parks here until the end
+        exiting.ending()                 # and ends: a program's exit waits for it
 
     def next(self) -> Any:
         """The next InvokeResponse; raises as ``CallStream.call`` does (``core.Failure``:

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import grpc
 
-from gesmas.client import core
+from gesmas.client import core, exiting
 from gesmas.client.errors import ResourceExhausted, Unavailable, error_from_detail
 from gesmas.client.security import Login
 from gesmas.v1 import gesmas_pb2 as pb
@@ -140,6 +140,7 @@ class CallStream:
         while True:
             msg = self._outgoing.get()
             if msg is None:
+                exiting.ending()         # grpc's request thread: a program's exit waits
                 return
             yield msg
 
@@ -229,10 +230,12 @@ class CallStream:
             if not self._closing:
                 self._closing = True
                 self._outgoing.put(None)
+        exiting.ending(self._reader)     # reads the RPC's end next: a program's exit waits
 
     def cancel(self) -> None:
         """End the RPC now: its calls in flight fail (and are withdrawn on the replica)."""
         self._rpc.cancel()
+        exiting.ending(self._reader)
 
 
 def next_cursor(value: Any, key: str, finished: bool, label: str) -> tuple[bool, Any]:

@@ -34,7 +34,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-from gesmas.client import core
+from gesmas.client import core, exiting
 from gesmas.client.errors import Unavailable
 from gesmas.client.own_follow import Deadlines, OwnRpc, Slots
 from gesmas.client.security import Login
@@ -67,6 +67,7 @@ def _messages(outgoing: queue.SimpleQueue[Any]) -> Iterator[Any]:
     while True:
         msg = outgoing.get()
         if msg is None:
+            exiting.ending()             # grpc's request thread: a program's exit waits
             return
         yield msg
 
