@@ -758,8 +758,9 @@ def test_cli_into_a_closed_pipe_stops_quietly(replicas):
     """`gesmas objects | head -0`: the reader is gone before anything is written."""
     p = _cli_process("objects", "--cluster", cluster(replicas), stdout=subprocess.PIPE)
     p.stdout.close()                      # nobody reads: the first write fails with EPIPE
+    code = p.wait(timeout=60)             # bounded: a process that hangs fails the test
     err = p.stderr.read()
-    assert p.wait(timeout=60) == 141 and err == ""
+    assert code == 141 and err == ""
 
 
 def test_cli_tables(replicas, capsys):
