@@ -53,9 +53,9 @@ from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle, args_of, bind_sig
 from .queries import Queries
 from .readers import Readers
-from .records import (Completion, Config, Kind, ObjectRecord, PendingCall, Request, Session,
-                      State)
+from .records import Completion, Config, ObjectRecord, PendingCall, Session, State
 from .registry import Registry
+from .request import Kind, Request
 from .runner import Runner
 from .sched import Aborted
 from .sessions import SessionKeeper

@@ -30,7 +30,8 @@ from .auth import SYSTEM
 from .budget import Budget
 from .errors import Code, KernelError
 from .measure import state_size
-from .records import Config, Kind, ObjectRecord, Request, State
+from .records import Config, ObjectRecord, State
+from .request import Kind, Request
 from .registry import Registry
 from .runner import Runner
 from .sched import Aborted

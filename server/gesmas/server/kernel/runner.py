@@ -37,7 +37,8 @@ import greenlet
 from . import codec
 from .budget import Budget
 from .errors import Code, Error, KernelError
-from .records import Completion, Config, Kind, ObjectRecord, PendingCall, Request, State
+from .records import Completion, Config, ObjectRecord, PendingCall, State
+from .request import Kind, Request
 from .sched import Interrupted, Parked, Semaphore, SessionEnded, Task, Timeout, Waiter
 from .workers import INTERRUPTED, PARKED, Workers
 

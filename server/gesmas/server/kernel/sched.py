@@ -91,7 +91,7 @@ class Host(Protocol):
 
 
 class Call(Protocol):
-    """A request (records.Request), as a semaphore and a context see it."""
+    """A request (request.Request), as a semaphore and a context see it."""
 
     index: int
     session: int

@@ -14,7 +14,8 @@ from typing import Any
 
 from . import codec
 from .errors import Code, KernelError
-from .records import Kind, ObjectRecord, Request, Session, State
+from .records import ObjectRecord, Session, State
+from .request import Kind, Request
 from .runner import Runner
 from .sched import SessionEnded
 

@@ -13,7 +13,8 @@ from typing import Callable
 import greenlet
 
 from .errors import Code, Error, KernelError
-from .records import Completion, Config, PendingCall, Request, Session, State
+from .records import Completion, Config, PendingCall, Session, State
+from .request import Request
 from .runner import Runner
 from .sched import Interrupted
 

@@ -23,7 +23,7 @@ import greenlet
 from . import codec, stack
 from .budget import ResourceLimit
 from .errors import Code, Error, KernelError
-from .records import Request
+from .request import Request
 from .registry import safe_str, type_name
 from .sched import (Aborted, BudgetExceeded, Interrupted, Parked, SessionEnded, Task,
                     Timeout)
