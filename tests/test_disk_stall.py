@@ -27,8 +27,9 @@ STALL = 2.0   # seconds: above the election timeout (RaftTuning: 1.2 s at most) 
 STALLS = 2    # leader_fallback_timeout (1.5 s)
 # The controls' stalls: a stall that every tick thread sits out (syncing on the tick thread)
 # ends in an election only if a follower's timer fires before the leader's next heartbeat
-# lands, a race (once in ~10 runs both of two stalls ended without one); four make a
-# control that holds by chance rare.
+# lands, a race (once in ~10 runs both of two stalls ended without one). So a control
+# stalls up to four times, and no more once a term rose: each election may lose a write in
+# flight, which the loop would wait for in vain (four stalls in a row did, in a full run).
 CONTROL_STALLS = 4
 
 
@@ -36,9 +37,10 @@ def term(replica) -> int:
     return replica._raft._SyncObj__raftCurrentTerm
 
 
-def stalled_run(tmp_path, monkeypatch, stalls_n: int = STALLS):
-    """Commit in a loop through a cluster whose disk stalls `stalls_n` times; returns
-    (terms before, terms after, leader kept, writes, longest write in s)."""
+def stalled_run(tmp_path, monkeypatch, stalls_n: int = STALLS, until_term_rises: bool = False):
+    """Commit in a loop through a cluster whose disk stalls `stalls_n` times (with
+    `until_term_rises`, no more once a replica's term rose); returns (terms before, terms
+    after, leader kept, writes, longest write in s)."""
     stall_file = tmp_path / "stall-until"
     monkeypatch.setenv(FAILPOINT_FSYNC_STALL, str(stall_file))
     for c in warmed(InProcessCluster(str(tmp_path / "c"))):
@@ -50,6 +52,8 @@ def stalled_run(tmp_path, monkeypatch, stalls_n: int = STALLS):
             try:
                 for _ in range(stalls_n):
                     time.sleep(1.0)
+                    if until_term_rises and [term(r) for r in c.replicas] != before:
+                        return
                     stall_file.write_text(repr(time.time() + STALL))
                     time.sleep(STALL)
             finally:
@@ -76,14 +80,14 @@ def test_a_stalled_disk_keeps_the_term_and_the_leader(tmp_path, monkeypatch):
 def test_control_syncing_on_the_tick_thread_the_same_stalls_raise_the_term(
         tmp_path, monkeypatch):
     monkeypatch.setattr(_DurableTransport, "flush", _DurableTransport._flush_alone)
-    before, after, _, _, _ = stalled_run(tmp_path, monkeypatch, CONTROL_STALLS)
+    before, after, _, _, _ = stalled_run(tmp_path, monkeypatch, CONTROL_STALLS, True)
     assert after[0] > before[0]
 
 
 def test_control_without_the_followers_keep_alives_the_leader_steps_down(
         tmp_path, monkeypatch):
     monkeypatch.setattr(_DurableTransport, "_alive", lambda self, waiting: [])
-    before, after, _, _, _ = stalled_run(tmp_path, monkeypatch, CONTROL_STALLS)
+    before, after, _, _, _ = stalled_run(tmp_path, monkeypatch, CONTROL_STALLS, True)
     assert after[0] > before[0]
 
 
