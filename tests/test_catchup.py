@@ -309,6 +309,51 @@ def test_a_disconnection_forgets_the_snapshot_sent():
     assert node._SyncObj__raftNextIndex[F] == 1
 
 
+class _Writing:
+    """A serializer writing a snapshot: no chunk to give (BackgroundSerializer while its
+    job runs), and a count of the times it was asked for one."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def sending_paused(self):
+        return True
+
+    def getTransmissionData(self, node):
+        self.asked += 1
+        return None
+
+    def cancelTransmisstion(self, node):
+        pass
+
+
+def test_a_follower_needing_a_snapshot_while_one_is_written_gets_one_heartbeat():
+    """Override 24: pysyncobj's loop asked the serializer for a chunk again and again until a
+    heartbeat period had passed (50 ms of the tick thread and ~30,000 messages each round
+    while the leader wrote a snapshot). The follower gets one heartbeat; a healthy follower
+    gets its entries in the same round; the first stays connected."""
+    node = _leader()
+    node._SyncObj__conf = SyncObjConf(appendEntriesPeriod=0.2)   # bounds the loop if it spins
+    node._SyncObj__serializer = writing = _Writing()
+    g = TCPNode("127.0.0.1:2")
+    node._SyncObj__otherNodes.add(g)
+    node._SyncObj__connectedNodes.add(g)
+    node._SyncObj__raftNextIndex[g], node._SyncObj__raftMatchIndex[g] = 12, 11
+    node._SyncObj__lastResponseTime[g] = 0.0
+    node._SyncObj__sendAppendEntries()
+    to_f = [m for n, m in node._SyncObj__transport.sent if n == F]
+    to_g = [m for n, m in node._SyncObj__transport.sent if n == g]
+    assert writing.asked == 0
+    assert to_f == [{"type": "append_entries", "term": 1, "commit_index": 12,
+                     "serialized": None}]
+    assert [e[1] for m in to_g for e in m["entries"]] == [12]
+    assert node._SyncObj__connectedNodes == {F, g}
+    assert node._SyncObj__raftNextIndex[F] == 1 and node._gesmas_sent.sent == {}
+    node._SyncObj__serializer = _Sender()                     # written: the snapshot goes
+    node._SyncObj__sendAppendEntries()
+    assert node._SyncObj__serializer.starts == 1 and node._SyncObj__raftNextIndex[F] == 13
+
+
 def test_the_rule_on_plain_values():
     s = SnapshotsSent(bound=10.0)
     plain = {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": False}

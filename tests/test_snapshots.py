@@ -61,6 +61,24 @@ def test_the_file_is_written_on_another_thread_and_reported_when_in_place(tmp_pa
     assert data is not None and data[1] is True
 
 
+def test_sending_is_paused_while_a_snapshot_is_written_or_there_is_none(tmp_path):
+    """What override 24 asks before pysyncobj's sending loop: no chunk while a job runs
+    (until its end is read), nor before any snapshot exists."""
+    writer = Writer()
+    path, s = make(tmp_path, writer)
+    assert s.sending_paused()                              # no file yet
+    (tmp_path / "snapshot.bin").write_bytes(pickle.dumps("the previous one"))
+    assert not s.sending_paused()
+    s.serialize((None, "prev", "last", "cluster"), 42)
+    assert writer.entered.wait(WAIT)
+    assert s.sending_paused() and s.getTransmissionData("follower") is None
+    writer.release.set()
+    assert s.wait(WAIT)
+    assert s.sending_paused()                              # written, its end not yet read
+    assert s.checkSerializing() == (SERIALIZER_STATE.SUCCESS, 42)
+    assert not s.sending_paused() and s.getTransmissionData("follower") is not None
+
+
 def test_a_failed_write_leaves_the_previous_file_and_compacts_nothing(tmp_path):
     writer = Writer(fail=True)
     path, s = make(tmp_path, writer)

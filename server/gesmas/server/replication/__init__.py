@@ -105,6 +105,10 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      follower its snapshot's chunks at ``GESMAS_SNAPSHOT_RATE`` megabytes per second at
      most (default 40; 0 for unpaced), so a transfer to a wiped follower does not take the
      host's cores from the calls for its duration; the chunks wait in the backlog (17).
+  24. ``_RaftNode._gesmas_hold_snapshot_sends``: while the leader writes a snapshot (its
+     serializer gives no chunk), a follower that needs one gets one heartbeat per round
+     instead of pysyncobj asking for a chunk in a loop for a heartbeat period (50 ms of the
+     tick thread, ~30,000 messages queued, at each round).
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

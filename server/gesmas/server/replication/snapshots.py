@@ -200,6 +200,12 @@ class BackgroundSerializer(Serializer):
             return "writing"
         return "replaced" if job.cancelled else "ended"
 
+    def sending_paused(self) -> bool:
+        """Whether ``getTransmissionData`` gives no chunk now: a snapshot is being written
+        (until ``checkSerializing`` reads its end) or there is none to send
+        (``_RaftNode._gesmas_hold_snapshot_sends``, override 24)."""
+        return self._Serializer__pid != 0 or not os.path.exists(self._file)
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait for the snapshot being written, if any (tests, shutdown)."""
         job = self._job
