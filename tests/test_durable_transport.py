@@ -4,6 +4,8 @@ which order, and at what rate a snapshot goes out. On a bare transport with fake
 connections; tests/test_raft_port.py and tests/test_rejoin.py run it in clusters."""
 from __future__ import annotations
 
+import os
+
 from gesmas.server.replication import durable_transport, transport
 from gesmas.server.replication.catchup import SnapshotPacer, SnapshotsSent
 
@@ -165,3 +167,41 @@ def test_a_backlog_drops_the_entries_the_leader_queues_again_after_an_ack(monkey
     out = _unbatched(sent)
     assert out[0] is chunk and [e[1] for m in out[1:] for e in m["entries"]] == \
         list(range(8, 26))
+
+
+def test_a_snapshot_chunk_is_read_from_its_file_when_it_goes_out(monkeypatch, tmp_path):
+    """A leader's snapshot chunks (snapshots.Chunk) are read as the flush sends them: what
+    waits in the backlog holds no snapshot bytes, what goes holds the file's. A chunk the
+    file cannot give (cut short under it) closes that node's connection and drops what
+    waits for it (pysyncobj starts the transfer over); another node's messages still go."""
+    from gesmas.server.replication.snapshots import Chunk, _Source
+    limit = 2 ** 20
+    slow, other = _Conn(), _Conn()
+    closed: list = []
+    slow.disconnect = lambda: closed.append("slow")
+    t = _bare_transport(limit, {"slow": slow, "other": other})
+    sent: list = []
+    monkeypatch.setattr(durable_transport.TCPTransport, "send",
+                        lambda self, node, m: sent.append((node, m)) or True)
+    path = tmp_path / "snapshot.bin"
+    blob = os.urandom(10 * 900_000)
+    path.write_bytes(blob)
+    source = _Source(str(path))
+    chunks = [{"type": "append_entries", "term": 1, "commit_index": 9,
+               "serialized": (Chunk(source, k * 900_000, 900_000), k == 0, False)}
+              for k in range(10)]
+    t._send_grouped([("slow", c) for c in chunks])
+    went = _unbatched(m for _, m in sent)
+    assert [m["serialized"][0] for m in went] == [blob[k * 900_000:(k + 1) * 900_000]
+                                                  for k in range(3)]
+    assert [m["serialized"][1] for m in went] == [True, False, False]
+    waiting = t._backlog["slow"][1]
+    assert all(isinstance(m["serialized"][0], Chunk) for m in waiting) and len(waiting) == 7
+    assert t.backlog_bytes() >= 7 * 900_000      # counted at their size all the same
+    sent.clear()
+    os.truncate(path, 4 * 900_000)               # the fourth can be read, not the fifth
+    ack = {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False}
+    t._send_grouped([("other", ack)])
+    assert [(n, m.get("serialized", [b""])[0]) for n, m in sent] == \
+        [("slow", blob[3 * 900_000:4 * 900_000]), ("other", b"")]
+    assert closed == ["slow"] and "slow" not in t._backlog    # and nothing after the fourth

@@ -265,3 +265,54 @@ def test_a_chunk_that_cannot_be_synced_does_not_stop_the_transmission(tmp_path, 
     assert s.setTransmissionData((b"b" * 10, False, True)) is True
     assert (tmp_path / "snapshot.bin").read_bytes() == b"a" * 10 + b"b" * 10
     assert "syncing a received snapshot chunk failed" in caplog.text
+
+
+def _sent(s, node):
+    """Every chunk of one transfer of `node`'s, unread: [(chunk, is_first, is_last)]."""
+    out = []
+    while True:
+        data = s.getTransmissionData(node)
+        out.append(data)
+        if data[2]:
+            return out
+
+
+def test_a_snapshot_is_sent_in_chunks_read_from_the_file_only_when_they_go(tmp_path):
+    """A leader's transfer holds no snapshot bytes: each chunk is a place in the file, read
+    by the transport when it frames it. The chunks are pysyncobj's (first flagged, the
+    last empty and flagged), and two followers' transfers are their own."""
+    path, s = make(tmp_path, write_over)
+    blob = os.urandom(int(2.5 * (1 << 16)))
+    (tmp_path / "snapshot.bin").write_bytes(blob)
+    chunks = _sent(s, "f1")
+    assert [(len(c), first, last) for c, first, last in chunks] == \
+        [(1 << 16, True, False), (1 << 16, False, False), (1 << 15, False, False),
+         (0, False, True)]
+    assert not any(isinstance(c, (bytes, bytearray)) for c, _, _ in chunks)
+    other = s.getTransmissionData("f2")
+    assert other[1] is True and other[0].read() == blob[:1 << 16]
+    assert b"".join(c.read() for c, _, _ in chunks) == blob
+    assert s.getTransmissionData("f1")[1] is True            # ended: a new one starts over
+
+
+def test_the_spare_is_not_written_over_while_chunks_of_it_wait_to_be_sent(tmp_path):
+    """Chunks read later must read the snapshot they were taken from. The snapshot in place
+    is only renamed away; it becomes the spare, which the snapshot after next writes over:
+    while chunks of it may still be read, a new file is written instead. Once they are
+    gone, the spare is written over again (nothing freed: module docstring)."""
+    sizes = {1: 150_000, 2: 90_000, 3: 120_000, 4: 60_000}
+    path, s = make(tmp_path, write_over,
+                   prepare=lambda raft_data: {"index": raft_data[0],
+                                              "blob": bytes([raft_data[0]]) * sizes[raft_data[0]]})
+    snapshot(s, 1)
+    first = (tmp_path / "snapshot.bin").read_bytes()
+    chunks = _sent(s, "follower")                     # queued, not read yet
+    snapshot(s, 2)                                    # the first is now the spare
+    snapshot(s, 3)                                    # would be written over it
+    assert b"".join(c.read() for c, _, _ in chunks) == first
+    second = (tmp_path / "snapshot.bin.spare").stat().st_ino
+    del chunks
+    assert len(s._sources) == 0                       # the file is closed
+    snapshot(s, 4)
+    assert (tmp_path / "snapshot.bin").stat().st_ino == second   # written over, as before
+    assert pickle.load(open(path, "rb")) == {"index": 4, "blob": b"\x04" * 60_000}

@@ -65,8 +65,9 @@ their clients share this host's two cores, and a produce loop's calls took 85-12
 leader now hands a follower its snapshot's chunks at `SNAPSHOT_RATE` at most, so the same
 work is spread over a few seconds and leaves room for the calls; `GESMAS_SNAPSHOT_RATE`
 (megabytes per second; 0 sends unpaced) sets it. The chunks wait in the node's backlog
-(override 17), where pysyncobj's sending loop put the whole file in its first rounds before
-this too (it reads chunks for up to a heartbeat period per round). Only chunks of a
+(override 17), where pysyncobj's sending loop puts the whole snapshot in its first rounds
+(it takes chunks for up to a heartbeat period per round); a chunk there is a place in the
+file, read when it is sent (snapshots.py, `Chunk`), so the wait costs no memory. Only chunks of a
 snapshot are paced: a follower's log entries, heartbeats and every other node's messages go as
 before (a heartbeat queued behind a chunk waits for it: a node's messages stay in order, and
 the chunks themselves reset the follower's election timer).

@@ -14,7 +14,7 @@ from . import catchup, prevote, reads
 from .journal import DurableJournal
 from .transport import (BATCH, SEND_AHEAD, _approx_bytes, _early, _size_runs,
                         _superseded_dropped, batch, chunk_bytes, coalesce,
-                        filter_append_entries)
+                        filter_append_entries, materialized)
 
 log = logging.getLogger(__name__)
 
@@ -214,10 +214,25 @@ class _DurableTransport(TCPTransport):
                         room <= 0 or not pacer.may_send(node, chunk_bytes(run), now)):
                     self._backlog[node] = (now_sock, [m for r in runs[k:] for m in r])
                     break
+                try:
+                    run = [materialized(m) for m in run]   # a snapshot's chunks, read now
+                except OSError:
+                    self._unreadable(node, conn)
+                    break
                 for message in batch(run):
                     super().send(node, message)
                 room -= sum(map(_approx_bytes, run))
         return held
+
+    def _unreadable(self, node: Any, conn: Any) -> None:
+        """A snapshot chunk for `node` could not be read from its file: nothing more goes
+        to it on this connection, which is closed (pysyncobj starts the transfer over once
+        it is back, from the snapshot then in place)."""
+        log.exception("a snapshot chunk for %s could not be read: its connection is closed "
+                      "and the transfer will start over", node)
+        self._backlog.pop(node, None)
+        if conn is not None:
+            conn.disconnect()
 
     def backlog_bytes(self) -> int:
         """About how many bytes wait in the nodes' backlogs (tests, metrics)."""

@@ -195,6 +195,15 @@ def _chunk_len(message: dict) -> int:
     return len(part[0] or b"") if part else 0
 
 
+def materialized(message: Any) -> Any:
+    """`message` as it goes on the wire: a snapshot chunk's data (``snapshots.Chunk``, read
+    when sent) read from its file. OSError if it cannot be read."""
+    part = message.get("serialized") if isinstance(message, dict) else None
+    if not part or isinstance(part[0], (bytes, bytearray)) or not hasattr(part[0], "read"):
+        return message
+    return dict(message, serialized=(part[0].read(), *part[1:]))
+
+
 def chunk_bytes(messages: Iterable[Any]) -> int:
     """The bytes of snapshot chunks among `messages` (override 23 paces them)."""
     return sum(_chunk_len(m) for m in messages if isinstance(m, dict))
