@@ -194,6 +194,65 @@ def test_with_no_snapshot_under_way_a_held_log_starts_none():
     assert ser.checked == 0 and node.deleted == []
 
 
+def test_replicas_take_their_snapshots_a_stagger_apart_by_rank(monkeypatch):
+    """Override 25: replicas become due for a snapshot together; the one of rank r among the
+    members' ids starts it r * SNAPSHOT_STAGGER seconds after it became due, rank 0 at once,
+    a forced one at once; the wait starts again at the next time it is due."""
+    from pysyncobj import SyncObj
+    from pysyncobj.config import SyncObjConf as Conf
+    from pysyncobj.node import TCPNode as Node
+
+    from gesmas.server.replication import overrides
+    clock = [100.0]
+    monkeypatch.setattr(overrides._ps, "monotonicTime", lambda: clock[0])
+    started: list = []
+    monkeypatch.setattr(SyncObj, "_SyncObj__tryLogCompaction", lambda self: started.append(clock[0]))
+    stagger = overrides.catchup.SNAPSHOT_STAGGER
+
+    def replica(me: str):
+        node, _ = _node(None, holds=False)
+        node._SyncObj__conf = Conf(logCompactionMinEntries=100, logCompactionMinTime=300)
+        node._SyncObj__raftLog = [None] * 150                     # due: over 100 entries
+        node._SyncObj__lastSerializedTime = clock[0]
+        node._SyncObj__forceLogCompaction = False
+        node._SyncObj__selfNode = Node(me)
+        node._SyncObj__otherNodes = {Node(a) for a in ("127.0.0.1:1", "127.0.0.1:2",
+                                                        "127.0.0.1:3") if a != me}
+        return node
+    first, last = replica("127.0.0.1:1"), replica("127.0.0.1:3")
+    first._SyncObj__tryLogCompaction()
+    assert started == [100.0]                                     # rank 0: at once
+    started.clear()
+    for t in (100.0, 100.0 + 2 * stagger - 0.1):
+        clock[0] = t
+        last._SyncObj__tryLogCompaction()
+    assert started == []                                          # rank 2: not yet
+    clock[0] = 100.0 + 2 * stagger
+    last._SyncObj__tryLogCompaction()
+    assert started == [clock[0]]
+    last._SyncObj__raftLog = [None] * 10                          # compacted: not due
+    clock[0] = 200.0
+    last._SyncObj__tryLogCompaction()                             # pysyncobj finds nothing
+    last._SyncObj__raftLog = [None] * 150
+    clock[0] = 300.0
+    started.clear()
+    last._SyncObj__tryLogCompaction()
+    assert started == []                                          # waits again from now
+    clock[0] = 300.0 + 2 * stagger
+    last._SyncObj__tryLogCompaction()
+    assert started == [clock[0]]
+    started.clear()
+    forced = replica("127.0.0.1:3")
+    forced._SyncObj__forceLogCompaction = True
+    forced._SyncObj__tryLogCompaction()
+    assert started == [clock[0]]                                  # forced: at once
+    started.clear()
+    unstaggered = replica("127.0.0.1:3")
+    unstaggered._gesmas_stagger = 0.0                             # GESMAS_SNAPSHOT_STAGGER=0
+    unstaggered._SyncObj__tryLogCompaction()
+    assert started == [clock[0]]
+
+
 # -- override 19: a snapshot sent once (catchup.SnapshotsSent) -----------------------------
 
 from pysyncobj.config import SyncObjConf                  # noqa: E402
@@ -407,6 +466,16 @@ def test_the_snapshot_rate_comes_from_the_environment_or_is_refused_by_name():
     for bad in ("fast", "nan", "inf", "-40", "7.9", "1e400"):
         with pytest.raises(ValueError, match="GESMAS_SNAPSHOT_RATE"):
             snapshot_rate_from_env({"GESMAS_SNAPSHOT_RATE": bad})
+
+
+def test_the_snapshot_stagger_comes_from_the_environment_or_is_refused_by_name():
+    from gesmas.server.replication.catchup import SNAPSHOT_STAGGER, snapshot_stagger_from_env
+    assert snapshot_stagger_from_env({}) == SNAPSHOT_STAGGER == 2.0
+    assert snapshot_stagger_from_env({"GESMAS_SNAPSHOT_STAGGER": " 0.5 "}) == 0.5
+    assert snapshot_stagger_from_env({"GESMAS_SNAPSHOT_STAGGER": "0"}) == 0
+    for bad in ("soon", "nan", "inf", "-1", "31", "1e400"):
+        with pytest.raises(ValueError, match="GESMAS_SNAPSHOT_STAGGER"):
+            snapshot_stagger_from_env({"GESMAS_SNAPSHOT_STAGGER": bad})
 
 
 def test_a_pacer_lets_a_burst_go_then_the_rate_per_node():

@@ -179,10 +179,11 @@ def test_a_bad_switch_interval_is_a_usage_error_and_a_good_one_is_applied(
 @pytest.mark.parametrize("name,value", [
     ("GESMAS_CAPTURE_SHARE", "0"), ("GESMAS_CAPTURE_SHARE", "1.5"),
     ("GESMAS_CAPTURE_SHARE", "half"), ("GESMAS_CAPTURE_SHARE", "nan"),
-    ("GESMAS_SNAPSHOT_RATE", "-1"), ("GESMAS_SNAPSHOT_RATE", "fast")])
+    ("GESMAS_SNAPSHOT_RATE", "-1"), ("GESMAS_SNAPSHOT_RATE", "fast"),
+    ("GESMAS_SNAPSHOT_STAGGER", "-2"), ("GESMAS_SNAPSHOT_STAGGER", "later")])
 def test_a_bad_tuning_variable_is_a_usage_error(tmp_path, capsys, monkeypatch, name, value):
-    """GESMAS_CAPTURE_SHARE (replication/apply_thread.py) and GESMAS_SNAPSHOT_RATE
-    (replication/catchup.py): refused by name before anything starts, as the switch
+    """GESMAS_CAPTURE_SHARE (replication/apply_thread.py), GESMAS_SNAPSHOT_RATE and
+    GESMAS_SNAPSHOT_STAGGER (replication/catchup.py): refused by name before anything starts, as the switch
     interval is, rather than by the replica as it starts."""
     monkeypatch.setattr("gesmas.server.main.ensure_hash_seed", lambda: None)
     monkeypatch.setenv(name, value)

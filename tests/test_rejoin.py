@@ -252,7 +252,10 @@ def test_a_snapshot_cut_off_on_its_way_is_sent_again_whole(tmp_path):
     cluster = FaultCluster(nodes=3, data_dir=str(tmp_path / "cluster"), metrics=True,
                            proxy_factory=lambda *a: FaultProxy(*a, buffer_bytes=1 << 16),
                            env={"GESMAS_CHECKPOINT_EVERY": "50", "GESMAS_SNAPSHOT_EVERY": "100",
-                                "GESMAS_SNAPSHOT_RATE": "8"})
+                                "GESMAS_SNAPSHOT_RATE": "8",
+                                # the leader compacts at once (override 25 would have it wait
+                                # up to 4 s, and the follower would catch up from the log)
+                                "GESMAS_SNAPSHOT_STAGGER": "0"})
     try:
         cluster.start(timeout=90)
         leader = cluster.find_leader()

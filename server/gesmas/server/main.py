@@ -11,7 +11,7 @@ from typing import Any
 from .config import HASH_SEED, ConfigError
 from .config import load as load_config
 from .replication.apply_thread import share_from_env
-from .replication.catchup import snapshot_rate_from_env
+from .replication.catchup import snapshot_rate_from_env, snapshot_stagger_from_env
 
 
 def ensure_hash_seed() -> None:
@@ -147,6 +147,7 @@ def run_server(args: Any) -> int:
         tune_switching()
         share_from_env()                     # read again by the replica: refused here first
         snapshot_rate_from_env()             # likewise, by the Raft transport
+        snapshot_stagger_from_env()          # and by the Raft node
     except (ConfigError, ValueError) as e:
         print(f"gesmas: {e}", file=sys.stderr)
         return 2

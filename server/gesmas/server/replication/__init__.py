@@ -109,6 +109,10 @@ machine ``sm`` (the kernel) on an apply thread of its own, fed by pysyncobj's ti
      serializer gives no chunk), a follower that needs one gets one heartbeat per round
      instead of pysyncobj asking for a chunk in a loop for a heartbeat period (50 ms of the
      tick thread, ~30,000 messages queued, at each round).
+  25. ``_RaftNode._gesmas_staggered``: replicas take their snapshots
+     ``GESMAS_SNAPSHOT_STAGGER`` seconds apart (2 by default), by rank of their ids, instead of all at once when they become due together
+     (the end of a snapshot rewrites the journal and fsyncs; replicas sharing a disk held
+     each other's commits then).
 
 The runaway defence: a watchdog process kills the replica when one entry burns too much CPU
 (watchdog.py); restarted, the replica holds that entry back and the cluster aborts it

@@ -198,6 +198,29 @@ def snapshot_rate_from_env(environ: Any = os.environ) -> float:
                      f"0 (unpaced) or at least {SNAPSHOT_RATE_FLOOR >> 20}")
 
 
+#: seconds between two replicas' snapshots (override 25, ``_RaftNode._gesmas_staggered``)
+SNAPSHOT_STAGGER = 2.0
+#: the most GESMAS_SNAPSHOT_STAGGER may ask for: the last of three replicas takes its snapshot
+#: twice that after the first, and the log grows meanwhile
+SNAPSHOT_STAGGER_MAX = 30.0
+
+
+def snapshot_stagger_from_env(environ: Any = os.environ) -> float:
+    """The seconds GESMAS_SNAPSHOT_STAGGER asks for between two replicas' snapshots
+    (SNAPSHOT_STAGGER if unset; 0: each takes its snapshot as soon as it is due)."""
+    raw = str(environ.get("GESMAS_SNAPSHOT_STAGGER", "")).strip()
+    if not raw:
+        return SNAPSHOT_STAGGER
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if 0 <= seconds <= SNAPSHOT_STAGGER_MAX:     # NaN fails
+        return seconds
+    raise ValueError(f"GESMAS_SNAPSHOT_STAGGER={raw!r} is not a number of seconds from 0 to "
+                     f"{SNAPSHOT_STAGGER_MAX:g} (the time between two replicas' snapshots)")
+
+
 class SnapshotPacer:
     """Each node's credit of snapshot bytes (a token bucket): `rate` bytes a second, at
     most `burst` saved up (module docstring, override 23). Tick thread only."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj, SyncObjConf, replicated
@@ -91,6 +91,9 @@ def _install_wire() -> None:
 class _RaftNode(SyncObj):
     """The SyncObj: one replicated method, plus a flush after each poll."""
 
+    _gesmas_due_since: Optional[float] = None   # override 25: when a snapshot became due
+    _gesmas_stagger = catchup.SNAPSHOT_STAGGER   # override 25 (GESMAS_SNAPSHOT_STAGGER)
+
     def __init__(self, replica: "Replica", self_addr: str, peers: List[str],
                  conf: SyncObjConf, journal: DurableJournal):
         self._gesmas_replica = replica
@@ -98,6 +101,7 @@ class _RaftNode(SyncObj):
         self._gesmas_prevote = prevote.PreVote()
         self._gesmas_catch_up = catchup.CatchUp(conf.appendEntriesPeriod)
         self._gesmas_sent = catchup.SnapshotsSent()
+        self._gesmas_stagger = catchup.snapshot_stagger_from_env()   # refused here if bad
         if replica is not None:  # its tick thread may apply entries before __init__ returns
             replica._raft = self
         _install_wire()
@@ -157,7 +161,34 @@ class _RaftNode(SyncObj):
             return  # nor while the newest checkpoint is being captured (kernel/capture.py)
         if self._gesmas_keeps_log_for_a_follower():
             return  # override 18: nor past a follower that is catching up
+        if self._gesmas_staggered(_ps.monotonicTime()):
+            return  # override 25: nor at the same moment as the other replicas
         super()._SyncObj__tryLogCompaction()
+
+    def _gesmas_staggered(self, now: float) -> bool:
+        """Override 25: whether this replica waits before the snapshot pysyncobj would start
+        now. Replicas become due for one together (the same log, the same checkpoint's
+        capture ending on each), and each snapshot ends with a rename, the journal rewritten
+        and fsyncs, on one host's disk at once when the replicas share it; a call commits
+        only once two of three have synced its entry. The replica of rank r among the
+        members' sorted ids waits r * GESMAS_SNAPSHOT_STAGGER seconds (catchup.py; 2 s by
+        default) after it became due; a forced compaction does not wait."""
+        conf, raft_log = self._SyncObj__conf, self._SyncObj__raftLog
+        due = self._SyncObj__forceLogCompaction or \
+            len(raft_log) > conf.logCompactionMinEntries or \
+            now - self._SyncObj__lastSerializedTime > conf.logCompactionMinTime
+        if not due:
+            self._gesmas_due_since = None
+            return False
+        if self._SyncObj__forceLogCompaction:
+            return False
+        me = self._SyncObj__selfNode
+        if me is None:
+            return False
+        rank = sorted(n.id for n in self._SyncObj__otherNodes | {me}).index(me.id)
+        if self._gesmas_due_since is None:
+            self._gesmas_due_since = now
+        return now - self._gesmas_due_since < rank * self._gesmas_stagger
 
     def _gesmas_keeps_log_for_a_follower(self) -> bool:
         """Override 18 (catchup.py): whether the leader skips a compaction for a follower
