@@ -194,10 +194,11 @@ def test_with_no_snapshot_under_way_a_held_log_starts_none():
     assert ser.checked == 0 and node.deleted == []
 
 
-def test_replicas_take_their_snapshots_a_stagger_apart_by_rank(monkeypatch):
-    """Override 25: replicas become due for a snapshot together; the one of rank r among the
-    members' ids starts it r * SNAPSHOT_STAGGER seconds after it became due, rank 0 at once,
-    a forced one at once; the wait starts again at the next time it is due."""
+def test_replicas_take_their_snapshots_a_stagger_apart_leader_first(monkeypatch):
+    """Override 25: replicas become due for a snapshot together; the leader starts it at
+    once, the follower of rank r after it (by sorted ids, the leader left out) waits
+    r * SNAPSHOT_STAGGER seconds after it became due, a forced one not at all; the wait
+    starts again the next time it is due; 0 (GESMAS_SNAPSHOT_STAGGER) waits for nothing."""
     from pysyncobj import SyncObj
     from pysyncobj.config import SyncObjConf as Conf
     from pysyncobj.node import TCPNode as Node
@@ -208,49 +209,48 @@ def test_replicas_take_their_snapshots_a_stagger_apart_by_rank(monkeypatch):
     started: list = []
     monkeypatch.setattr(SyncObj, "_SyncObj__tryLogCompaction", lambda self: started.append(clock[0]))
     stagger = overrides.catchup.SNAPSHOT_STAGGER
+    ids = ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
 
-    def replica(me: str):
+    def replica(me: str, leader: str | None):
         node, _ = _node(None, holds=False)
         node._SyncObj__conf = Conf(logCompactionMinEntries=100, logCompactionMinTime=300)
         node._SyncObj__raftLog = [None] * 150                     # due: over 100 entries
         node._SyncObj__lastSerializedTime = clock[0]
         node._SyncObj__forceLogCompaction = False
         node._SyncObj__selfNode = Node(me)
-        node._SyncObj__otherNodes = {Node(a) for a in ("127.0.0.1:1", "127.0.0.1:2",
-                                                        "127.0.0.1:3") if a != me}
+        node._SyncObj__otherNodes = {Node(a) for a in ids if a != me}
+        node._SyncObj__raftState = _RAFT_STATE.LEADER if me == leader else _RAFT_STATE.FOLLOWER
+        node._SyncObj__raftLeader = Node(leader) if leader else None
         return node
-    first, last = replica("127.0.0.1:1"), replica("127.0.0.1:3")
-    first._SyncObj__tryLogCompaction()
-    assert started == [100.0]                                     # rank 0: at once
-    started.clear()
-    for t in (100.0, 100.0 + 2 * stagger - 0.1):
-        clock[0] = t
-        last._SyncObj__tryLogCompaction()
-    assert started == []                                          # rank 2: not yet
-    clock[0] = 100.0 + 2 * stagger
-    last._SyncObj__tryLogCompaction()
-    assert started == [clock[0]]
+
+    def waits(node) -> float | None:
+        """Seconds from due to started, tried every 0.1 s (None: not within 10 s)."""
+        t0 = clock[0]
+        started.clear()
+        for k in range(101):
+            clock[0] = t0 + k * 0.1
+            node._SyncObj__tryLogCompaction()
+            if started:
+                return round(clock[0] - t0, 1)
+        return None
+    assert waits(replica("127.0.0.1:3", leader="127.0.0.1:3")) == 0          # the leader
+    assert waits(replica("127.0.0.1:1", leader="127.0.0.1:3")) == stagger    # followers after
+    assert waits(replica("127.0.0.1:2", leader="127.0.0.1:3")) == 2 * stagger
+    assert waits(replica("127.0.0.1:1", leader=None)) == 0                   # no leader known:
+    last = replica("127.0.0.1:3", leader=None)                               # by ids alone
+    assert waits(last) == 2 * stagger
     last._SyncObj__raftLog = [None] * 10                          # compacted: not due
-    clock[0] = 200.0
+    clock[0] += 100
     last._SyncObj__tryLogCompaction()                             # pysyncobj finds nothing
     last._SyncObj__raftLog = [None] * 150
-    clock[0] = 300.0
-    started.clear()
-    last._SyncObj__tryLogCompaction()
-    assert started == []                                          # waits again from now
-    clock[0] = 300.0 + 2 * stagger
-    last._SyncObj__tryLogCompaction()
-    assert started == [clock[0]]
-    started.clear()
-    forced = replica("127.0.0.1:3")
+    clock[0] += 100
+    assert waits(last) == 2 * stagger                             # waits again from now
+    forced = replica("127.0.0.1:3", leader="127.0.0.1:1")
     forced._SyncObj__forceLogCompaction = True
-    forced._SyncObj__tryLogCompaction()
-    assert started == [clock[0]]                                  # forced: at once
-    started.clear()
-    unstaggered = replica("127.0.0.1:3")
+    assert waits(forced) == 0
+    unstaggered = replica("127.0.0.1:3", leader="127.0.0.1:1")
     unstaggered._gesmas_stagger = 0.0                             # GESMAS_SNAPSHOT_STAGGER=0
-    unstaggered._SyncObj__tryLogCompaction()
-    assert started == [clock[0]]
+    assert waits(unstaggered) == 0
 
 
 # -- override 19: a snapshot sent once (catchup.SnapshotsSent) -----------------------------

@@ -170,9 +170,11 @@ class _RaftNode(SyncObj):
         now. Replicas become due for one together (the same log, the same checkpoint's
         capture ending on each), and each snapshot ends with a rename, the journal rewritten
         and fsyncs, on one host's disk at once when the replicas share it; a call commits
-        only once two of three have synced its entry. The replica of rank r among the
-        members' sorted ids waits r * GESMAS_SNAPSHOT_STAGGER seconds (catchup.py; 2 s by
-        default) after it became due; a forced compaction does not wait."""
+        only once two of three have synced its entry. The leader goes first (its snapshot is
+        the one a follower that needs one is sent, so it should be the newest); a follower
+        of rank r among the other members' sorted ids waits r * GESMAS_SNAPSHOT_STAGGER
+        seconds (catchup.py; 2 s by default) after it became due; a forced compaction does
+        not wait."""
         conf, raft_log = self._SyncObj__conf, self._SyncObj__raftLog
         due = self._SyncObj__forceLogCompaction or \
             len(raft_log) > conf.logCompactionMinEntries or \
@@ -185,10 +187,18 @@ class _RaftNode(SyncObj):
         me = self._SyncObj__selfNode
         if me is None:
             return False
-        rank = sorted(n.id for n in self._SyncObj__otherNodes | {me}).index(me.id)
+        rank = 0 if self._isLeader() else self._gesmas_follower_rank(me)
         if self._gesmas_due_since is None:
             self._gesmas_due_since = now
         return now - self._gesmas_due_since < rank * self._gesmas_stagger
+
+    def _gesmas_follower_rank(self, me) -> int:
+        """Override 25: this follower's place after the leader (1, 2...) among the members'
+        sorted ids; without a known leader, its place among all of them (0, 1, 2...)."""
+        leader = self._SyncObj__raftLeader
+        ids = sorted(n.id for n in self._SyncObj__otherNodes | {me}
+                     if leader is None or n.id != leader.id)
+        return ids.index(me.id) + (leader is not None)
 
     def _gesmas_keeps_log_for_a_follower(self) -> bool:
         """Override 18 (catchup.py): whether the leader skips a compaction for a follower
