@@ -175,14 +175,12 @@ class _RaftNode(SyncObj):
         of rank r among the other members' sorted ids waits r * GESMAS_SNAPSHOT_STAGGER
         seconds (catchup.py; 2 s by default) after it became due; a forced compaction does
         not wait."""
-        conf, raft_log = self._SyncObj__conf, self._SyncObj__raftLog
-        due = self._SyncObj__forceLogCompaction or \
-            len(raft_log) > conf.logCompactionMinEntries or \
-            now - self._SyncObj__lastSerializedTime > conf.logCompactionMinTime
-        if not due:
-            self._gesmas_due_since = None
-            return False
         if self._SyncObj__forceLogCompaction:
+            return False
+        conf = self._SyncObj__conf
+        if len(self._SyncObj__raftLog) <= conf.logCompactionMinEntries and \
+                now - self._SyncObj__lastSerializedTime <= conf.logCompactionMinTime:
+            self._gesmas_due_since = None      # not due (pysyncobj's own test)
             return False
         me = self._SyncObj__selfNode
         if me is None:

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 
 from .journal import DurableJournal
+from .snapshots import Chunk
 from .reads import MESSAGE_TYPES as READ_MESSAGES
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ def materialized(message: Any) -> Any:
     """`message` as it goes on the wire: a snapshot chunk's data (``snapshots.Chunk``, read
     when sent) read from its file. OSError if it cannot be read."""
     part = message.get("serialized") if isinstance(message, dict) else None
-    if not part or isinstance(part[0], (bytes, bytearray)) or not hasattr(part[0], "read"):
+    if not part or not isinstance(part[0], Chunk):
         return message
     return dict(message, serialized=(part[0].read(), *part[1:]))
 
