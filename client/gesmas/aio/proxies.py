@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from gesmas.client.errors import Timeout, queue_timeout
+from gesmas.client.map_mirror import AsyncMapMirror
 from gesmas.client.proxies import Fence, FencedHold, Hold, blocking_flag
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -285,6 +286,14 @@ class MapProxy(ObjectProxy):
                     yield event
         finally:
             await answers.aclose()          # type: ignore[attr-defined]
+
+
+    async def mirror(self, prefix: str = "", *, page: int = 1000,
+                     consistency: str | None = None) -> AsyncMapMirror:
+        """As the sync proxy's: the entries under ``prefix`` held here, kept current by a
+        watch on a task of the loop (``map_mirror.AsyncMapMirror``); loaded when it
+        returns; ``await close()`` ends it."""
+        return await AsyncMapMirror(self, prefix, page=page, consistency=consistency)._start()
 
 
 PROXIES: dict[str, type[ObjectProxy]] = {"Queue": QueueProxy, "Lock": LockProxy,

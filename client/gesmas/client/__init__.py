@@ -39,6 +39,7 @@ from gesmas.client.errors import (
     Unavailable,
 )
 from gesmas.client.security import TLS
+from gesmas.client.map_mirror import MapMirror
 from gesmas.client.proxies import (
     Fence,
     LeaderElectionProxy,
@@ -65,6 +66,7 @@ __all__ = [
     "InvalidArgument",
     "LeaderElectionProxy",
     "LockProxy",
+    "MapMirror",
     "MapProxy",
     "NodeHealth",
     "NotFound",

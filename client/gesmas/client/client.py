@@ -89,7 +89,7 @@ from gesmas.client.errors import (
     SessionExpired,
 )
 from gesmas.client.security import TLS, Login, resolve_tls
-from gesmas.client.streams import next_cursor
+from gesmas.client.streams import STARTING, FollowHandle, FollowStopped, next_cursor
 from gesmas.client.transport import (CHANNEL_OPTIONS, DEADLINE_MARGIN, DEFAULT_CLUSTER,
                                      MAX_MESSAGE, MAX_RPC_DEADLINE, Transport, check_address,
                                      parse_cluster, rpc_deadline)
@@ -351,17 +351,32 @@ class Client(Transport, KeepAliveThread, AdminCalls, StandardObjects):
     def _follow(self, class_name: str, object_name: str, method: str, args: tuple[Any, ...],
                 kwargs: dict[str, Any], argument: str, key: str, timeout: float | None,
                 create: tuple[tuple[Any, ...], dict[str, Any]] | None,
-                consistency: str | None = None) -> Iterator[Any]:
+                consistency: str | None = None,
+                handle: FollowHandle | None = None) -> Iterator[Any]:
         """The answers of the declared reader ``method``, for ever: each next one from the
         previous answer's ``key``, passed as the keyword ``argument`` (a Map's watch:
         after_revision from "revision"). On a Calls stream the replica answers again by
         itself (Call.follow): one message per answer, none per re-arm. When the stream or
         the replica fails, the call is made again (elsewhere) from the last answer's
-        cursor, so nothing is missed or seen twice; ``timeout`` bounds each wait."""
+        cursor, so nothing is missed or seen twice; ``timeout`` bounds each wait.
+        ``handle.stop()`` (another thread) ends it: the generator returns."""
         kwargs = dict(kwargs)
         while True:
-            following, value = self._invoke(class_name, object_name, method, args, kwargs,
-                                             timeout, create, consistency, (argument, key))
+            if handle is not None and handle.stopped:
+                return
+            token = STARTING.set(handle) if handle is not None else None
+            try:
+                following, value = self._invoke(class_name, object_name, method, args,
+                                                 kwargs, timeout, create, consistency,
+                                                 (argument, key))
+            except FollowStopped:
+                return
+            finally:
+                if token is not None:
+                    STARTING.reset(token)
+            if handle is not None and following is not None and not handle.started(following):
+                following.close()
+                return
             try:
                 while True:
                     yield value
@@ -374,6 +389,8 @@ class Client(Transport, KeepAliveThread, AdminCalls, StandardObjects):
                     try:
                         resp = following.next()
                     except core.Failure as failure:
+                        if handle is not None and handle.stopped:
+                            return
                         if failure.unresponsive:       # a suspect: follow again elsewhere
                             self._unresponsive(following.stream.address)
                         break                  # follow again (elsewhere if need be)

@@ -27,8 +27,6 @@ from typing import Any, Callable
 
 import grpc
 
-from gesmas.client import core
-from gesmas.client.errors import Unavailable
 from gesmas.client.security import TLS, Login
 from gesmas.client.streams import CALLS_PER_STREAM, CallStream, Following
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -64,14 +62,6 @@ class MergedFollowing(Following):
         self._on_end = on_end
         self._ended = False
         self._end_lock = threading.Lock()
-
-    def cancel(self) -> None:
-        """End it now (its client closes, or found the replica unresponsive): the call is
-        withdrawn and the next answer is a ``core.Failure`` (follow again, elsewhere)."""
-        if not self.finished:
-            self.stream._withdraw(self.id)
-        self.set_exception(core.Failure(Unavailable(f"{self.address}: the follow was ended "
-                                                    "by its client")))
 
     def close(self) -> None:
         super().close()

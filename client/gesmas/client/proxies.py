@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from gesmas.client.errors import NotFound, Timeout, queue_timeout
+from gesmas.client.map_mirror import MapMirror
 
 if TYPE_CHECKING:
     from gesmas.client.client import Client
@@ -454,6 +455,14 @@ class MapProxy(ObjectProxy):
         a time, in order, for ever (``watch_stream``); ``timeout`` bounds each wait."""
         for got in self.watch_stream(prefix, after_revision, timeout=timeout):
             yield from got["events"]
+
+    def mirror(self, prefix: str = "", *, page: int = 1000,
+               consistency: str | None = None) -> MapMirror:
+        """The entries under ``prefix`` held in this process and kept current by one watch
+        stream (``map_mirror.MapMirror``): reads without a round trip, a few ms behind the
+        cluster, never going back; its ``put`` and ``delete`` return once it holds them.
+        Loaded before it returns (``page`` entries a call); ``close()`` ends it."""
+        return MapMirror(self, prefix, page=page, consistency=consistency)
 
 
 #: Standard class name -> proxy class that ``Client.object`` returns for it.

@@ -16,6 +16,7 @@ the replica.
 """
 from __future__ import annotations
 
+import contextvars
 import itertools
 import queue
 import threading
@@ -205,6 +206,7 @@ class CallStream:
             self._pending[call_id] = following      # type: ignore[assignment]
             self._outgoing.put(msg)
         try:
+            starting(following)
             return following, following.next()
         except BaseException:
             following.close()
@@ -236,6 +238,51 @@ class CallStream:
         """End the RPC now: its calls in flight fail (and are withdrawn on the replica)."""
         self._rpc.cancel()
         exiting.ending(self._reader)
+
+
+class FollowStopped(Exception):
+    """The handle of a followed call was stopped before its first answer."""
+
+
+class FollowHandle:
+    """A way to end a followed call from another thread (``Client._follow``'s ``handle``):
+    ``stop`` cancels the follow under way (also while its first answer is awaited: the
+    transport tells the handle of the calling thread, ``starting``), and the follow's
+    generator returns instead of following again. What a ``MapMirror`` closes its watch
+    with."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.stopped = False
+        self._current: Any = None
+
+    def started(self, following: Any) -> bool:
+        """Note the follow under way; False if ``stop`` came first (end it, do not read)."""
+        with self._lock:
+            if self.stopped:
+                return False
+            self._current = following
+            return True
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            following, self._current = self._current, None
+        if following is not None:
+            following.cancel()
+
+
+#: The FollowHandle of the followed call this thread is starting (``Client._follow``).
+STARTING: contextvars.ContextVar[FollowHandle | None] = contextvars.ContextVar(
+    "gesmas_follow_handle", default=None)
+
+
+def starting(following: Any) -> None:
+    """``following`` is about to await its first answer: its thread's handle (if any)
+    notes it, so that a stop cancels it; FollowStopped if the handle was stopped."""
+    handle = STARTING.get()
+    if handle is not None and not handle.started(following):
+        raise FollowStopped()
 
 
 def next_cursor(value: Any, key: str, finished: bool, label: str) -> tuple[bool, Any]:
@@ -293,6 +340,15 @@ class Following(FollowedAnswers):
 
     def set_exception(self, failure: BaseException) -> None:
         self._answers.put(failure)
+
+    def cancel(self) -> None:
+        """End it now (its client closes, found the replica unresponsive, or its follower
+        stops): the call is withdrawn and the next answer is a ``core.Failure`` (follow
+        again, elsewhere, unless the follower stopped)."""
+        if not self.finished:
+            self.stream._withdraw(self.id)
+        self.set_exception(core.Failure(Unavailable(f"{self.stream.address}: the follow was "
+                                                    "ended by its client")))
 
     def next(self) -> Any:
         """The next InvokeResponse; raises as ``CallStream.call`` does (``core.Failure``:

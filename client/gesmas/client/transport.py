@@ -20,7 +20,8 @@ from gesmas.client.merged_follow import HUBS, MergedFollowing
 from gesmas.client.own_follow import SLOTS, Deadlines, OwnFollowing, follow_stream_setting
 from gesmas.client.security import TLS, Login
 from gesmas.client.session import ClientClosed
-from gesmas.client.streams import CallStream, Unsupported, pick_stream
+from gesmas.client.streams import (STARTING, CallStream, FollowStopped, Unsupported,
+                                   pick_stream, starting)
 from gesmas.client.thread_streams import ThreadStreams, thread_stream_setting
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -230,6 +231,7 @@ class Transport:
         try:
             if closed:
                 raise ClientClosed()
+            starting(following)
             return first()
         except BaseException:
             following.close()
@@ -332,6 +334,9 @@ class Transport:
                 attempts.succeeded()
                 return attempts.address, response
             except core.Failure as failure:
+                handle = STARTING.get()
+                if handle is not None and handle.stopped:
+                    raise FollowStopped() from None  # its follower stopped it: no retry
                 error, unresponsive = failure.error, failure.unresponsive
                 unreachable = failure.unreachable
             if self._closed.is_set() and not closing:
