@@ -72,6 +72,23 @@ def test_cancel_bench_small() -> None:
     assert 0 < entries < 300, line[0]
 
 
+def test_mirror_bench_quick(tmp_path: Path) -> None:
+    """bench/mirror_bench.py --quick: the reads through the cluster and of a mirror, the
+    mirror's lag, printed and in its JSON line."""
+    out_json = tmp_path / "mirror.json"
+    out = run_in_group([sys.executable, str(ROOT / "bench" / "mirror_bench.py"), "--quick",
+                        "--json", str(out_json)], timeout=180, cwd=ROOT)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("gesmas: mirror of 10 keys loaded in "), out.stdout
+    assert lines[1].startswith("round 1: Map.get p50 "), out.stdout
+    result = json.loads(lines[-1])
+    assert json.loads(out_json.read_text()) == result
+    g = result["results"]["gesmas"]
+    assert g["rounds"][0]["get"]["p50_ms"] > 0 and g["rounds"][0]["mirror"]["p50_ms"] > 0
+    assert g["mirror_reads_per_s_16_threads"] > 0 and g["lag"]["from_put_start_p50_ms"] > 0
+
+
 def test_scale_bench_quick(tmp_path: Path) -> None:
     """bench/scale_bench.py --quick: every phase runs, the catch-up after a restart and after
     a wipe is measured, and the JSON holds what the table prints."""

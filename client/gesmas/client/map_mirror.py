@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from gesmas.client.errors import Compacted, GesmasError, Unavailable
@@ -85,7 +87,58 @@ class MirrorCore:
         return (f"<{type(self).__name__} {self.name!r} prefix={self.prefix!r} "
                 f"revision={self._revision} keys={len(self._data)}>")
 
-    # -- reads (the sync mirror takes its lock around them) -------------------------------------
+    def _locked(self) -> AbstractContextManager[Any]:
+        """What a read holds (the sync mirror's lock; nothing on an event loop)."""
+        return contextlib.nullcontext()
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    @property
+    def revision(self) -> int:
+        """Every change under the prefix up to this map revision is held."""
+        with self._locked():
+            self._live()
+            return self._revision
+
+    def get(self, key: str, default: Any = None) -> Any:
+        e = self._entry(key)
+        return default if e is None else e[0]
+
+    def entry(self, key: str) -> dict[str, Any] | None:
+        """{"value", "version", "mod_revision"} or None."""
+        e = self._entry(key)
+        return None if e is None else {"value": e[0], "version": e[1], "mod_revision": e[2]}
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """The keys under ``prefix`` (within the mirror's), sorted."""
+        with self._locked():
+            return self._under(prefix)
+
+    def items(self, prefix: str = "") -> list[tuple[str, Any]]:
+        """(key, value) of the keys under ``prefix``, sorted by key, at one revision."""
+        with self._locked():
+            data = self._data
+            return [(k, data[k][0]) for k in self._under(prefix)]
+
+    def __getitem__(self, key: str) -> Any:
+        e = self._entry(key)
+        if e is None:
+            raise KeyError(key)
+        return e[0]
+
+    def __contains__(self, key: object) -> bool:
+        return type(key) is str and self._entry(key) is not None
+
+    def __len__(self) -> int:
+        with self._locked():
+            self._live()
+            return len(self._data)
+
+    def _entry(self, key: str) -> Entry | None:
+        self._check(key)
+        with self._locked():
+            self._live()
+            return self._data.get(key)
 
     def _check(self, key: Any) -> None:
         if type(key) is not str:
@@ -264,46 +317,8 @@ class MapMirror(MirrorCore):
                                         name=f"gesmas-mirror-{self.name}")
         self._thread.start()
 
-    @property
-    def revision(self) -> int:
-        """Every change under the prefix up to this map revision is held."""
-        with self._cond:
-            self._live()
-            return self._revision
-
-    def get(self, key: str, default: Any = None) -> Any:
-        e = self._entry(key)
-        return default if e is None else e[0]
-
-    def entry(self, key: str) -> dict[str, Any] | None:
-        """{"value", "version", "mod_revision"} or None."""
-        e = self._entry(key)
-        return None if e is None else {"value": e[0], "version": e[1], "mod_revision": e[2]}
-
-    def keys(self, prefix: str = "") -> list[str]:
-        """The keys under ``prefix`` (within the mirror's), sorted."""
-        with self._cond:
-            return list(self._under(prefix))
-
-    def items(self, prefix: str = "") -> list[tuple[str, Any]]:
-        """(key, value) of the keys under ``prefix``, sorted by key, at one revision."""
-        with self._cond:
-            data = self._data
-            return [(k, data[k][0]) for k in self._under(prefix)]
-
-    def __getitem__(self, key: str) -> Any:
-        e = self._entry(key)
-        if e is None:
-            raise KeyError(key)
-        return e[0]
-
-    def __contains__(self, key: object) -> bool:
-        return type(key) is str and self._entry(key) is not None
-
-    def __len__(self) -> int:
-        with self._cond:
-            self._live()
-            return len(self._data)
+    def _locked(self) -> AbstractContextManager[Any]:
+        return self._cond
 
     def put(self, key: str, value: Any, ephemeral: bool = False) -> Any:
         """The map's ``put`` ({"revision", "version"}), returned once the mirror holds it."""
@@ -362,12 +377,6 @@ class MapMirror(MirrorCore):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _entry(self, key: str) -> Entry | None:
-        self._check(key)
-        with self._cond:
-            self._live()
-            return self._data.get(key)
 
     def _read(self, method: str, args: tuple[Any, ...]) -> Any:
         return self._proxy._read(method, *args, consistency=self._consistency)
@@ -429,38 +438,6 @@ class AsyncMapMirror(MirrorCore):
         self._task = asyncio.get_running_loop().create_task(self._run())
         return self
 
-    @property
-    def revision(self) -> int:
-        self._live()
-        return self._revision
-
-    def get(self, key: str, default: Any = None) -> Any:
-        e = self._entry(key)
-        return default if e is None else e[0]
-
-    def entry(self, key: str) -> dict[str, Any] | None:
-        e = self._entry(key)
-        return None if e is None else {"value": e[0], "version": e[1], "mod_revision": e[2]}
-
-    def keys(self, prefix: str = "") -> list[str]:
-        return list(self._under(prefix))
-
-    def items(self, prefix: str = "") -> list[tuple[str, Any]]:
-        return [(k, self._data[k][0]) for k in self._under(prefix)]
-
-    def __getitem__(self, key: str) -> Any:
-        e = self._entry(key)
-        if e is None:
-            raise KeyError(key)
-        return e[0]
-
-    def __contains__(self, key: object) -> bool:
-        return type(key) is str and self._entry(key) is not None
-
-    def __len__(self) -> int:
-        self._live()
-        return len(self._data)
-
     async def put(self, key: str, value: Any, ephemeral: bool = False) -> Any:
         self._check(key)
         result = await self._proxy.put(key, value, ephemeral)
@@ -514,11 +491,6 @@ class AsyncMapMirror(MirrorCore):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _entry(self, key: str) -> Entry | None:
-        self._check(key)
-        self._live()
-        return self._data.get(key)
 
     async def _read(self, method: str, args: tuple[Any, ...]) -> Any:
         return await self._proxy._read(method, *args, consistency=self._consistency)
