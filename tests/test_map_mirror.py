@@ -2,8 +2,9 @@
 prefix held in the client and kept current by one watch stream. Against one real 3-process
 cluster (shared by the module): loading by pages while the map changes, following puts and
 deletes of other clients, reading its own writes, listeners, a leader's failover, closing
-(the replica's wait withdrawn) and a client's close; the asyncio mirror; and, with a fake
-client, a mirror that fell behind what the map keeps and reads it again."""
+(the replica's wait withdrawn), a client's close and a map's deletion; the asyncio mirror;
+and, with a fake client, a mirror that fell behind what the map keeps and reads it
+again."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gesmas.client import Client, ClientClosed, Compacted
+from gesmas.client import Client, ClientClosed, Compacted, NotFound
 from gesmas.client.map_mirror import MapMirror
 from gesmas.server.cluster import LocalCluster
 
@@ -236,6 +237,24 @@ def test_closing_a_mirror_withdraws_its_watch_and_a_closed_client_ends_it(cluste
     kept._thread.join(30)
     assert not kept._thread.is_alive()
     waiting_readers(m0, 0)
+
+
+@pytest.mark.cluster
+def test_a_mirror_of_a_deleted_map_ends_with_not_found(cluster):
+    """Its watch is not a get-or-create: the map deleted ends the mirror with NotFound
+    rather than a silent watch of a map made again from a revision it has not reached."""
+    with Client(cluster.addresses) as c, Client(cluster.addresses) as other:
+        m = c.map("mirror-deleted")
+        rev = m.put("k/a", 1)["revision"]
+        mir = m.mirror("k/")
+        other.delete_object("mirror-deleted")
+        with pytest.raises(NotFound, match="the mirror of map 'mirror-deleted' stopped "
+                                           "following it: no object named"):
+            mir.wait(rev + 1, timeout=30)
+        with pytest.raises(NotFound):
+            mir.get("k/a")
+        mir._thread.join(30)
+        assert not mir._thread.is_alive()
 
 
 @pytest.mark.cluster

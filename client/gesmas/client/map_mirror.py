@@ -25,9 +25,11 @@ the map no longer keeps its revision (``history``), it reads the map again, and 
 listeners what changed meanwhile.
 
 A mirror ends with ``close`` (or its client's close); reads of a closed mirror raise
-ValueError, reads of one whose watch failed (its session expired, a permission taken away)
-raise that error. ``MapMirror`` runs its watch on a thread of its own; the asyncio client's
-(``gesmas.aio``, ``AsyncMapMirror``) on a task, with the same reads and awaited writes.
+ValueError, reads of one whose watch failed raise that error: its session expired, a
+permission taken away, the map deleted (NotFound; a map deleted and made again before the
+replica runs the watch again is not told apart). ``MapMirror`` runs its watch on a thread
+of its own; the asyncio client's (``gesmas.aio``, ``AsyncMapMirror``) on a task, with the
+same reads and awaited writes.
 """
 from __future__ import annotations
 
@@ -385,10 +387,13 @@ class MapMirror(MirrorCore):
         proxy = self._proxy
         while True:
             try:
+                # followed without the proxy's get-or-create: the load made the map, and a
+                # map deleted meanwhile ends the mirror (NotFound) rather than a watch of a
+                # new map from a revision it does not have yet, which would wait unseen
                 answers = proxy.client._follow(
                     proxy.class_name, proxy.object_name, "watch", (self.prefix,),
                     {"after_revision": self._revision, "limit": WATCH_LIMIT},
-                    "after_revision", "revision", None, proxy._create, self._consistency,
+                    "after_revision", "revision", None, None, self._consistency,
                     self._handle)
                 for got in answers:
                     with self._cond:
@@ -497,11 +502,11 @@ class AsyncMapMirror(MirrorCore):
 
     async def _run(self) -> None:
         proxy = self._proxy
-        while True:
+        while True:                      # without get-or-create, as the sync mirror's
             answers = proxy.client._follow(
                 proxy.class_name, proxy.object_name, "watch", (self.prefix,),
                 {"after_revision": self._revision, "limit": WATCH_LIMIT},
-                "after_revision", "revision", None, proxy._create, self._consistency)
+                "after_revision", "revision", None, None, self._consistency)
             try:
                 async for got in answers:
                     applied = self._answer(got)
