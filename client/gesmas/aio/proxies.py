@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from gesmas.client.errors import Timeout, queue_timeout
-from gesmas.client.map_mirror import AsyncMapMirror
 from gesmas.client.proxies import Fence, FencedHold, Hold, blocking_flag
+from gesmas.aio.map_mirror import AsyncMapMirror
 
 if TYPE_CHECKING:  # pragma: no cover
     from gesmas.aio import Client
@@ -291,7 +291,7 @@ class MapProxy(ObjectProxy):
     async def mirror(self, prefix: str = "", *, page: int = 1000,
                      consistency: str | None = None) -> AsyncMapMirror:
         """As the sync proxy's: the entries under ``prefix`` held here, kept current by a
-        watch on a task of the loop (``map_mirror.AsyncMapMirror``); loaded when it
+        watch on a task of the loop (``gesmas.aio.map_mirror.AsyncMapMirror``); loaded when it
         returns; ``await close()`` ends it."""
         return await AsyncMapMirror(self, prefix, page=page, consistency=consistency)._start()
 

@@ -28,12 +28,11 @@ A mirror ends with ``close`` (or its client's close); reads of a closed mirror r
 ValueError, reads of one whose watch failed raise that error: its session expired, a
 permission taken away, the map deleted (NotFound; a map deleted and made again before the
 replica runs the watch again is not told apart). ``MapMirror`` runs its watch on a thread
-of its own; the asyncio client's (``gesmas.aio``, ``AsyncMapMirror``) on a task, with the
-same reads and awaited writes.
+of its own; the asyncio client's (``gesmas.aio.map_mirror.AsyncMapMirror``) on a task,
+with the same reads and awaited writes.
 """
 from __future__ import annotations
 
-import asyncio
 import bisect
 import contextlib
 import logging
@@ -47,10 +46,9 @@ from gesmas.client.errors import Compacted, GesmasError, Unavailable
 from gesmas.client.streams import FollowHandle
 
 if TYPE_CHECKING:
-    from gesmas.aio.proxies import MapProxy as AsyncMapProxy
     from gesmas.client.proxies import MapProxy
 
-__all__ = ["AsyncMapMirror", "MapMirror"]
+__all__ = ["LOAD_ATTEMPTS", "WATCH_LIMIT", "MapMirror", "MirrorCore"]
 
 _log = logging.getLogger("gesmas.client")
 
@@ -281,24 +279,6 @@ def _load(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], Any]
     raise AssertionError("unreachable")
 
 
-async def _load_async(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], Any]
-                      ) -> tuple[dict[str, Entry], int]:
-    """``_load`` with an awaited ``read``."""
-    for attempt in range(LOAD_ATTEMPTS):
-        steps = core._loading()
-        try:
-            step = next(steps)
-            while True:
-                step = steps.send(await read(*step))
-        except StopIteration as done:
-            result: tuple[dict[str, Entry], int] = done.value
-            return result
-        except Compacted:
-            if attempt == LOAD_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
 class MapMirror(MirrorCore):
     """The entries of a Map under ``prefix``, in this process, current within a watch
     answer's delay (see the module's text). Reads: ``get``, ``entry``, ``keys``,
@@ -423,111 +403,3 @@ class MapMirror(MirrorCore):
         with self._cond:
             self._fail(e)
             self._cond.notify_all()
-
-
-class AsyncMapMirror(MirrorCore):
-    """``MapMirror`` for the asyncio client (``await m.mirror(prefix)``): the same reads,
-    plain calls; ``await put``, ``await delete``, ``await wait``; the watch runs on a task
-    of the loop, and listeners are called on it. ``await close()`` (or ``async with``)."""
-
-    def __init__(self, proxy: AsyncMapProxy, prefix: str = "", *, page: int = 1000,
-                 consistency: str | None = None) -> None:
-        super().__init__(proxy.object_name, prefix, page)
-        self._proxy = proxy
-        self._consistency = consistency
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def _start(self) -> AsyncMapMirror:
-        self._data, self._revision = await _load_async(self, self._read)
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    async def put(self, key: str, value: Any, ephemeral: bool = False) -> Any:
-        self._check(key)
-        result = await self._proxy.put(key, value, ephemeral)
-        await self.wait(result["revision"])
-        return result
-
-    async def delete(self, key: str) -> bool:
-        self._check(key)
-        got = await self._proxy.txn([], [["delete", key]])
-        deleted = bool(got["results"][0]["deleted"])
-        if deleted:
-            await self.wait(got["revision"])
-        return deleted
-
-    async def wait(self, revision: int, timeout: float | None = None) -> bool:
-        if type(revision) is not int:
-            raise TypeError(f"revision must be an int, not {revision!r:.60}")
-        if asyncio.current_task() is self._task:
-            raise RuntimeError("a mirror's listener cannot wait for the mirror (it runs on "
-                               "the task that brings the changes)")
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._live()
-            if self._revision >= revision:
-                return True
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-
-    def listen(self, listener: Listener) -> None:
-        self._add_listener(listener)
-
-    async def close(self) -> None:
-        self._closed = True
-        self._changed.set()
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-
-    async def __aenter__(self) -> AsyncMapMirror:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _read(self, method: str, args: tuple[Any, ...]) -> Any:
-        return await self._proxy._read(method, *args, consistency=self._consistency)
-
-    async def _run(self) -> None:
-        proxy = self._proxy
-        while True:                      # without get-or-create, as the sync mirror's
-            answers = proxy.client._follow(
-                proxy.class_name, proxy.object_name, "watch", (self.prefix,),
-                {"after_revision": self._revision, "limit": WATCH_LIMIT},
-                "after_revision", "revision", None, None, self._consistency)
-            try:
-                async for got in answers:
-                    applied = self._answer(got)
-                    self._changed.set()
-                    self._tell(list(self._listeners), applied)
-                return
-            except Compacted:
-                try:
-                    data, revision = await _load_async(self, self._read)
-                except Exception as e:
-                    self._stop(e)
-                    return
-                changes = self._replace(data, revision)
-                self._changed.set()
-                self._tell(list(self._listeners), changes)
-            except Exception as e:
-                self._stop(e)
-                return
-            finally:
-                await answers.aclose()          # type: ignore[attr-defined]
-
-    def _stop(self, e: BaseException) -> None:
-        self._fail(e)
-        self._changed.set()
