@@ -146,11 +146,13 @@ def run_etcd(a: argparse.Namespace) -> dict[str, Any]:
         arrived: dict[int, float] = {}
         cond = threading.Condition()
         stream, close = r.watch(b"cfg/0", deadline=600)
+        created = threading.Event()
 
         def watch() -> None:
             try:
                 for resp in stream:
                     now = time.perf_counter()
+                    created.set()            # the first response: the stream is created
                     with cond:
                         for ev in resp.events:
                             arrived[ev.kv.mod_revision] = now
@@ -159,7 +161,8 @@ def run_etcd(a: argparse.Namespace) -> dict[str, Any]:
                 pass                     # the stream's end (close)
         t = threading.Thread(target=watch, daemon=True)
         t.start()
-        time.sleep(0.5)                  # the stream created (its first response)
+        if not created.wait(30):
+            raise RuntimeError("etcd's watch stream was not created in 30 s")
         out["lag"] = lag(lambda i: w.put(b"cfg/0", str(i).encode()), arrived, cond,
                          a.puts, a.gap / 1000)
         close()
@@ -168,10 +171,6 @@ def run_etcd(a: argparse.Namespace) -> dict[str, Any]:
             c.close()
         cluster.stop()
     return out
-
-
-def median(xs: list[float]) -> float:
-    return pct(xs, 50)
 
 
 def main() -> int:

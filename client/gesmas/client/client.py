@@ -374,9 +374,6 @@ class Client(Transport, KeepAliveThread, AdminCalls, StandardObjects):
             finally:
                 if token is not None:
                     STARTING.reset(token)
-            if handle is not None and following is not None and not handle.started(following):
-                following.close()
-                return
             try:
                 while True:
                     yield value
