@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gesmas.server.kernel import Code, KernelError
+from gesmas.server.kernel.codec import DeleteObject
 from gesmas.server.kernel.sched import NotYet
 
 try:
@@ -53,12 +54,14 @@ def test_items_and_keys_in_key_order_by_prefix_and_page():
         h.ok(s, "m", "put", k, k.upper())
     assert read(h, "keys")["keys"] == ["a", "cfg/x", "svc/", "svc/a", "svc/b", "svc/c", "svd"]
     page = read(h, "items", "svc/", 2)
+    made_at = read(h, "stat")["created"]
     assert page == {"items": [{"key": "svc/", "value": "SVC/", "version": 1, "mod_revision": 6},
                               {"key": "svc/a", "value": "SVC/A", "version": 1,
                                "mod_revision": 2}],
-                    "more": True, "revision": 7}
+                    "more": True, "revision": 7, "created": made_at}
     rest = read(h, "keys", "svc/", 2, "svc/a")
-    assert rest == {"keys": ["svc/b", "svc/c"], "more": False, "revision": 7}
+    assert rest == {"keys": ["svc/b", "svc/c"], "more": False, "revision": 7,
+                    "created": made_at}
     assert read(h, "keys", "svc/", 5, "a")["keys"][0] == "svc/"   # before the prefix: ignored
     assert read(h, "keys", "zz")["keys"] == [] and read(h, "keys", "", 1, "svd")["keys"] == []
     h.ok(s, "m", "delete", "svc/a")
@@ -268,7 +271,8 @@ def test_watch_returns_changes_under_the_prefix_and_waits_without_any():
     h.ok(s, "m", "put", "other", 1)
     w = read(h, "watch", "cfg/", 0)
     assert w == {"revision": 2, "events": [{"revision": 1, "type": "put", "key": "cfg/a",
-                                            "value": 1, "version": 1}]}
+                                            "value": 1, "version": 1}],
+                 "created": read(h, "stat")["created"]}
     with pytest.raises(NotYet):                             # a change elsewhere only
         read(h, "watch", "cfg/", 1)
     with pytest.raises(NotYet):
@@ -278,6 +282,39 @@ def test_watch_returns_changes_under_the_prefix_and_waits_without_any():
     h.ok(s, "m", "delete", "cfg/a")
     assert read(h, "watch", "cfg/", 2)["events"] == [
         {"revision": 3, "type": "delete", "key": "cfg/a", "value": None, "version": 0}]
+
+
+def test_a_map_made_again_has_another_created_and_a_watch_of_the_old_one_is_refused():
+    """A map deleted and made again starts at revision 0: a watch from revision r of the old
+    map, given the old map's `created`, raises Replaced instead of taking the new map's
+    changes after r (and missing its first r); waiting, through the log, too."""
+    h, s = made()
+    old = read(h, "stat")
+    assert old == {"revision": 0, "size": 0, "created": old["created"]} and old["created"] > 0
+    for i in range(3):
+        h.ok(s, "m", "put", f"k{i}", i)
+    w = read(h, "watch", "", 1, 1000, old["created"])
+    assert w["created"] == old["created"] and len(w["events"]) == 2
+    a = h.open_session()
+    t = h.call(a, "m", "watch", "", 3, 1000, old["created"])     # waits through the log
+    assert h.waiting(t)
+    assert h.run(DeleteObject(ts=h.ts, tag=h.tag(), name="m")).error is None
+    h.make("Map", "m")
+    for i in range(5):
+        h.ok(s, "m", "put", f"n{i}", i)
+    new = read(h, "stat")
+    assert new["revision"] == 5 and new["created"] > old["created"]
+    with pytest.raises(KernelError) as e:
+        read(h, "watch", "", 3, 1000, old["created"])
+    assert e.value.error.type == "Replaced"
+    assert f"made at log index {new['created']}, not {old['created']}" in e.value.error.message
+    assert h.error(t).type == "Aborted"                          # the delete ended that wait
+    assert [ev["key"] for ev in read(h, "watch", "", 3)["events"]] == ["n3", "n4"]  # unchecked
+    assert len(read(h, "watch", "", 0, 1000, new["created"])["events"]) == 5
+    with pytest.raises(KernelError) as e:
+        read(h, "watch", "", 0, 1000, "1")
+    assert e.value.error.type == "TypeError" and "created must be an int" in \
+        e.value.error.message
 
 
 def test_watch_through_the_log_blocks_and_wakes_only_with_a_match():

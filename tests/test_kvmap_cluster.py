@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gesmas.client import ApplicationError, Client, Compacted, Timeout
+from gesmas.client import ApplicationError, Client, Compacted, Replaced, Timeout
 from gesmas.client.cli import main as cli
 from gesmas.server.cluster import LocalCluster
 
@@ -132,6 +132,14 @@ def test_the_asyncio_client_and_a_waiting_watch(cluster):
                 "other", "feature/x", "feature/x"]
             await stream.aclose()
             assert await m.delete("other") is True and await m.size() == 1
+            st = await m.stat()
+            assert st == {"revision": rev + 4, "size": 1, "created": st["created"]}
+            await b.delete_object("aio-cfg")
+            await b.map("aio-cfg").put("feature/x", "remade")
+            with pytest.raises(Replaced):              # the old map's revision and created
+                await m.watch("feature/", 0, created=st["created"], timeout=30)
+            with pytest.raises(Replaced):
+                await m.watch_stream("", 0, created=st["created"]).__anext__()
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
@@ -155,6 +163,8 @@ def test_the_cli(cluster, capsys):
     lines = run("watch", "a/", "--after", "0", "--count", "4").splitlines()
     assert [json.loads(x)["type"] for x in lines] == ["put", "put", "put", "delete"]
     assert run("revision") == "4\n"
+    st = json.loads(run("stat"))
+    assert st["revision"] == 4 and st["size"] == 1 and st["created"] > 0
     assert cli(["map", "cli-cfg", "cas", "a/1", "one", "2", *base]) == 2
     assert "VERSION must be an integer" in capsys.readouterr().err
     assert cli(["map", "cli-cfg", "txn", "--success", "{", *base]) == 2

@@ -8,6 +8,7 @@ again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gesmas.client import Client, ClientClosed, Compacted, NotFound
+from gesmas.client import Client, ClientClosed, Compacted, NotFound, Replaced
 from gesmas.client.map_mirror import MapMirror
 from gesmas.server.cluster import LocalCluster
 
@@ -51,6 +52,28 @@ class Seen:
         with self._cond:
             assert self._cond.wait_for(lambda: len(self.events) >= n, 30), self.events
             return [(e["type"], e["key"]) for e in self.events]
+
+
+@contextlib.contextmanager
+def after_first_page(m: Any, change: Any) -> Any:
+    """Within it, `change()` runs just after the first `items` page that `m` reads; yields
+    the arguments of each `items` call."""
+    real = m._read
+    items_calls: list[tuple[Any, ...]] = []
+
+    def read(method: str, *args: Any, **kwargs: Any) -> Any:
+        got = real(method, *args, **kwargs)
+        if method == "items":
+            items_calls.append(args)
+            if len(items_calls) == 1:
+                change()
+        return got
+
+    m._read = read
+    try:
+        yield items_calls
+    finally:
+        del m._read
 
 
 @pytest.mark.cluster
@@ -113,35 +136,24 @@ def test_a_mirror_loaded_while_the_map_changes_holds_the_state_of_one_revision(c
             for i in range(6):
                 m.put(f"k/{i}", i)
             om = other.map(name, history=history)
-            real = m._read
-            items_calls = []
 
-            def read(method: str, *args: Any, **kwargs: Any) -> Any:
-                got = real(method, *args, **kwargs)
-                if method == "items":
-                    items_calls.append(args)
-                    if len(items_calls) == 1:
-                        om.put("k/0", "changed")       # in the page read
-                        om.put("k/1", "a")
-                        om.put("k/1", "b")             # twice
-                        om.delete("k/5")               # in a page not read yet
-                        om.put("k/9", 9)
-                        for j in range(40):            # past what history=1 keeps
-                            om.put("outside", j)
-                return got
+            def change() -> None:
+                om.put("k/0", "changed")               # in the page read
+                om.put("k/1", "a")
+                om.put("k/1", "b")                     # twice
+                om.delete("k/5")                       # in a page not read yet
+                om.put("k/9", 9)
+                for j in range(40):                    # past what history=1 keeps
+                    om.put("outside", j)
 
-            m._read = read             # type: ignore[method-assign]
-            try:
-                with m.mirror("k/", page=2) as mir:
-                    want = {it["key"]: it["value"] for it in m.items("k/", 100)["items"]}
-                    assert dict(mir.items()) == want
-                    assert want["k/0"] == "changed" and want["k/1"] == "b"
-                    assert "k/5" not in want and want["k/9"] == 9
-                    assert mir.entry("k/1")["version"] == 3
-                    starts = [a for a in items_calls if a[1:] == (2, "")]
-                    assert len(starts) == loads, items_calls
-            finally:
-                del m._read
+            with after_first_page(m, change) as items_calls, m.mirror("k/", page=2) as mir:
+                want = {it["key"]: it["value"] for it in m.items("k/", 100)["items"]}
+                assert dict(mir.items()) == want
+                assert want["k/0"] == "changed" and want["k/1"] == "b"
+                assert "k/5" not in want and want["k/9"] == 9
+                assert mir.entry("k/1")["version"] == 3
+                starts = [a for a in items_calls if a[1:] == (2, "")]
+                assert len(starts) == loads, items_calls
 
 
 @pytest.mark.cluster
@@ -258,6 +270,52 @@ def test_a_mirror_of_a_deleted_map_ends_with_not_found(cluster):
 
 
 @pytest.mark.cluster
+def test_a_map_made_again_is_never_taken_for_the_one_mirrored_or_watched(cluster):
+    """A map deleted and made again between a load's pages: the load reads the new map
+    whole. A mirror whose map is deleted and made again ends (NotFound, or Replaced when
+    the replica ran the watch again after both), and a watch stream given the old map's
+    revision and `created` ends with Replaced instead of taking the new map's changes after
+    that revision."""
+    with Client(cluster.addresses) as c, Client(cluster.addresses) as other:
+        name = "mirror-remade"
+        m = c.map(name)
+        for i in range(6):
+            m.put(f"k/{i}", i)
+        old = m.stat()
+
+        def remake() -> None:
+            other.delete_object(name)
+            om = other.map(name)
+            for j in range(4):
+                om.put(f"k/new{j}", j)
+
+        with after_first_page(m, remake) as items_calls:
+            mir = m.mirror("k/", page=2)
+        new = m.stat()
+        assert new["created"] > old["created"] and new["revision"] == 4
+        assert dict(mir.items()) == {f"k/new{j}": j for j in range(4)}
+        assert mir.revision == 4 and len([a for a in items_calls if a[1:] == (2, "")]) == 2
+
+        other.delete_object(name)                 # while followed: ends the mirror
+        om = other.map(name)
+        for j in range(8):
+            om.put(f"k/{j}", "again")
+        with pytest.raises((NotFound, Replaced), match="the mirror of map 'mirror-remade' "
+                                                       "stopped following it"):
+            mir.wait(8, timeout=30)
+        mir._thread.join(30)
+        assert not mir._thread.is_alive()
+
+        with pytest.raises(Replaced, match="deleted and made again"):
+            next(m.watch_stream("k/", new["revision"], created=new["created"], timeout=30))
+        with pytest.raises(Replaced):
+            m.watch("k/", new["revision"], created=new["created"], timeout=30)
+        got = m.watch("k/", 7)                    # unchecked: the new map's change after 7
+        assert [e["revision"] for e in got["events"]] == [8] and \
+            got["created"] == m.stat()["created"]
+
+
+@pytest.mark.cluster
 def test_the_asyncio_mirror(cluster):
     from gesmas.aio import Client as AioClient
 
@@ -302,10 +360,13 @@ class FakeMap:
     object_name = "fake"
     _create = None
 
-    def __init__(self) -> None:
+    def __init__(self, remade: bool = False) -> None:
         self.client = self
         self.entries = {"k/a": ("a", 1, 1), "k/b": ("b", 1, 2)}
         self.rev = 2
+        self.created = 10
+        self.remade = remade      # the map is made again while the mirror is behind
+        self.follow_kwargs: list[dict[str, Any]] = []
         self.follows = 0
         self.ended = threading.Event()
         self.go = threading.Event()
@@ -314,15 +375,18 @@ class FakeMap:
         assert method == "items", method
         items = [{"key": k, "value": v[0], "version": v[1], "mod_revision": v[2]}
                  for k, v in sorted(self.entries.items())]
-        return {"items": items, "more": False, "revision": self.rev}
+        return {"items": items, "more": False, "revision": self.rev, "created": self.created}
 
     def _follow(self, *args: Any) -> Any:
         handle = args[-1]
+        self.follow_kwargs.append(dict(args[4]))
         self.follows += 1
         if self.follows == 1:
             assert self.go.wait(30)
             self.entries = {"k/a": ("a", 1, 1), "k/b": ("B", 2, 7), "k/c": ("c", 1, 9)}
             self.rev = 9
+            if self.remade:
+                self.created = 50
             raise Compacted("revision 2 is compacted")
         fake = self
 
@@ -347,6 +411,24 @@ def test_a_mirror_that_fell_behind_reads_the_map_again_and_tells_what_differs():
     assert dict(mir.items()) == {"k/a": "a", "k/b": "B", "k/c": "c"}
     assert seen.until(2) == [("put", "k/b"), ("put", "k/c")]
     assert seen.events[0]["revision"] == 7 and seen.events[0]["version"] == 2
+    assert fake.follow_kwargs == [{"after_revision": 2, "limit": 1000, "created": 10},
+                                  {"after_revision": 9, "limit": 1000, "created": 10}]
     mir.close()
     mir._thread.join(30)
     assert not mir._thread.is_alive() and fake.follows == 2
+
+
+def test_a_mirror_that_fell_behind_a_map_made_again_ends_with_replaced():
+    """The reload after Compacted reads another map (made again meanwhile): the mirror does
+    not take it for its own; it ends, and its reads name why."""
+    fake = FakeMap(remade=True)
+    mir = MapMirror(fake, "k/")        # type: ignore[arg-type]
+    fake.go.set()
+    mir._thread.join(30)
+    assert not mir._thread.is_alive() and fake.follows == 1
+    with pytest.raises(Replaced, match="stopped following it: map 'fake' was deleted and "
+                                       "made again .at log index 50; the one read was made "
+                                       "at 10."):
+        mir.get("k/a")
+    with pytest.raises(LookupError):
+        mir.wait(3, timeout=5)

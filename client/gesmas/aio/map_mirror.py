@@ -8,9 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gesmas.client.errors import Compacted
-from gesmas.client.map_mirror import (LOAD_ATTEMPTS, WATCH_LIMIT, Entry, Listener,
-                                      MirrorCore)
+from gesmas.client.errors import Compacted, Replaced
+from gesmas.client.map_mirror import LOAD_ATTEMPTS, Listener, Loaded, MirrorCore
 
 if TYPE_CHECKING:
     from gesmas.aio.proxies import MapProxy
@@ -19,7 +18,7 @@ __all__ = ["AsyncMapMirror"]
 
 
 async def _load_async(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], Any]
-                      ) -> tuple[dict[str, Entry], int]:
+                      ) -> Loaded:
     """``map_mirror._load`` with an awaited ``read``."""
     for attempt in range(LOAD_ATTEMPTS):
         steps = core._loading()
@@ -28,10 +27,10 @@ async def _load_async(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], A
             while True:
                 step = steps.send(await read(*step))
         except StopIteration as done:
-            result: tuple[dict[str, Entry], int] = done.value
+            result: Loaded = done.value
             return result
-        except Compacted:
-            if attempt == LOAD_ATTEMPTS - 1:
+        except (Compacted, Replaced) as e:
+            if not core._again(e, attempt):
                 raise
     raise AssertionError("unreachable")
 
@@ -50,7 +49,7 @@ class AsyncMapMirror(MirrorCore):
         self._task: asyncio.Task[None] | None = None
 
     async def _start(self) -> AsyncMapMirror:
-        self._data, self._revision = await _load_async(self, self._read)
+        self._data, self._revision, self._created = await _load_async(self, self._read)
         self._task = asyncio.get_running_loop().create_task(self._run())
         return self
 
@@ -116,8 +115,8 @@ class AsyncMapMirror(MirrorCore):
         while True:                      # without get-or-create, as the sync mirror's
             answers = proxy.client._follow(
                 proxy.class_name, proxy.object_name, "watch", (self.prefix,),
-                {"after_revision": self._revision, "limit": WATCH_LIMIT},
-                "after_revision", "revision", None, None, self._consistency)
+                self._follows(), "after_revision", "revision", None, None,
+                self._consistency)
             try:
                 async for got in answers:
                     applied = self._answer(got)
@@ -126,7 +125,7 @@ class AsyncMapMirror(MirrorCore):
                 return
             except Compacted:
                 try:
-                    data, revision = await _load_async(self, self._read)
+                    data, revision, _ = await _load_async(self, self._read)
                 except Exception as e:
                     self._stop(e)
                     return

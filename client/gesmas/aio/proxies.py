@@ -253,24 +253,37 @@ class MapProxy(ObjectProxy):
                   failure: Sequence[Any] = ()) -> Any:
         return await self.invoke("txn", list(compares), list(success), list(failure))
 
+    async def stat(self, *, consistency: str | None = None) -> Any:
+        return await self._read("stat", consistency=consistency)
+
+    async def _from(self, after_revision: int | None, created: int | None,
+                    consistency: str | None) -> tuple[int, tuple[int, ...]]:
+        """As the sync proxy's: a watch's start, and its ``created`` argument if any."""
+        if after_revision is None:
+            st = await self.stat(consistency=consistency)
+            after_revision = st["revision"]
+            if created is None:
+                created = st["created"]
+        return after_revision, () if created is None else (created,)
+
     async def watch(self, prefix: str = "", after_revision: int | None = None, *,
                     limit: int = 1000, timeout: float | None = None,
-                    consistency: str | None = None) -> Any:
-        if after_revision is None:
-            after_revision = await self.revision(consistency=consistency)
-        return await self._read("watch", prefix, after_revision, limit,
+                    consistency: str | None = None, created: int | None = None) -> Any:
+        after_revision, more = await self._from(after_revision, created, consistency)
+        return await self._read("watch", prefix, after_revision, limit, *more,
                                 consistency=consistency, timeout=timeout)
 
     async def watch_stream(self, prefix: str = "", after_revision: int | None = None, *,
                            limit: int = 1000, timeout: float | None = None,
-                           consistency: str | None = None) -> AsyncIterator[Any]:
+                           consistency: str | None = None,
+                           created: int | None = None) -> AsyncIterator[Any]:
         """As the sync proxy's: every ``watch`` answer after ``after_revision`` (None: now),
         one followed call that the replica answers at each change."""
-        if after_revision is None:
-            after_revision = await self.revision(consistency=consistency)
+        after_revision, more = await self._from(after_revision, created, consistency)
+        extra = {"created": more[0]} if more else {}
         answers = self.follow("watch", "after_revision", "revision", prefix, limit=limit,
                               after_revision=after_revision, timeout=timeout,
-                              consistency=consistency)
+                              consistency=consistency, **extra)
         try:
             async for got in answers:
                 yield got
@@ -278,15 +291,15 @@ class MapProxy(ObjectProxy):
             await answers.aclose()          # type: ignore[attr-defined]
 
     async def watch_iter(self, prefix: str = "", after_revision: int | None = None, *,
-                         timeout: float | None = None) -> AsyncIterator[Any]:
-        answers = self.watch_stream(prefix, after_revision, timeout=timeout)
+                         timeout: float | None = None,
+                         created: int | None = None) -> AsyncIterator[Any]:
+        answers = self.watch_stream(prefix, after_revision, timeout=timeout, created=created)
         try:
             async for got in answers:
                 for event in got["events"]:
                     yield event
         finally:
             await answers.aclose()          # type: ignore[attr-defined]
-
 
     async def mirror(self, prefix: str = "", *, page: int = 1000,
                      consistency: str | None = None) -> AsyncMapMirror:

@@ -21,6 +21,7 @@ OPS: dict[str, tuple[str, list[str]]] = {
     "watch": ("print each change under PREFIX as a JSON line, from --after (default: now)",
               ["prefix?"]),
     "revision": ("print the map's revision", []),
+    "stat": ("print the map's revision, size and created (the log index that made it)", []),
 }
 
 
@@ -95,6 +96,8 @@ def run(m: Any, args: argparse.Namespace, parse_arg: Callable[[str], Any],
                 left -= 1
                 if left <= 0:
                     break
+    elif op == "stat":
+        print(dump(m.stat()))
     else:
         print(dump(m.revision()))
     return 0

@@ -52,6 +52,7 @@ __all__ = [
     "PermissionDenied",
     "QueueEmpty",
     "QueueFull",
+    "Replaced",
     "Unauthenticated",
     "ResourceExhausted",
     "SessionExpired",
@@ -247,7 +248,7 @@ _PYTHON_BASES: dict[str, type[BaseException]] = {
 }
 _PYTHON_BASES.update({"LockNotOwned": RuntimeError,
                       "BrokenBarrierError": threading.BrokenBarrierError,
-                      "Compacted": LookupError})
+                      "Compacted": LookupError, "Replaced": LookupError})
 REMOTE_CLASSES: dict[str, type[ApplicationError]] = {}
 for _name, _base in _PYTHON_BASES.items():
     _cls = type(f"Remote{_name}", (ApplicationError, _base),
@@ -256,6 +257,8 @@ for _name, _base in _PYTHON_BASES.items():
 #: A Map's watch after a revision whose changes it no longer keeps (the message names the
 #: oldest revision a watch may start after).
 Compacted = REMOTE_CLASSES["Compacted"]
+#: A Map's watch given the ``created`` of a map since deleted and made again under its name.
+Replaced = REMOTE_CLASSES["Replaced"]
 
 
 def error_from_detail(detail: pb.ErrorDetail) -> GesmasError:

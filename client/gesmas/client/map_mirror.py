@@ -14,7 +14,8 @@ some after r), up to the last page's revision or later: a key changed meanwhile 
 its last change, one not changed has the value every page saw, so the mirror holds the
 map's state at one revision, restricted to the prefix. It then follows ``watch(prefix)``
 from there. A map that no longer keeps the first page's revision (``Compacted``, a busy
-map read slowly) is read again.
+map read slowly) is read again, and so is one deleted and made again between the pages
+(they name the map they come from: its ``created``).
 
 What a reader sees: a state the map had (each answer of the watch ends at a revision's
 end), never older than one seen before (monotonic), a few milliseconds behind the cluster
@@ -26,8 +27,9 @@ listeners what changed meanwhile.
 
 A mirror ends with ``close`` (or its client's close); reads of a closed mirror raise
 ValueError, reads of one whose watch failed raise that error: its session expired, a
-permission taken away, the map deleted (NotFound; a map deleted and made again before the
-replica runs the watch again is not told apart). ``MapMirror`` runs its watch on a thread
+permission taken away, the map deleted (NotFound) or deleted and made again (``Replaced``:
+the watch names the map it follows by its ``created``, so a new map of the same name is
+never taken for it). ``MapMirror`` runs its watch on a thread
 of its own; the asyncio client's (``gesmas.aio.map_mirror.AsyncMapMirror``) on a task,
 with the same reads and awaited writes.
 """
@@ -42,7 +44,7 @@ from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from gesmas.client.errors import Compacted, GesmasError, Unavailable
+from gesmas.client.errors import Compacted, GesmasError, Replaced, Unavailable
 from gesmas.client.streams import FollowHandle
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ Event = dict[str, Any]
 Listener = Callable[[Event], None]
 #: A step of loading: (a Map reader's name, its arguments), answered by the caller.
 Read = tuple[str, tuple[Any, ...]]
+#: What a load gives: the entries under the prefix, their revision, the map's `created`.
+Loaded = tuple[dict[str, Entry], int, int]
 
 
 class MirrorCore:
@@ -79,6 +83,7 @@ class MirrorCore:
         self._data: dict[str, Entry] = {}
         self._sorted: list[str] | None = None             # the keys sorted, made on demand
         self._revision = 0
+        self._created: int | None = None   # the map's, once loaded (the log index that made it)
         self._error: BaseException | None = None
         self._closed = False
         self._listeners: list[Listener] = []
@@ -181,15 +186,24 @@ class MirrorCore:
 
     # -- loading and applying --------------------------------------------------------------------
 
-    def _loading(self) -> Generator[Read, Any, tuple[dict[str, Entry], int]]:
+    def _loading(self) -> Generator[Read, Any, Loaded]:
         """The steps of one load (each a read the caller makes and sends back the answer
-        of); returns (the entries under the prefix, the revision they are at): pages, then
-        every change made since the first page's revision."""
+        of); returns (the entries under the prefix, the revision they are at, the map's
+        `created`): pages, then every change made since the first page's revision. Raises
+        Replaced if a page comes from another map than the first (or, in a reload, than the
+        one followed)."""
         data: dict[str, Entry] = {}
         first = last = -1
+        made = self._created
         start_after = ""
         while True:
             got = yield "items", (self.prefix, self._page, start_after)
+            if made is None:
+                made = got["created"]
+            elif got["created"] != made:
+                raise Replaced(f"map {self.name!r} was deleted and made again (at log index "
+                               f"{got['created']}; the one read was made at {made})",
+                               "Replaced")
             if first < 0:
                 first = got["revision"]
             last = got["revision"]
@@ -200,10 +214,23 @@ class MirrorCore:
             start_after = got["items"][-1]["key"]
         revision = first
         while revision < last:           # changes between the pages: there are some
-            got = yield "watch", ("", revision, WATCH_LIMIT)
+            got = yield "watch", ("", revision, WATCH_LIMIT, made)
             self._apply(data, got["events"])
             revision = got["revision"]
-        return data, revision
+        return data, revision, made
+
+    def _again(self, e: BaseException, attempt: int) -> bool:
+        """Whether a load that raised ``e`` in its ``attempt``-th try is tried again: the
+        map no longer keeps the first page's revision, or (the first load only) the map was
+        made again while it was read."""
+        if attempt >= LOAD_ATTEMPTS - 1:
+            return False
+        return isinstance(e, Compacted) or (isinstance(e, Replaced) and self._created is None)
+
+    def _follows(self) -> dict[str, Any]:
+        """The watch's keyword arguments, from where the mirror is."""
+        return {"after_revision": self._revision, "limit": WATCH_LIMIT,
+                "created": self._created}
 
     def _apply(self, data: dict[str, Entry], events: list[Event]) -> list[Event]:
         """Apply ``events`` (in order) to ``data``, those under the prefix; the events that
@@ -260,10 +287,8 @@ class MirrorCore:
             self._error = e
 
 
-def _load(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], Any]
-          ) -> tuple[dict[str, Entry], int]:
-    """A load with ``read`` answering its steps, again while the map no longer keeps the
-    first page's revision (LOAD_ATTEMPTS in all)."""
+def _load(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], Any]) -> Loaded:
+    """A load with ``read`` answering its steps, again while ``core._again`` says so."""
     for attempt in range(LOAD_ATTEMPTS):
         steps = core._loading()
         try:
@@ -271,10 +296,10 @@ def _load(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], Any]
             while True:
                 step = steps.send(read(*step))
         except StopIteration as done:
-            result: tuple[dict[str, Entry], int] = done.value
+            result: Loaded = done.value
             return result
-        except Compacted:
-            if attempt == LOAD_ATTEMPTS - 1:
+        except (Compacted, Replaced) as e:
+            if not core._again(e, attempt):
                 raise
     raise AssertionError("unreachable")
 
@@ -294,7 +319,7 @@ class MapMirror(MirrorCore):
         self._consistency = consistency
         self._cond = threading.Condition()
         self._handle = FollowHandle()
-        self._data, self._revision = _load(self, self._read)   # errors reach the caller
+        self._data, self._revision, self._created = _load(self, self._read)  # errors: raised
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"gesmas-mirror-{self.name}")
         self._thread.start()
@@ -368,13 +393,11 @@ class MapMirror(MirrorCore):
         while True:
             try:
                 # followed without the proxy's get-or-create: the load made the map, and a
-                # map deleted meanwhile ends the mirror (NotFound) rather than a watch of a
-                # new map from a revision it does not have yet, which would wait unseen
+                # map deleted meanwhile ends the mirror (NotFound); one made again, Replaced
                 answers = proxy.client._follow(
                     proxy.class_name, proxy.object_name, "watch", (self.prefix,),
-                    {"after_revision": self._revision, "limit": WATCH_LIMIT},
-                    "after_revision", "revision", None, None, self._consistency,
-                    self._handle)
+                    self._follows(), "after_revision", "revision", None, None,
+                    self._consistency, self._handle)
                 for got in answers:
                     with self._cond:
                         applied = self._answer(got)
@@ -386,7 +409,7 @@ class MapMirror(MirrorCore):
                 if self._handle.stopped:
                     return
                 try:
-                    data, revision = _load(self, self._read)
+                    data, revision, _ = _load(self, self._read)   # the same map, or raised
                 except BaseException as e:
                     self._stop(e)
                     return

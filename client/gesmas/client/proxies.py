@@ -423,37 +423,58 @@ class MapProxy(ObjectProxy):
         ``failure``; atomic, one log entry."""
         return self.invoke("txn", list(compares), list(success), list(failure))
 
+    def stat(self, *, consistency: str | None = None) -> Any:
+        """{"revision", "size", "created"}: ``created`` is the log index that made the map
+        (another one once it is deleted and made again)."""
+        return self._read("stat", consistency=consistency)
+
+    def _from(self, after_revision: int | None, created: int | None,
+              consistency: str | None) -> tuple[int, tuple[int, ...]]:
+        """A watch's start: ``after_revision``, else now (with now's ``created``); and the
+        ``created`` argument, if any."""
+        if after_revision is None:
+            st = self.stat(consistency=consistency)
+            after_revision = st["revision"]
+            if created is None:
+                created = st["created"]
+        return after_revision, () if created is None else (created,)
+
     def watch(self, prefix: str = "", after_revision: int | None = None, *,
               limit: int = 1000, timeout: float | None = None,
-              consistency: str | None = None) -> Any:
-        """{"revision", "events"}: the changes under ``prefix`` after ``after_revision``
-        (None: after now), waiting up to ``timeout`` while there is none (Timeout after
-        it). Watch again from the answer's "revision": nothing is missed or seen twice.
-        A revision older than the map keeps raises ``Compacted`` (a LookupError)."""
-        if after_revision is None:
-            after_revision = self.revision(consistency=consistency)
-        return self._read("watch", prefix, after_revision, limit, consistency=consistency,
-                          timeout=timeout)
+              consistency: str | None = None, created: int | None = None) -> Any:
+        """{"revision", "events", "created"}: the changes under ``prefix`` after
+        ``after_revision`` (None: after now), waiting up to ``timeout`` while there is none
+        (Timeout after it). Watch again from the answer's "revision": nothing is missed or
+        seen twice. A revision older than the map keeps raises ``Compacted`` (a
+        LookupError); with ``created`` (that of the answer the revision came from; now's
+        when ``after_revision`` is None), a map deleted and made again since raises
+        ``Replaced`` (a LookupError)."""
+        after_revision, more = self._from(after_revision, created, consistency)
+        return self._read("watch", prefix, after_revision, limit, *more,
+                          consistency=consistency, timeout=timeout)
 
     def watch_stream(self, prefix: str = "", after_revision: int | None = None, *,
                      limit: int = 1000, timeout: float | None = None,
-                     consistency: str | None = None) -> Iterator[Any]:
+                     consistency: str | None = None,
+                     created: int | None = None) -> Iterator[Any]:
         """The answers ``watch`` would give, one after the other, for ever: every change
         under ``prefix`` after ``after_revision`` (None: now), in order, none twice. One
         watch call that the replica answers again at each change (a watch stream: no
         message to re-arm it); after a failure it goes on elsewhere from the last answer's
-        revision. ``timeout`` bounds each wait (Timeout)."""
-        if after_revision is None:
-            after_revision = self.revision(consistency=consistency)
+        revision. ``timeout`` bounds each wait (Timeout). ``created`` as for ``watch``: the
+        stream ends with ``Replaced`` if the map is deleted and made again."""
+        after_revision, more = self._from(after_revision, created, consistency)
+        extra = {"created": more[0]} if more else {}
         return self.follow("watch", "after_revision", "revision", prefix, limit=limit,
                            after_revision=after_revision, timeout=timeout,
-                           consistency=consistency)
+                           consistency=consistency, **extra)
 
     def watch_iter(self, prefix: str = "", after_revision: int | None = None, *,
-                   timeout: float | None = None) -> Iterator[Any]:
+                   timeout: float | None = None, created: int | None = None) -> Iterator[Any]:
         """Every change under ``prefix`` after ``after_revision`` (None: now), one event at
         a time, in order, for ever (``watch_stream``); ``timeout`` bounds each wait."""
-        for got in self.watch_stream(prefix, after_revision, timeout=timeout):
+        for got in self.watch_stream(prefix, after_revision, timeout=timeout,
+                                     created=created):
             yield from got["events"]
 
     def mirror(self, prefix: str = "", *, page: int = 1000,

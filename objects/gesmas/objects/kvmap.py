@@ -9,10 +9,16 @@ Guarantees
   something: its changes share one revision, etcd's mod revision).
 - put(key, value, ephemeral=False) -> {"revision", "version"}; delete(key) -> bool;
   get(key, default=None) -> the value; entry(key) -> {"value", "version", "create_revision",
-  "mod_revision", "ephemeral"} or None; revision(); size().
+  "mod_revision", "ephemeral"} or None; revision(); size(); stat() -> {"revision", "size",
+  "created"}.
+- `created`: the log index of the command that made the map. A map deleted and made again
+  under the same name starts again at revision 0 with another `created`; pages, watch answers
+  and stat() name it, and a watch given `created` of another map raises Replaced (else a
+  watch from revision r of the old map would take the new one's changes after r for the
+  ones it missed).
 - items(prefix="", limit=100, start_after="") / keys(...): in key order, at most `limit`,
   those after `start_after` (the last key of the previous page): {"items"|"keys", "more",
-  "revision"}; a page also ends past 256 KiB of keys and values. Ordered by a kept sorted
+  "revision", "created"}; a page also ends past 256 KiB of keys and values. Ordered by a kept sorted
   list: O(log n + limit) a page, no scan of the map.
 - cas(key, expect_version, value) -> bool: put if the key's version is `expect_version`
   (0: the key must not exist).
@@ -28,7 +34,8 @@ Guarantees
 - Ephemeral entries belong to the session that last put them: when it ends (expired or closed)
   they are deleted, a revision each (so that a watch answer may end between them). A later
   plain put makes such an entry permanent. A session holds at most 1,000 in one map.
-- watch(prefix, after_revision, limit=1000) -> {"revision", "events"}: the changes after
+- watch(prefix, after_revision, limit=1000, created=None) -> {"revision", "events", "created"}:
+  the changes after
   `after_revision` to keys under `prefix`, oldest first, each {"revision", "type" ("put" or
   "delete"), "key", "value", "version"}; waits while there is none. Watch again from the
   returned "revision": no change is missed and none is seen twice. Served as a reader: the
@@ -66,9 +73,14 @@ class Compacted(LookupError):
     """watch() after a revision whose changes are no longer kept."""
 
 
+class Replaced(LookupError):
+    """watch(created=...) of a map that was deleted and made again since."""
+
+
 class Map:
     _restartable = ("watch",)  # waits a checkpoint leaves in place
-    _readers = ("get", "entry", "items", "keys", "size", "revision", "watch")  # no log entry
+    _readers = ("get", "entry", "items", "keys", "size", "revision", "stat", "watch")  # no log
+    _made = 0           # maps restored from checkpoints written before `created` was kept
     _constructor_args = ("max_keys", "max_key_bytes", "max_value_bytes", "history")
 
     def __init__(self, max_keys=100_000, max_key_bytes=1024, max_value_bytes=256 * 1024,
@@ -92,6 +104,7 @@ class Map:
         self._event_revs = []    # their revisions (bisect)
         self._floor = 0          # changes after this revision are kept
         self._changed = Semaphore(0)      # watches through the log wait here
+        self._made = context().request    # the log index of the command that made it
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -112,24 +125,34 @@ class Map:
     def size(self):
         return len(self._data)
 
+    def stat(self):
+        return {"revision": self._rev, "size": len(self._data), "created": self._made}
+
     def items(self, prefix="", limit=100, start_after=""):
         keys, more = self._page(prefix, limit, start_after, True)
         out = []
         for k in keys:
             e = self._data[k]
             out.append({"key": k, "value": e[0], "version": e[1], "mod_revision": e[3]})
-        return {"items": out, "more": more, "revision": self._rev}
+        return {"items": out, "more": more, "revision": self._rev, "created": self._made}
 
     def keys(self, prefix="", limit=100, start_after=""):
         keys, more = self._page(prefix, limit, start_after, False)
-        return {"keys": keys, "more": more, "revision": self._rev}
+        return {"keys": keys, "more": more, "revision": self._rev, "created": self._made}
 
-    def watch(self, prefix="", after_revision=0, limit=1000):
+    def watch(self, prefix="", after_revision=0, limit=1000, created=None):
         self._prefix(prefix)
         if type(after_revision) is not int or after_revision < 0:
             raise ValueError(f"after_revision must be an int >= 0, not {after_revision!r}")
         self._limit(limit, 100_000)
+        if created is not None and type(created) is not int:
+            raise TypeError(f"created must be an int (a page's, a watch answer's or stat()'s "
+                            f"'created') or None, not {created!r:.60}")
         while True:
+            if created is not None and created != self._made:
+                raise Replaced(f"this map was made at log index {self._made}, not {created}: "
+                               "the map watched was deleted and made again; read the state, "
+                               "then watch from its revision")
             if after_revision < self._floor:
                 raise Compacted(f"revision {after_revision} is compacted: this map keeps the "
                                 f"changes after revision {self._floor} (its last "
@@ -137,7 +160,7 @@ class Map:
                                 "revision")
             events, last = self._since(prefix, after_revision, limit)
             if events:
-                return {"revision": last, "events": events}
+                return {"revision": last, "events": events, "created": self._made}
             try:
                 self._changed.acquire()   # through the log: wait here
             except NotYet:                # a reader: run again once a key under it changed
