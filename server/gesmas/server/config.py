@@ -9,6 +9,7 @@ loopback has TLS and a root password (or --insecure).
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
@@ -59,8 +60,10 @@ class NodeConfig:
     failpoint_native_stall: bool = False   # test only: GESMAS_FAILPOINT_NATIVE_STALL=1
 
 
+@functools.lru_cache(maxsize=64)
 def is_loopback(addr: str) -> bool:
-    """Whether the host of "host:port" is a loopback address (127.0.0.0/8, ::1, localhost)."""
+    """Whether the host of "host:port" is a loopback address (127.0.0.0/8, ::1, localhost).
+    Cached: a replica asks it of its own address on every call without a login."""
     host = addr.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
         return True
