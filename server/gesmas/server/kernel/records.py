@@ -252,13 +252,19 @@ class Session:
             self.touched[name] = None
 
     def forget_unhooked(self, objects: Any) -> None:
-        """Keep, in their order, only the remembered objects that exist in `objects` with a
+        """Forget, in order, the remembered objects that exist in `objects` without a
         session-end hook (a Checkpoint with hooked_touched); the checkpoint parts of the
-        names are made again."""
+        names are made again. A name whose object is gone is kept, as a kernel without the
+        rule keeps it: an object made again under it gets this session's hook as it would
+        there, whichever side of this checkpoint the deletion was (forgotten, it changed the
+        hooks and the state digest of a log with the checkpoint between a deletion and the
+        object made again: the kernel's property test found it). Left as the rule's one
+        edge: a name called while its object had no hook, made again with a class that has
+        one, does not get the hook of the sessions that called the old object."""
         kept: dict[str, None] = {}
         for name in self.touched:
             rec = objects.get(name)
-            if rec is not None and rec.cls.ends_with_sessions():
+            if rec is None or rec.cls.ends_with_sessions():
                 kept[name] = None
         if len(kept) != len(self.touched):
             self.touched = kept
