@@ -75,7 +75,7 @@ class Driver:
     def checkpoint(self) -> None:
         self.run(Checkpoint(ts=self.ts, tag="k", defer=True, calls_apart=True,
                             listed_after=True, touched_in_parts=True,
-                            hooked_touched=True), "checkpoint")
+                            hooked_touched=True, keep_gone=True), "checkpoint")
 
 
 class Collector:

@@ -100,19 +100,21 @@ class H:
 
     def checkpoint(self, defer: bool | None = None, apart: bool | None = None,
                    listed: bool | None = None, parts: bool | None = None,
-                   hooked: bool = False) -> Completion:
+                   hooked: bool = False, keep_gone: bool | None = None) -> Completion:
         """A Checkpoint as the leader proposes it: its standard-class objects and its waiting
         calls saved after it, the changed objects found by its capture (kernel/capture.py)
         and the sessions' objects written in parts, unless `defer`, `apart`, `listed` and
         `parts` (or the harness's) say otherwise; `hooked`: with hooked_touched (the sessions
-        keep only the objects with a session-end hook)."""
+        keep only the objects with a session-end hook), and with it `keep_gone` unless it is
+        False (version 9's rule)."""
         defer = self.defer if defer is None else defer
         apart = (self.apart and defer) if apart is None else apart
         listed = (self.listed and apart) if listed is None else listed
         parts = (self.parts and listed) if parts is None else parts
         return self.run(Checkpoint(ts=self.ts, defer=defer, calls_apart=apart,
                                    listed_after=listed, touched_in_parts=parts,
-                                   hooked_touched=hooked))
+                                   hooked_touched=hooked,
+                                   keep_gone=hooked if keep_gone is None else keep_gone))
 
     # -- reading results ----------------------------------------------------------------------
 

@@ -123,7 +123,8 @@ def test_a_checkpoint_every_n_commands_at_most_every_5_s():
     proposed, = r.step(12.5, True)
     # the newest form: saved after the entry, sessions' objects in parts, hooked ones only
     assert proposed == Checkpoint(ts=proposed.ts, defer=True, calls_apart=True,
-                                  listed_after=True, touched_in_parts=True, hooked_touched=True)
+                                  listed_after=True, touched_in_parts=True, hooked_touched=True,
+                                  keep_gone=True)
     r.apply(Checkpoint(), 13.0)
     assert r.kinds(20.0) == []
 

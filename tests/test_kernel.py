@@ -173,6 +173,8 @@ ALL_COMMANDS = [
                touched_in_parts=True),
     Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True, listed_after=True,
                touched_in_parts=True, hooked_touched=True),
+    Checkpoint(ts=7.0, tag="k", defer=True, calls_apart=True, listed_after=True,
+               touched_in_parts=True, hooked_touched=True, keep_gone=True),
     Query(ts=8.0, tag="q", what="class", arg=["A", 2]),
     Query(ts=8.0, tag="q", what="stats", arg=None),
     Cancel(ts=9.0, tag="x", session=1, seq=2, call_tag="i"),
@@ -191,8 +193,10 @@ def test_codec_round_trip(cmd):
     # its deferred objects after the frames (version 6, codec._NEW_IN_6) or one that writes
     # the sessions' objects in parts (version 7, codec._NEW_IN_7); a create measured at once
     # (version 8, codec._NEW_IN_8) the same, and a checkpoint after which sessions keep only
-    # hooked objects (version 9, codec._NEW_IN_9): a replica of an earlier gesmas stops at it
-    assert data[0] == (9 if getattr(cmd, "hooked_touched", False) else
+    # hooked objects (version 9, codec._NEW_IN_9), and one that keeps the names of objects
+    # gone (version 10, codec._NEW_IN_10): a replica of an earlier gesmas stops at it
+    assert data[0] == (10 if getattr(cmd, "keep_gone", False) else
+                       9 if getattr(cmd, "hooked_touched", False) else
                        8 if getattr(cmd, "measured", False) else
                        7 if getattr(cmd, "touched_in_parts", False) else
                        6 if getattr(cmd, "listed_after", False) else

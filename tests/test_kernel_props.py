@@ -159,7 +159,8 @@ def build(script, subject: str = "uploaded") -> list[tuple[int, object]]:
 #: how a checkpoint writes its waiting calls and deferred objects: (calls_apart,
 #: listed_after): in the header (formats 4 and 5), apart (6), listed after the frames (7)
 # (calls_apart, listed_after, touched_in_parts, hooked_touched): formats 5 or older, 6, 7
-# and 8, and 8 after which sessions remember only hooked objects (which the state digest
+# and 8, and 8 after which sessions remember only hooked objects (and the names of objects
+# gone, version 10's keep_gone, drawn with it) (which the state digest
 # does not see: it hashes what sessions remember as what their end acts on)
 FORMS = st.sampled_from([(False, False, False, False), (True, False, False, False),
                          (True, True, False, False), (True, True, True, False),
@@ -174,7 +175,8 @@ def with_checkpoint(log, pos: int, defer: bool = False,
     interesting position is covered and the final index is the same)."""
     index = 2 * pos + 1
     ckpt = Checkpoint(ts=0.0, tag="ckpt", defer=defer, calls_apart=form[0],
-                      listed_after=form[1], touched_in_parts=form[2], hooked_touched=form[3])
+                      listed_after=form[1], touched_in_parts=form[2], hooked_touched=form[3],
+                      keep_gone=form[3])
     return log[:pos] + [(index, ckpt)] + log[pos:], index
 
 
@@ -296,7 +298,7 @@ def test_g_a_restored_replicas_next_checkpoint_is_the_live_replicas_bytes(subjec
     p1 = data.draw(st.integers(0, len(log) - 2), label="first checkpoint before entry")
     p2 = data.draw(st.integers(p1 + 1, len(log) - 1), label="second checkpoint before entry")
     leader = dict(defer=True, calls_apart=True, listed_after=True, touched_in_parts=True,
-                  hooked_touched=True)
+                  hooked_touched=True, keep_gone=True)
     one, i1 = with_checkpoint(log, p1, True, LEADER)
     i2 = 2 * p2 + 1
     two = sorted(one + [(i2, Checkpoint(ts=0.0, tag="ckpt2", **leader))], key=lambda e: e[0])
@@ -399,7 +401,8 @@ def test_f_a_deferred_capture_is_the_same_whenever_its_slices_run(subject, scrip
     two = sorted(one + [(2 * p2 + 1, Checkpoint(ts=0.0, tag="ckpt2", defer=True,
                                                 calls_apart=form[0], listed_after=form[1],
                                                 touched_in_parts=form[2],
-                                                hooked_touched=form[3]))],
+                                                hooked_touched=form[3],
+                                                keep_gone=form[3]))],
                  key=lambda e: e[0])
 
     def run_two(slices):

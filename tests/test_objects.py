@@ -1855,6 +1855,33 @@ def test_a_hooked_touched_checkpoint_keeps_only_the_objects_whose_hook_runs(monk
     assert list(plain.state.sessions[other].touched) == ["c0", "l1", "l0"]
 
 
+def test_the_hooked_rule_keeps_a_gone_name_from_version_10_as_version_9_did_not():
+    """A Lock the session held, deleted before the rule's checkpoint and made again after
+    it: with keep_gone (version 10, the leader's) the session still remembers its name, so
+    the new Lock's hook runs at the session's end as in a log without the rule (same state
+    digest after every entry); a version-9 entry forgot it, and still does (a replica
+    replaying an old log applies it as it was applied)."""
+    from gesmas.server.kernel.codec import DeleteObject
+    digests = {}
+    for keep in (True, False, None):
+        h = OH()
+        s = h.open_session()
+        h.make("Lock", "l")
+        h.make("Counter", "c")
+        h.ok(s, "l", "acquire")
+        h.ok(s, "c", "add", 1)
+        assert h.run(DeleteObject(ts=h.ts, tag=h.tag(), name="l")).error is None
+        if keep is not None:
+            h.checkpoint(hooked=True, keep_gone=keep)
+        else:
+            h.checkpoint()                   # no rule: every name remembered
+        h.make("Lock", "l")
+        touched = list(h.kernel.state.sessions[s].touched)
+        assert touched == {True: ["l"], False: [], None: ["l", "c"]}[keep]
+        digests[keep] = h.kernel.state_digest(volatile=False)
+    assert digests[True] == digests[None] != digests[False]
+
+
 def test_a_size_measured_again_while_the_capture_joins_its_frames_is_not_applied_later(
         monkeypatch):
     """A format-7 capture puts the sizes it measured in the table's order as its idle slices

@@ -122,7 +122,7 @@ def build(script) -> list[tuple[int, object]]:
         elif what == "checkpoint":
             add(Checkpoint(ts=clock, tag=tag, defer=bool(x % 2), calls_apart=True,
                            listed_after=True, touched_in_parts=True,
-                           hooked_touched=bool(x % 3)))
+                           hooked_touched=bool(x % 3), keep_gone=bool(x % 3)))
     clock += 100.0
     add(Tick(ts=clock))                          # times out what still can
     return log

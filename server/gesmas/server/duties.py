@@ -165,10 +165,10 @@ class LeaderDuties:
             self._checkpoint_proposed = now
             # objects and waiting calls saved after the entry, the changed objects found
             # by the capture (kernel/capture.py), the sessions' objects in parts, and only
-            # those with a session-end hook
+            # those with a session-end hook (the names of objects gone kept)
             out.append(codec.Checkpoint(ts=wall, defer=True, calls_apart=True,
                                         listed_after=True, touched_in_parts=True,
-                                        hooked_touched=True))
+                                        hooked_touched=True, keep_gone=True))
         if not self._has_standard and now - self._standard_proposed > PROPOSE_RETRY:
             self._standard_proposed = now
             out.extend(codec.RegisterClass(ts=wall, source=source, user=SYSTEM)

@@ -366,7 +366,7 @@ class Checkpoints:
         if cmd.hooked_touched and not st.hooked_touched:
             st.hooked_touched = True         # once: sessions keep only hooked objects
             for s in st.sessions.values():
-                s.forget_unhooked(st.objects)
+                s.forget_unhooked(st.objects, bool(cmd.keep_gone))
         listed = bool(cmd.defer and cmd.calls_apart and cmd.listed_after) and self.defer
         if listed:
             self.deferred.take_sizes()       # what it measured: applied after this entry

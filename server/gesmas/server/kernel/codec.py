@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from .budget import ResourceLimit
 
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 #: fields added by version 2 (auth): absent from version-1 entries, read as their defaults
 _NEW_IN_2 = frozenset({"user", "secret", "create", "ctor_args", "ctor_kwargs"})
 #: fields added by version 3 (Checkpoint.defer). A command whose version-3 fields all hold
@@ -51,6 +51,10 @@ _NEW_IN_8 = frozenset({"measured"})
 #: remembers only the objects it calls whose class has a session-end hook), written only
 #: when set
 _NEW_IN_9 = frozenset({"hooked_touched"})
+#: fields added by version 10 (Checkpoint.keep_gone: with hooked_touched, the sessions keep
+#: the names of objects gone by then, as without the rule; version 9's forgets them), written
+#: only when set
+_NEW_IN_10 = frozenset({"keep_gone"})
 
 _DOUBLE = struct.Struct(">d")
 
@@ -371,13 +375,17 @@ class Checkpoint(Command):
     the full ones pickled once (format 8; needs `listed_after`).
     `hooked_touched`: from this entry on, each session remembers only the objects it called
     whose class has a session-end hook (`Session.touched`: the objects whose hook runs when
-    it ends), and forgets the others it remembered (State.hooked_touched)."""
+    it ends), and forgets the others it remembered (State.hooked_touched).
+    `keep_gone`: and the names it remembers of objects gone by then are kept (an object made
+    again under one gets the session's hook, as without the rule); a version-9 entry, which
+    has not the field, forgets them (records.Session.forget_unhooked)."""
     CODE: ClassVar[int] = 9
     defer: bool = False
     calls_apart: bool = False
     listed_after: bool = False
     touched_in_parts: bool = False
     hooked_touched: bool = False
+    keep_gone: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -420,8 +428,11 @@ COMMANDS: dict[int, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in fields(c) if f.name not in ("ts", "tag")) for c in COMMANDS.values()
 }
+_FIELDS_V9: dict[type, tuple[str, ...]] = {
+    c: tuple(n for n in names if n not in _NEW_IN_10) for c, names in _FIELDS.items()
+}
 _FIELDS_V8: dict[type, tuple[str, ...]] = {
-    c: tuple(n for n in names if n not in _NEW_IN_9) for c, names in _FIELDS.items()
+    c: tuple(n for n in names if n not in _NEW_IN_9) for c, names in _FIELDS_V9.items()
 }
 _FIELDS_V7: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_8) for c, names in _FIELDS_V8.items()
@@ -445,11 +456,12 @@ _FIELDS_V1: dict[type, tuple[str, ...]] = {
     c: tuple(n for n in names if n not in _NEW_IN_2) for c, names in _FIELDS_V2.items()
 }
 _BY_VERSION = {1: _FIELDS_V1, 2: _FIELDS_V2, 3: _FIELDS_V3, 4: _FIELDS_V4, 5: _FIELDS_V5,
-               6: _FIELDS_V6, 7: _FIELDS_V7, 8: _FIELDS_V8, FORMAT_VERSION: _FIELDS}
+               6: _FIELDS_V6, 7: _FIELDS_V7, 8: _FIELDS_V8, 9: _FIELDS_V9,
+               FORMAT_VERSION: _FIELDS}
 #: per command type: (version, its new fields and their defaults), newest first
 _NEWER = {c: tuple((v, {f.name: (f.default if f.default_factory is MISSING
                                  else f.default_factory()) for f in fields(c) if f.name in new})
-                   for v, new in ((9, _NEW_IN_9), (8, _NEW_IN_8), (7, _NEW_IN_7), (6, _NEW_IN_6),
+                   for v, new in ((10, _NEW_IN_10), (9, _NEW_IN_9), (8, _NEW_IN_8), (7, _NEW_IN_7), (6, _NEW_IN_6),
                                   (5, _NEW_IN_5), (4, _NEW_IN_4), (3, _NEW_IN_3)))
           for c in COMMANDS.values()}
 

@@ -251,20 +251,22 @@ class Session:
         if not hooked_only or rec.cls.ends_with_sessions():
             self.touched[name] = None
 
-    def forget_unhooked(self, objects: Any) -> None:
+    def forget_unhooked(self, objects: Any, keep_gone: bool) -> None:
         """Forget, in order, the remembered objects that exist in `objects` without a
         session-end hook (a Checkpoint with hooked_touched); the checkpoint parts of the
-        names are made again. A name whose object is gone is kept, as a kernel without the
-        rule keeps it: an object made again under it gets this session's hook as it would
-        there, whichever side of this checkpoint the deletion was (forgotten, it changed the
-        hooks and the state digest of a log with the checkpoint between a deletion and the
-        object made again: the kernel's property test found it). Left as the rule's one
-        edge: a name called while its object had no hook, made again with a class that has
-        one, does not get the hook of the sessions that called the old object."""
+        names are made again. With `keep_gone` (Checkpoint.keep_gone, version 10) a name
+        whose object is gone is kept, as a kernel without the rule keeps it: an object made
+        again under it gets this session's hook as it would there, whichever side of the
+        checkpoint the deletion was. Version 9's entry forgot those names, so a log with
+        that checkpoint between a deletion and the object made again ran other hooks and
+        had another state digest than the log without it (the kernel's property test found
+        it); its entries still do, as they did. Left as the rule's one edge: a name called
+        while its object had no hook, made again with a class that has one, does not get
+        the hook of the sessions that called the old object."""
         kept: dict[str, None] = {}
         for name in self.touched:
             rec = objects.get(name)
-            if rec is None or rec.cls.ends_with_sessions():
+            if (rec is None and keep_gone) or (rec is not None and rec.cls.ends_with_sessions()):
                 kept[name] = None
         if len(kept) != len(self.touched):
             self.touched = kept
