@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -373,3 +374,33 @@ def _no_blocked_calls(caller: Caller) -> bool:
         return caller.stats()["block"] == 0
     except grpc.RpcError:          # still over the limit while the calls end
         return False
+
+
+def test_a_tiny_answer_is_not_held_and_leaves_no_done_callback():
+    """An answer of at most UNCOUNTED_ANSWER bytes passes without a done callback (which
+    grpc.aio keeps in a reference cycle with the call); a larger one is held until its call
+    ends, and released then."""
+    import asyncio
+
+    class Context:
+        def __init__(self) -> None:
+            self.callbacks: list[Any] = []
+
+        def peer(self) -> str:
+            return "ipv4:127.0.0.1:1"
+
+        def add_done_callback(self, fn: Any) -> None:
+            self.callbacks.append(fn)
+
+    budget = grpclimits.AnswerBudget(per_connection=1 << 20, total=4 << 20)
+    for size in (0, 1, grpclimits.UNCOUNTED_ANSWER, grpclimits.UNCOUNTED_ANSWER + 1, 5000):
+        async def behavior(request: Any, context: Any, size: int = size) -> bytes:
+            return b"x" * size
+        ctx = Context()
+        got = asyncio.run(budget._counted(behavior)(None, ctx))
+        assert len(got) == size
+        counted = size > grpclimits.UNCOUNTED_ANSWER
+        assert budget.held == (size if counted else 0) and len(ctx.callbacks) == counted
+        for fn in ctx.callbacks:
+            fn(ctx)
+        assert budget.held == 0 and budget.by_peer == {}
