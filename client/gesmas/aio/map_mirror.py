@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gesmas.client.errors import Compacted, Replaced
-from gesmas.client.map_mirror import LOAD_ATTEMPTS, Listener, Loaded, MirrorCore
+from gesmas.client.errors import Compacted
+from gesmas.client.mirror_core import Listener, Loaded, MirrorCore
 
 if TYPE_CHECKING:
     from gesmas.aio.proxies import MapProxy
@@ -20,19 +20,19 @@ __all__ = ["AsyncMapMirror"]
 async def _load_async(core: MirrorCore, read: Callable[[str, tuple[Any, ...]], Any]
                       ) -> Loaded:
     """``map_mirror._load`` with an awaited ``read``."""
-    for attempt in range(LOAD_ATTEMPTS):
-        steps = core._loading()
-        try:
-            step = next(steps)
-            while True:
-                step = steps.send(await read(*step))
-        except StopIteration as done:
-            result: Loaded = done.value
-            return result
-        except (Compacted, Replaced) as e:
-            if not core._again(e, attempt):
-                raise
-    raise AssertionError("unreachable")
+    steps = core._load_steps()
+    try:
+        step = next(steps)
+        while True:
+            try:
+                got = await read(*step)
+            except Exception as e:
+                step = steps.throw(e)
+            else:
+                step = steps.send(got)
+    except StopIteration as done:
+        result: Loaded = done.value
+        return result
 
 
 class AsyncMapMirror(MirrorCore):
