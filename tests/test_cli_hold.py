@@ -49,7 +49,9 @@ class Gesmas:
     output included), `err` what it wrote on stderr once it has ended."""
 
     def __init__(self, cluster, *argv: str) -> None:
-        env = dict(os.environ, **cluster.client_env())
+        # a gesmas that hangs is ended with SIGABRT (wait()), which faulthandler answers
+        # with every thread's stack on stderr: where it hung is in the failure
+        env = dict(os.environ, **cluster.client_env(), PYTHONFAULTHANDLER="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gesmas.client.cli", *argv], env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,7 +80,13 @@ class Gesmas:
 
     def wait(self) -> int:
         assert self.proc.stderr is not None
-        code = self.proc.wait(timeout=LINE_WITHIN)     # bounded: a process that hangs fails
+        try:
+            code = self.proc.wait(timeout=LINE_WITHIN)  # bounded: a process that hangs fails
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(timeout=30)
+            raise AssertionError(f"{self.proc.args} did not end within {LINE_WITHIN:g} s; "
+                                 f"its stacks and stderr:\n{self.proc.stderr.read()}") from None
         self.err = self.proc.stderr.read()
         return code
 

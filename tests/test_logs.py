@@ -2,6 +2,7 @@
 or JSON; a failed call names its session and seq."""
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -61,3 +62,29 @@ def test_a_failed_call_is_logged_with_its_session_and_seq():
     assert failed and f"session={session} seq=" in failed[0]["msg"]
     assert "TIMEOUT" in failed[0]["msg"] and failed[0]["level"] == "INFO"
     assert {r["node"] for r in lines} <= {1, 2, 3}
+
+
+def test_a_call_grpc_cancelled_before_its_servicer_ran_is_not_an_error(restore_logging):
+    out = io.StringIO()
+    logs.setup(3, "INFO", "text", out)
+    grpc_log = logging.getLogger(logs.GRPC_LOGGER)
+    said = "Exception not handled by _handle_exceptions in servicer method [%s]"
+
+    def record(exc: BaseException) -> None:
+        try:
+            raise exc
+        except BaseException:
+            grpc_log.exception(said, "/gesmas.v1.Gesmas/Calls")
+
+    record(asyncio.CancelledError())
+    assert out.getvalue() == ""                  # DEBUG, under the INFO asked for
+    record(RuntimeError("a real one"))           # any other exception stays an ERROR
+    assert " ERROR node=3 grpc._cython.cygrpc: Exception not handled" in out.getvalue()
+    assert "RuntimeError: a real one" in out.getvalue()
+    grpc_log.error("Exception not handled elsewhere", exc_info=asyncio.CancelledError())
+    assert "elsewhere" in out.getvalue()         # only that one record
+    out = io.StringIO()
+    logs.setup(3, "DEBUG", "text", out)          # asked for: kept, as DEBUG, once
+    record(asyncio.CancelledError())
+    assert out.getvalue().count("DEBUG node=3 grpc._cython.cygrpc: Exception not") == 1
+    assert len(grpc_log.filters) == 1            # a second setup adds no second filter

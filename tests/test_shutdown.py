@@ -8,6 +8,7 @@ so do its readers waiting for a change (no log entry: local waits of the replica
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -22,6 +23,13 @@ from test_up_signals import processes
 pytestmark = pytest.mark.cluster
 
 CONSUMERS = 3          # per kind of client (Calls stream, unary Invoke)
+
+# What grpc.aio prints itself (traceback.print_exc, beside its log record, which
+# gesmas.server.logs makes DEBUG) for a call cancelled by its client before its servicer ran:
+# a client failing over may end a Calls stream it has just opened here. No code of ours ran.
+CANCELLED_BEFORE_START = re.compile(
+    r'Traceback \(most recent call last\):\n  File "[^"\n]*aio/server\.pyx\.pxi", line \d+, '
+    r'in grpc\._cython\.cygrpc\._schedule_rpc_coro\nasyncio\.exceptions\.CancelledError\n')
 
 
 def waiting(m: Member, n: int) -> None:
@@ -76,6 +84,7 @@ def test_sigint_stops_a_replica_cleanly_and_its_waiting_callers_go_on_elsewhere(
                 os.kill(pid, signal.SIGINT)
             assert leader.proc.wait(60) == 0
             log = open(leader.log_path, encoding="utf-8", errors="replace").read()
+            log = CANCELLED_BEFORE_START.sub("", log)
             assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
             assert " ERROR " not in log and " CRITICAL " not in log, log[-3000:]
             # every waiting caller, readers included, was answered before the server stopped

@@ -4,12 +4,14 @@ level comes from GESMAS_LOG (default WARNING). A failed call is logged (INFO) by
 with its method, session and seq (gateway.py `_abort`)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 from typing import Any
 
 FORMATS = ("text", "json")
+GRPC_LOGGER = "grpc._cython.cygrpc"      # grpc.aio's server logs under this name
 
 
 class _NodeFilter(logging.Filter):
@@ -19,6 +21,24 @@ class _NodeFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.node = self.node_id
+        return True
+
+
+class _CancelledBeforeStart(logging.Filter):
+    """grpc.aio logs "Exception not handled by _handle_exceptions" at ERROR, with a
+    traceback, when a call's task was cancelled before its servicer ran (grpc catches and
+    logs at DEBUG a CancelledError once the servicer runs): a Calls stream its client ended
+    as soon as it had opened it, or one the server's stop cancelled. Seen once in a replica
+    stopped by SIGINT just after it was elected, its clients failing over. No code of ours
+    ran, nothing failed, the client retries: such a record is DEBUG. The same record with
+    any other exception stays an ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if (isinstance(exc, asyncio.CancelledError)
+                and str(record.msg).startswith("Exception not handled by _handle_exceptions")):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
         return True
 
 
@@ -55,4 +75,7 @@ def setup(node_id: int, level: str = "WARNING", fmt: str = "text",
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    grpc_log = logging.getLogger(GRPC_LOGGER)
+    if not any(isinstance(f, _CancelledBeforeStart) for f in grpc_log.filters):
+        grpc_log.addFilter(_CancelledBeforeStart())
     return handler
