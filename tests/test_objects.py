@@ -22,6 +22,7 @@ from gesmas.objects import RESERVED_CLASSES, standard_sources
 from gesmas.server.kernel import (Checkpoint, CloseSession, Code, Completion, Config,
                                   ExpireSession, Invoke, Kernel, RegisterClass, Tick, encode)
 from gesmas.server.kernel.auth import SYSTEM
+from gesmas.server.kernel.epochdict import EpochDict
 
 try:
     from tests.kernel_harness import H
@@ -2186,7 +2187,7 @@ def test_a_restore_keeps_its_table_joined_and_its_first_capture_joins_nothing_ag
     r = h.restored()
     table = r.kernel.state.frames
     assert [len(n) for n in table.names] == [4, 4, 4, 3] and all(table.fresh)
-    assert set(dict.values(table)) == {frametable.KEPT}
+    assert set(table.raw()) == {frametable.KEPT}
     assert dict(table.items()) == dict(h.kernel.state.frames.items())
     kept = list(table.joined)
     new = h.restored()
@@ -2223,13 +2224,13 @@ def test_the_table_of_frames_keeps_its_order_and_pages_through_changes(monkeypat
     assert [t.keep(p) for p in t.pages()] == [b"".join(list(frames.values())[i:i + 3])
                                               for i in (0, 3, 6)]
     assert t.fresh == [True, True, True]
-    assert dict.__getitem__(t, "n4") is frametable.KEPT        # held only in its page
+    assert EpochDict.__getitem__(t, "n4") is frametable.KEPT        # held only in its page
     assert t["n4"] == t.get("n4") == frames["n4"] and t.get("nope", 1) == 1
     assert list(t.values()) == list(frames.values()) and dict(t.items()) == frames
     assert t.copy() == frames and list(t) == list(frames)
     assert t == frames and frames == t and t != {} and not (t != frames)
     t["n4"] = b"again"                                         # page 1 is no longer fresh
-    assert t.fresh == [True, False, True] and dict.__getitem__(t, "n3") is frametable.KEPT
+    assert t.fresh == [True, False, True] and EpochDict.__getitem__(t, "n3") is frametable.KEPT
     assert t["n3"] == frames["n3"] and t["n4"] == b"again" and t["n5"] == frames["n5"]
     assert t.pop("n0") == frames["n0"] and t.pop("missing", 5) == 5 and t.fresh[0] is False
     del t["n1"]
@@ -2329,7 +2330,7 @@ def test_the_table_of_frames_reads_as_a_dict_whatever_was_kept_changed_or_remove
                 if pages:
                     p = pages[n % len(pages)]
                     frames = [model[x] for x in t.names[p]]
-                    raw = [dict.__getitem__(t, x) for x in t.names[p]] if flag else None
+                    raw = [EpochDict.__getitem__(t, x) for x in t.names[p]] if flag else None
                     if all(type(f) is bytes for f in frames):
                         assert t.keep(p, raw) == b"".join(frames)
                     else:

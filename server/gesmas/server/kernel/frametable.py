@@ -37,6 +37,8 @@ import itertools
 from array import array
 from typing import Any, Iterable, Iterator
 
+from .epochdict import EpochDict
+
 #: Names per page: a page joined again costs ~1 ms (4096 frames of ~100 bytes).
 PAGE = 4096
 
@@ -52,7 +54,7 @@ class _Kept:
 KEPT: Any = _Kept()
 
 
-class FrameTable(dict):
+class FrameTable(EpochDict[str, Any]):
     """name -> frame (bytes), None until saved, or a capture.Slot (formats 5-6): a dict in
     the table's order, in pages that a format-7 capture keeps joined (module docstring)."""
 
@@ -60,7 +62,7 @@ class FrameTable(dict):
 
     def __init__(self) -> None:
         super().__init__()
-        self.page_of: dict[str, int] = {}      # name -> its page
+        self.page_of: EpochDict[str, int] = EpochDict()   # name -> its page
         self.names: list[list[str]] = []       # each page's names, in the table's order
         # a page joined by a capture: its names then (the same list until one is added or
         # removed), its frames joined, where each ends; None for a page never joined
@@ -77,7 +79,7 @@ class FrameTable(dict):
         return self.joined[page][ends[i - 1] if i else 0:ends[i]]   # type: ignore[index]
 
     def __getitem__(self, name: str) -> Any:
-        frame = dict.__getitem__(self, name)
+        frame = EpochDict.__getitem__(self, name)
         if frame is KEPT:
             page = self.page_of[name]
             return self._cut(page, self.kept[page].index(name))    # type: ignore[union-attr]
@@ -99,8 +101,7 @@ class FrameTable(dict):
         `raw`: what the dict maps the page's names to, in order, if the caller has it."""
         names = self.names[page]
         if raw is None:
-            get = dict.__getitem__
-            raw = [get(self, name) for name in names]
+            raw = self.values_of(names)
         frames = raw
         kept = self.kept[page]
         if kept is None:
@@ -130,12 +131,12 @@ class FrameTable(dict):
             self.page_of[name] = page
             names[page].append(name)
         self.fresh[page] = False
-        dict.__setitem__(self, name, frame)
+        EpochDict.__setitem__(self, name, frame)
 
     def pop(self, name: str, *default: Any) -> Any:
         page = self.page_of.get(name)
         if page is None:
-            return dict.pop(self, name, *default)
+            return EpochDict.pop(self, name, *default)
         frame = self[name]
         names = self.names[page]
         if names is self.kept[page]:
@@ -143,7 +144,7 @@ class FrameTable(dict):
         else:
             names.remove(name)
         del self.page_of[name]
-        dict.pop(self, name)
+        EpochDict.pop(self, name)
         self.fresh[page] = False
         if len(self.names) > 2 * (len(self) // PAGE) + 16:
             self.repage()                      # mostly holes: fewer, fuller pages
@@ -165,7 +166,7 @@ class FrameTable(dict):
         return self[name]
 
     def clear(self) -> None:
-        dict.clear(self)
+        EpochDict.clear(self)
         self.page_of.clear()
         self.names, self.kept, self.joined, self.ends, self.fresh = [], [], [], [], []
 
@@ -176,7 +177,7 @@ class FrameTable(dict):
         return dict(self.items())
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, dict):
+        if not isinstance(other, (dict, EpochDict)):
             return NotImplemented
         if isinstance(other, FrameTable):
             other = dict(other.items())
@@ -195,7 +196,7 @@ class FrameTable(dict):
         """Put the names in pages again, in the table's order, none of them joined."""
         frames = dict(self.items())
         self.clear()
-        dict.update(self, frames)
+        self.put_all(frames.items())
         order = list(frames)
         for i in range(0, len(order), PAGE):
             self._new_page(order[i:i + PAGE])
@@ -224,8 +225,8 @@ class FrameTable(dict):
                     ends = array("Q", itertools.accumulate(map(len, parts)))
                 self._hold(page, joined, ends)
             else:
-                dict.update(self, ((name, blob[where[0]:where[1]] if type(where) is tuple
-                                    else where) for name, where in chunk))
+                self.put_all((name, blob[where[0]:where[1]] if type(where) is tuple
+                              else where) for name, where in chunk)
 
     def _new_page(self, names: list[str]) -> int:
         """A page after the last, of `names` (already in the dict, or about to be), none
@@ -236,7 +237,7 @@ class FrameTable(dict):
         self.joined.append(None)
         self.ends.append(None)
         self.fresh.append(False)
-        self.page_of.update(dict.fromkeys(names, page))
+        self.page_of.put_all((name, page) for name in names)
         return page
 
     def _hold(self, page: int, joined: bytes, ends: Any) -> None:
@@ -244,13 +245,13 @@ class FrameTable(dict):
         names = self.names[page]
         self.kept[page], self.joined[page], self.ends[page] = names, joined, ends
         self.fresh[page] = True
-        dict.update(self, dict.fromkeys(names, KEPT))
+        self.put_all((name, KEPT) for name in names)
 
     # -- the pages, for a capture -------------------------------------------------------------
 
     def raw(self) -> Iterator[Any]:
         """What the dict maps each name to, in the table's order (KEPT for a kept frame)."""
-        return iter(dict.values(self))
+        return (v for part in list(self.parts) for v in part.values())
 
     def pages(self) -> Iterable[int]:
         """The pages that hold names, in the table's order."""

@@ -53,7 +53,7 @@ from .errors import Code, Error, KernelError
 from .lifecycle import Lifecycle, args_of, bind_sig
 from .queries import Queries
 from .readers import Readers
-from .records import Completion, Config, ObjectRecord, PendingCall, Session, State
+from .records import Completion, Config, ObjectRecord, ObjectTable, PendingCall, Session, State
 from .registry import Registry
 from .request import Kind, Request
 from .runner import Runner
@@ -408,7 +408,7 @@ class Kernel:
         return self.state.sessions
 
     @property
-    def objects(self) -> dict[str, ObjectRecord]:
+    def objects(self) -> ObjectTable:
         return self.state.objects
 
     @property

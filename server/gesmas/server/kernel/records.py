@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from . import codec
 from .auth import AuthState, Usage
+from .epochdict import EpochDict
 from .errors import Code, Error, KernelError
 from .frametable import FrameTable
 from .names import SortedNames
@@ -111,10 +112,12 @@ class State:
                               f"({source})", "QuotaExceeded")
 
 
-class ObjectTable(dict[str, "ObjectRecord"]):
+class ObjectTable(EpochDict[str, "ObjectRecord"]):
     """The live objects by name, in creation order as a dict keeps them (the order the
     checkpoint and the digest walk), plus `names`: the same names sorted, for listings by
-    page (names.py). Every way to add or remove a key keeps the two alike."""
+    page (names.py). Every way to add or remove a key keeps the two alike. Kept in dicts of
+    at most 2^15 names (epochdict.py), so that no object made waits for one dict of all the
+    objects to grow."""
 
     __slots__ = ("names",)
 
@@ -159,7 +162,7 @@ class ObjectTable(dict[str, "ObjectRecord"]):
         super().clear()
         self.names = SortedNames()
 
-    def __ior__(self, other: Any) -> ObjectTable:  # type: ignore[override,misc]
+    def __ior__(self, other: Any) -> ObjectTable:
         self.update(other)
         return self
 
