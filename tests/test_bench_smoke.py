@@ -168,6 +168,22 @@ def test_capture_slices_quick() -> None:
         assert int(ln.rsplit("blob ", 1)[1].split()[0]) > 0, ln
 
 
+def test_dict_resize_bench_small() -> None:
+    """bench/dict_resize_bench.py: a row per table, each with its longest insert, where it
+    was (one of the inserts made) and the total."""
+    out = run_in_group([sys.executable, str(ROOT / "bench" / "dict_resize_bench.py"),
+                        "--objects", "3000", "--runs", "2"], timeout=120, cwd=ROOT)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    rows = [ln for ln in out.stdout.splitlines() if ln.startswith("  ") and " longest " in ln]
+    assert [r.split(" longest ")[0].strip() for r in rows] == [
+        "dict (one, as the tables were)", "EpochDict", "ObjectTable (objects by name)",
+        "FrameTable (frames, and its page index)"], out.stdout
+    for r in rows:
+        spots = [int(x.split(",")[0].rstrip(")")) for x in r.split(" at ")[1:]]
+        assert len(spots) == 2 and all(1 <= x <= 3000 for x in spots), r
+        assert r.rstrip().endswith(" s") and "total" in r, r
+
+
 def test_writeback_bench_install(tmp_path: Path) -> None:
     """bench/writeback_bench.py --install: a row per install each way, and nothing left in
     its directory (the journal, the snapshot, its spare and its .tmp removed)."""

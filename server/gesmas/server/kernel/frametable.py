@@ -251,7 +251,7 @@ class FrameTable(EpochDict[str, Any]):
 
     def raw(self) -> Iterator[Any]:
         """What the dict maps each name to, in the table's order (KEPT for a kept frame)."""
-        return (v for part in list(self.parts) for v in part.values())
+        return itertools.chain.from_iterable([part.values() for part in self.parts])
 
     def pages(self) -> Iterable[int]:
         """The pages that hold names, in the table's order."""
