@@ -75,13 +75,19 @@ class EpochDict(MutableMapping[K, V]):
         return False
 
     def __setitem__(self, key: K, value: V) -> None:
+        self.put(key, value)
+
+    def put(self, key: K, value: V) -> bool:
+        """Set `key` to `value`; whether the key is new (one look through the parts)."""
         part = self._part(key)
+        new = part is None
         if part is None:
             part = self.parts[-1]
             if len(part) >= EPOCH:
                 part = {}
                 self.parts.append(part)
         part[key] = value
+        return new
 
     def __delitem__(self, key: K) -> None:
         part = self._part(key)

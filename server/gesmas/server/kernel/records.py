@@ -126,9 +126,8 @@ class ObjectTable(EpochDict[str, "ObjectRecord"]):
         self.names = SortedNames()
 
     def __setitem__(self, name: str, rec: ObjectRecord) -> None:
-        if name not in self:
+        if self.put(name, rec):
             self.names.add(name)
-        super().__setitem__(name, rec)
 
     def __delitem__(self, name: str) -> None:
         super().__delitem__(name)
@@ -137,9 +136,10 @@ class ObjectTable(EpochDict[str, "ObjectRecord"]):
     _MISSING: Any = object()
 
     def pop(self, name: str, default: Any = _MISSING) -> Any:
-        if name in self:
+        rec = super().pop(name, ObjectTable._MISSING)
+        if rec is not ObjectTable._MISSING:
             self.names.discard(name)
-            return super().pop(name)
+            return rec
         if default is ObjectTable._MISSING:
             raise KeyError(name)
         return default
