@@ -7,8 +7,11 @@ of objects and of their checkpoint frames were such dicts (kernel/epochdict.py).
     python bench/dict_resize_bench.py                 # 10^6 names, 3 runs
     python bench/dict_resize_bench.py --objects 200000 --runs 1
 
-For each table: the longest insert, which insert it was, and the total time, per run. One
-process, nothing else in it; names as the benchmarks make them ("scale/c-0000001")."""
+For each table: the longest insert, which insert it was, and the total time, per run; then
+what a lookup costs once the table is full, of a name it holds (spread over the whole table)
+and of one it does not hold (every object made looks its name up first), and the bytes a key
+takes (tracemalloc, in a fill of its own). One process, nothing else in it; names as the
+benchmarks make them ("scale/c-0000001")."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+import tracemalloc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "server"))
@@ -54,6 +58,32 @@ def fill(table: object, names: list[str], frame: bool) -> tuple[float, int, floa
     return worst, at, total
 
 
+def lookups(table: object, names: list[str], absent: list[str]) -> tuple[float, float]:
+    """(us a lookup of a name held, us a lookup of one not held), `table` full of `names`."""
+    contains = type(table).__contains__
+    step = max(1, len(names) // len(absent))
+    held = names[::step][:len(absent)]
+    out = []
+    for probe in (held, absent):
+        clock = time.perf_counter
+        start = clock()
+        for name in probe:
+            contains(table, name)
+        out.append((clock() - start) / len(probe) * 1e6)
+    return out[0], out[1]
+
+
+def bytes_a_key(cls: type, names: list[str], frame: bool) -> float:
+    tracemalloc.start()
+    table = cls()
+    base = tracemalloc.get_traced_memory()[0]
+    for name in names:
+        table[name] = b"f" if frame else None
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return used / len(names)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--objects", type=int, default=1_000_000)
@@ -64,17 +94,29 @@ def main() -> None:
              "EpochDict": (EpochDict, False),
              "ObjectTable (objects by name)": (ObjectTable, False),
              "FrameTable (frames, and its page index)": (FrameTable, True)}
+    absent = [f"scale/x-{i:07d}" for i in range(min(20_000, a.objects))]
     print(f"{a.objects} names, {a.runs} run(s); longest single insert (at which), total")
+    costs = {}
     for label, (cls, frame) in kinds.items():
-        worst, totals = [], []
+        worst, totals, held, missed = [], [], [], []
         for _ in range(a.runs):
-            ms, at, total = fill(cls(), names, frame)
+            table = cls()
+            ms, at, total = fill(table, names, frame)
             worst.append((ms * 1e3, at))
             totals.append(total)
+            h, m = lookups(table, names, absent)
+            held.append(h)
+            missed.append(m)
+            del table
         med = statistics.median(w for w, _ in worst)
         print(f"  {label:42s} longest {med:7.2f} ms (runs: "
               f"{', '.join(f'{w:.2f} at {at}' for w, at in worst)}); total "
               f"{statistics.median(totals):.2f} s")
+        costs[label] = (statistics.median(held), statistics.median(missed),
+                        bytes_a_key(cls, names, frame))
+    print("full: a lookup of a name held, of one not held (median us); bytes a key")
+    for label, (h, m, b) in costs.items():
+        print(f"  {label:42s} held {h:6.2f} us, absent {m:6.2f} us; {b:6.1f} bytes")
 
 
 if __name__ == "__main__":

@@ -171,7 +171,8 @@ def test_capture_slices_quick() -> None:
 
 def test_dict_resize_bench_small() -> None:
     """bench/dict_resize_bench.py: a row per table, each with its longest insert, where it
-    was (one of the inserts made) and the total."""
+    was (one of the inserts made) and the total; then a row per table with its lookups and
+    its bytes a key."""
     out = run_in_group([sys.executable, str(ROOT / "bench" / "dict_resize_bench.py"),
                         "--objects", "3000", "--runs", "2"], timeout=120, cwd=ROOT)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
@@ -183,6 +184,12 @@ def test_dict_resize_bench_small() -> None:
         spots = [int(x) for x in re.findall(r" at (\d+)", r)]
         assert len(spots) == 2 and all(1 <= x <= 3000 for x in spots), r
         assert r.rstrip().endswith(" s") and "total" in r, r
+    costs = [ln for ln in out.stdout.splitlines() if ln.startswith("  ") and " held " in ln]
+    assert [r.split(" held ")[0].strip() for r in costs] == [
+        r.split(" longest ")[0].strip() for r in rows], out.stdout
+    for r in costs:
+        held, absent, size = (float(x) for x in re.findall(r"([\d.]+) (?:us|bytes)", r))
+        assert held > 0 and absent > 0 and size > 8, r
 
 
 def test_writeback_bench_install(tmp_path: Path) -> None:

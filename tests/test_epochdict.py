@@ -26,6 +26,15 @@ OPS = st.lists(st.one_of(
     max_size=60)
 
 
+def _where_agrees(d):
+    """Every key's shard of `where` names the part that holds it, and holds nothing else."""
+    for part in d.parts:
+        for key in part:
+            assert d.where[hash(key) & epochdict._MASK][key] is part, key
+    assert sum(map(len, d.where)) == len(d)
+    assert all(hash(k) & epochdict._MASK == i for i, shard in enumerate(d.where) for k in shard)
+
+
 @pytest.fixture
 def small_parts(monkeypatch):
     monkeypatch.setattr(epochdict, "EPOCH", 3)
@@ -67,6 +76,7 @@ def test_the_parts_answer_and_iterate_as_one_dict(ops):
             assert len(ours) == len(ref) and bool(ours) == bool(ref)
             assert all(len(part) <= 3 for part in ours.parts) and ours.parts
             assert all(ours.parts[:-1]), "an empty part kept besides the last"
+            _where_agrees(ours)
             for key in ("k0", "k5", "k11"):
                 assert (key in ours) == (key in ref) and ours.get(key) == ref.get(key)
                 assert ((key, ref.get(key)) in ours.items()) == (key in ref)
@@ -88,6 +98,41 @@ def test_a_key_set_again_keeps_its_place_and_one_made_again_goes_last(small_part
     for k in ("k3", "k5"):
         del d[k]                                  # a part emptied is dropped
     assert [list(p) for p in d.parts] == [["k0", "k1", "k2"], ["k6", "k4"]]
+
+
+PICKLED_ELSEWHERE = """
+import pickle, sys
+from gesmas.server.kernel.epochdict import EpochDict
+d = pickle.loads(sys.stdin.buffer.read())
+assert type(d) is EpochDict and len(d.parts) == 3, d.parts
+assert list(d.items()) == [(f"k{i}", i) for i in range(7) if i != 4] + [("k4", 40)]
+assert all(d[f"k{i}"] == (40 if i == 4 else i) for i in range(7)) and "k7" not in d
+d["k7"] = 7
+del d["k0"]
+print(list(d))
+"""
+
+
+def test_a_table_pickled_here_is_found_by_its_keys_in_a_process_of_another_hash_seed(
+        small_parts):
+    # `where` places keys by hash, which another process computes with another seed: a
+    # pickle carries the items, and the process that loads it places them again
+    import os
+    import pickle
+    import subprocess
+    import sys
+    d: EpochDict[str, int] = EpochDict((f"k{i}", i) for i in range(7))
+    del d["k4"]
+    d["k4"] = 40
+    assert pickle.loads(pickle.dumps(d)) == d
+    code = "import gesmas.server.kernel.epochdict as e; e.EPOCH = 3\n" + PICKLED_ELSEWHERE
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(d),
+                             capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed},
+                             timeout=60)
+        assert out.returncode == 0, out.stderr.decode()
+        assert out.stdout.decode().split() == [
+            "['k1',", "'k2',", "'k3',", "'k5',", "'k6',", "'k4',", "'k7']"]
 
 
 def _log_with_parts():
