@@ -21,9 +21,10 @@ parts unevenly); nothing but the cost of a lookup depends on them.
 
 `where` says which part holds a key: SHARDS dicts, a key in the one its hash picks, mapping it
 to its part. Looking through the parts instead cost a cache miss a part (31 parts at 10^6
-keys): ~10 us a key that is not there, 32 us for each of the three such lookups of a frame
-made at 10^6 objects (a capture's `settle` of 4,000 frames: 128 ms, on every replica at
-once). Through `where` a key is two lookups, one if it is absent. `where` is never iterated
+keys): 5.4 us a key that is not there, 17 us a frame made at 10^6 objects (three such
+lookups; a capture's `settle` of 4,000 frames: 67 ms here, 41-86 ms on a busy leader,
+`python bench/dict_resize_bench.py`, docs/performance.md). Through `where` a key is two
+lookups, one if it is absent (~0.5 us). `where` is never iterated
 and never pickled (`__reduce__` gives the items), so that the shards, which depend on the
 process's hash seed, decide nothing but where a lookup goes; each holds about 1/SHARDS of the
 keys, so none grows by more than that at once either.
