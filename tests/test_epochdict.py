@@ -181,3 +181,23 @@ def test_a_kernel_whose_tables_are_in_many_parts_gives_the_same_checkpoint_and_d
     again, _ = replay(more.log, many)
     assert again.checkpoint_blob == restored.checkpoint_blob
     assert again.state_digest() == restored.state_digest()
+
+
+def test_names_picked_to_fall_in_one_shard_are_still_found_and_kept_in_order(small_parts):
+    # a client knows the replicas' hash seed and can pick names for one shard of `where`
+    # (docs/performance.md, "What a hostile client can still do to the tables"): that shard
+    # grows as one dict did, but the answers and the order stay those of a dict
+    names = [n for n in (f"evil-{i}" for i in range(20_000)) if hash(n) & epochdict._MASK == 0]
+    assert len(names) > 200
+    ours: EpochDict[str, int] = EpochDict()
+    ref: dict[str, int] = {}
+    for i, n in enumerate(names):
+        ours[n] = ref[n] = i
+    for n in names[::3]:
+        del ours[n], ref[n]
+    for n in names[:50]:
+        ours[n] = ref[n] = -1
+    assert list(ours.items()) == list(ref.items()) and ours == ref
+    assert all(ours[n] == ref[n] for n in ref) and "evil-x" not in ours
+    assert [len(s) for s in ours.where].count(0) == epochdict.SHARDS - 1
+    _where_agrees(ours)
