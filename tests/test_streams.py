@@ -12,11 +12,11 @@ import queue
 import threading
 import time
 
-import grpc
 import pytest
 
 import rawgrpc
-from gesmas.client import Client, convert
+from gesmas.client import Client, InvalidArgument, convert
+from gesmas.protocol import values
 from gesmas.server import streams
 from gesmas.v1 import gesmas_pb2 as pb
 from gesmas.v1 import gesmas_pb2_grpc as pb_grpc
@@ -477,3 +477,87 @@ def test_a_reader_that_cannot_be_followed_ends_after_its_first_answer(raw, clien
     end = raw.answer()
     assert end.id == 3 and not end.more and end.error.code == pb.ERROR_CODE_INVALID_ARGUMENT
     assert match in end.error.message
+
+
+DEEP = """
+class DeepAnswers:
+    _readers = ("nest", "watch")
+
+    def __init__(self):
+        self.n = 0
+
+    def nest(self, levels):
+        x = []
+        for _ in range(levels - 1):
+            x = [x]
+        return x
+
+    def write(self, levels):
+        self.n += 1
+        return self.nest(levels)
+
+    def watch(self, levels, after=0):
+        if self.n <= after:
+            raise NotYet()
+        return {"n": self.n, "v": self.nest(levels if self.n > 1 else 1)}
+"""
+
+
+def _nested(levels):
+    x = {}
+    for _ in range(levels - 1):
+        x = {"a": x}
+    return x
+
+
+def test_values_nested_deeper_than_a_client_can_read_are_refused_by_name(raw, client):
+    """protobuf's parser takes 100 nested messages (a dict level is three), so a replica must
+    neither take an argument nor write an answer nested deeper than the wire allows: an
+    answer no client can parse broke the client's stream, and the call was sent again for
+    ever (a Map value 32 dicts deep hung every `entry`, `items` and `watch` of its map).
+    Arguments past MAX_ARG_DEPTH (a raw client's, past the library's own check) and answers
+    past MAX_DEPTH get INVALID_ARGUMENT naming the path; the stream goes on."""
+    from gesmas.protocol.values import MAX_ARG_DEPTH, MAX_DEPTH
+
+    m = client.map("st-deep")
+    m.put("ok", _nested(MAX_ARG_DEPTH))          # the deepest argument: every answer reads
+    assert m.entry("ok")["value"] == _nested(MAX_ARG_DEPTH)
+    assert m.items("")["items"] and m.watch("", after_revision=0)["events"]
+    with pytest.raises(InvalidArgument, match=f"nested more than {MAX_ARG_DEPTH} lists"):
+        m.put("no", _nested(MAX_ARG_DEPTH + 1))  # refused by the client library
+    inv = pb.InvokeRequest(session=raw.session, session_secret=raw.secret, seq=raw.seq + 1,
+                           class_name="Map", object_name="st-deep", method="put",
+                           create=True)
+    raw.seq += 1
+    convert.fill_values(inv.args, ["no"])
+    inv.args.add().CopyFrom(values.to_value(_nested(MAX_DEPTH), "raw"))   # past the client
+    raw.send(pb.Call(id=1, invoke=inv))
+    a = raw.answer()
+    assert a.error.code == pb.ERROR_CODE_INVALID_ARGUMENT, a
+    assert "args[1]['a']" in a.error.message and f"more than {MAX_ARG_DEPTH}" in a.error.message
+    assert "no" not in m.keys("")["keys"]
+
+    client.register_class(DEEP)
+    d = client.object("DeepAnswers", "st-deep-answers")
+    assert len(str(d.nest(MAX_DEPTH))) == 2 * MAX_DEPTH        # a reader at the limit
+    for i, method in enumerate(("nest", "write")):              # a read, a write (it ran)
+        raw.seq += 1                  # on the raw stream: an answer it cannot parse ends it
+        inv = pb.InvokeRequest(session=raw.session, session_secret=raw.secret, seq=raw.seq,
+                               class_name="DeepAnswers", object_name="st-deep-answers",
+                               method=method, create=True)
+        convert.fill_values(inv.args, [MAX_DEPTH + 1])
+        raw.send(pb.Call(id=10 + i, invoke=inv))
+        a = raw.answer()
+        assert a.id == 10 + i and a.error.code == pb.ERROR_CODE_INVALID_ARGUMENT, a
+        assert a.error.message.startswith("result[0][0]")
+        assert f"nested more than {MAX_DEPTH} lists" in a.error.message
+    _follow_call(raw, 2, "st-deep-answers", "watch", MAX_DEPTH + 1, argument="after",
+                 key="n", class_name="DeepAnswers")
+    first = raw.answer()                    # n is 1 (the write): a one-level answer
+    assert first.id == 2 and first.more and result(first) == {"n": 1, "v": []}
+    d.write(1)                              # n is 2: the next answer is too deep
+    end = raw.answer()
+    assert end.id == 2 and not end.more and end.error.code == pb.ERROR_CODE_INVALID_ARGUMENT
+    assert f"more than {MAX_DEPTH} lists" in end.error.message
+    raw.invoke(3, "st-deep-q", "size")      # the stream goes on
+    assert result(raw.answer()) == 0

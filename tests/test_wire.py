@@ -172,6 +172,68 @@ def test_args_and_kwargs_helpers_round_trip():
     assert values.from_value_map(built.kwargs) == {"x": 3}
 
 
+
+def test_a_huge_int_is_refused_by_its_size():
+    """str() refuses an int past 4,300 digits: the message names its bits instead."""
+    with pytest.raises(ValueError, match=r"^args\[0\]: int of 16610 bits is outside"):
+        values.to_values([10**5000])
+
+
+def nested(kind, levels):
+    x = [] if kind == "list" else {}
+    for _ in range(levels - 1):
+        x = [x] if kind == "list" else {"k": x}
+    return x
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_the_deepest_values_parse_in_every_message_that_carries_them(kind):
+    """protobuf's parser refuses a message nested past 100 (three a dict level): the deepest
+    argument in a Call and the deepest answer in a CallAnswer parse, and so does the deepest
+    argument three containers down in an answer (a Map's watch answer, a txn's results)
+    and four (a page of items)."""
+    deep_arg, deep = nested(kind, values.MAX_ARG_DEPTH), nested(kind, values.MAX_DEPTH)
+    call = pb.Call(id=1, invoke=pb.InvokeRequest(seq=1))
+    values.to_values([deep_arg], call.invoke.args)
+    values.to_value_map({"k": deep_arg}, call.invoke.kwargs)
+    values.to_values([deep_arg], call.invoke.ctor_args)
+    again = pb.Call.FromString(call.SerializeToString())
+    assert values.from_values(again.invoke.args) == [deep_arg]
+    assert values.from_value_map(again.invoke.kwargs) == {"k": deep_arg}
+    watch = {"events": [{"key": "k", "value": deep_arg}], "revision": 1}
+    page = {"items": [["k", {"value": deep_arg}]], "revision": 1}
+    for answer in (deep, watch, page):
+        a = pb.CallAnswer(id=1, response=pb.InvokeResponse(result=values.to_value(answer)))
+        assert values.from_value(pb.CallAnswer.FromString(a.SerializeToString())
+                                 .response.result) == answer
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_values_nested_past_the_limit_are_refused_by_path(kind):
+    """One level more is refused on either side, naming where; so is a structure that holds
+    itself, or one 100,000 deep, without a RecursionError."""
+    step = "[0]" if kind == "list" else "['k']"
+    with pytest.raises(ValueError) as info:
+        values.to_value(nested(kind, values.MAX_DEPTH + 1), "result")
+    message = str(info.value)           # a long path is shortened in the middle
+    assert message.startswith(f"result{step * 10}") and len(message) < 150
+    assert message.endswith(f"{step * 5}: nested more than {values.MAX_DEPTH} lists and "
+                            "dicts deep")
+    with pytest.raises(ValueError, match=r"^args\[0\].*: nested more than 24 lists"):
+        values.to_values([nested(kind, values.MAX_ARG_DEPTH + 1)])
+    wire_value = values.to_value(nested(kind, values.MAX_ARG_DEPTH + 1))   # a raw client's
+    with pytest.raises(ValueError, match=r"^args\[1\].*: nested more than 24 lists"):
+        values.from_values([values.to_value(0), wire_value])
+    with pytest.raises(ValueError, match=r"^kwargs\['x'\].*: nested more than 24 lists"):
+        values.from_value_map({"x": wire_value})
+    assert values.from_value(wire_value) == nested(kind, values.MAX_ARG_DEPTH + 1)
+    selfish: list = []
+    selfish.append(selfish)
+    for x in (selfish, nested(kind, 100_000)):
+        with pytest.raises(ValueError, match="nested more than 30 lists and dicts deep$"):
+            values.to_value(x)
+
+
 # --- errors -----------------------------------------------------------------------------
 
 

@@ -172,7 +172,7 @@ class ReaderCalls:
             while True:
                 previous = kwargs[argument] = cursor_of(value, key, previous, label)
                 cursor = request.kwargs[argument]
-                cursor.CopyFrom(values.to_value(previous, argument))
+                cursor.CopyFrom(values.to_value(previous, argument, values.MAX_ARG_DEPTH))
                 request.read.min_index = reflects.get()
                 if fixed is None:
                     value = await self._run(request, user, name, method, args, kwargs,

@@ -143,7 +143,11 @@ def encode_value(v: Any) -> bytes:
     return bytes(out)
 
 
-MAX_NESTING = 100     # lists and maps in one value, as protobuf's own parser allows
+#: Lists and maps one value in a log entry or a result may nest. The wire takes fewer
+#: (gesmas.protocol.values.MAX_DEPTH: protobuf's parser counts messages, three a dict level):
+#: a result deeper than that is refused when its answer is encoded. This limit stays where
+#: the logs already written were read with, so that they replay alike.
+MAX_NESTING = 100
 
 
 def _decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
