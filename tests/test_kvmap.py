@@ -198,6 +198,8 @@ HOSTILE = [
     ("watch", ["", 1.5], "after_revision must be an int >= 0"),
     ("watch", ["", 0, 0], "limit must be"),
     ("cas", [{"k": 1}, 0, 1], "a key must be"),
+    ("put", ["k", 1, "no"], "ephemeral must be a bool"),
+    ("put", ["k", 1, 1], "ephemeral must be a bool"),
 ]
 
 

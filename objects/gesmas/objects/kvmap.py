@@ -170,6 +170,8 @@ class Map:
 
     def put(self, key, value, ephemeral=False):
         key = self._key(key)
+        if type(ephemeral) is not bool:     # "no" would be true: an entry gone with its session
+            raise TypeError(f"ephemeral must be a bool, not {ephemeral!r:.60}")
         size = len(key) + self._value(value)
         if key not in self._data and len(self._data) >= self.max_keys:
             self._full()
