@@ -179,10 +179,67 @@ def test_bad_constructor_arguments():
     h = OH()
     for kw in [{"max_keys": 0}, {"max_keys": "9"}, {"history": 0}, {"history": 20_001},
                {"max_value_bytes": 2 << 20}, {"max_key_bytes": True},
-               {"max_key_bytes": 4097}]:
+               {"max_key_bytes": 4097}, {"max_bytes": 0}, {"max_bytes": 1.5}]:
         c = h.create("Map", "m", **kw)
         assert c.error is not None and c.error.code == APP, kw
         assert f"{next(iter(kw))} must be an int from 1 to" in c.error.message, kw
+    for kw in [{"history_bytes": 512 * 1024 - 1}, {"history_bytes": (1 << 32) + 1}]:
+        c = h.create("Map", "m", **kw)       # at least a transaction's: a revision fits
+        assert "history_bytes must be an int from 524288 to" in c.error.message, kw
+    h.create("Map", "m2", max_bytes=100)
+    c = h.create("Map", "m2", max_bytes=200)                  # get-or-create, another limit
+    assert c.error.type == "ConstructorMismatch" and "max_bytes" in c.error.message
+
+
+def test_max_bytes_refuses_the_put_and_the_map_still_takes_deletes():
+    """Past the kernel's 64 MiB an object takes no more calls, deletes included: the map
+    refuses a put that would pass max_bytes instead (put, cas and txn alike, a txn whole),
+    takes one that makes an entry smaller, and a delete makes room."""
+    h, s = made(max_bytes=100, max_value_bytes=100)
+    h.ok(s, "m", "put", "a", "x" * 49)                       # 1 + 49
+    h.ok(s, "m", "put", "b", "y" * 49)                       # 100: full
+    rev = read(h, "revision")
+    for call in (["put", "c", 1], ["put", "a", "x" * 50], ["cas", "c", 0, "z"],
+                 ["txn", [], [["put", "c", "z"]]],
+                 ["txn", [], [["delete", "a"], ["put", "c", "z" * 49], ["put", "d", 1]]]):
+        e = h.fails(s, "m", *call, type="ValueError")
+        assert "over max_bytes (100)" in e.message, call
+    assert read(h, "revision") == rev and read(h, "keys")["keys"] == ["a", "b"]
+    h.ok(s, "m", "put", "a", "x")                            # smaller: taken
+    h.ok(s, "m", "put", "c", "z" * 47)                       # 2 + 50 + 48 = 100
+    h.ok(s, "m", "delete", "b")
+    r = h.ok(s, "m", "txn", [], [["delete", "c"], ["put", "d", "w" * 97]])   # 2 + 98
+    assert r["succeeded"] and read(h, "keys")["keys"] == ["a", "d"]
+
+
+def changes_after(h, after):
+    """Every change after revision `after`, watched answer by answer (one ends past 256 KiB)."""
+    out, last = [], read(h, "revision")
+    while after < last:
+        w = read(h, "watch", "", after)
+        out += w["events"]
+        after = w["revision"]
+    return out
+
+
+def test_large_values_changed_again_and_again_keep_the_history_under_history_bytes():
+    """A value of 250 KiB put again and again: the history keeps fewer changes (not
+    `history` of them: 1,000 x 250 KiB took the map past the kernel's 64 MiB an object,
+    after which it took no call, not even a delete). A watch from before what is kept
+    raises Compacted; the changes kept are whole revisions, the last ones."""
+    h, s = made(history_bytes=1 << 20)
+    big = "x" * (250 * 1024)
+    for i in range(400):
+        h.ok(s, "m", "put", f"k{i % 3}", big + str(i))
+    with pytest.raises(KernelError) as old:
+        read(h, "watch", "", 0)
+    floor = int(old.value.error.message.split("changes after revision ")[1].split()[0])
+    kept = changes_after(h, floor)
+    assert 3 <= len(kept) <= 4 and kept[-1]["value"] == big + "399"   # 7/8 MiB .. 1 MiB
+    assert [e["revision"] for e in kept] == list(range(floor + 1, 401))
+    h.ok(s, "m", "delete", "k0")
+    h.ok(s, "m", "txn", [], [["put", f"t{i}", "y" * (100 * 1024)] for i in range(5)])
+    assert len(changes_after(h, read(h, "revision") - 1)) == 5        # a revision whole
 
 
 HOSTILE = [

@@ -47,8 +47,13 @@ Guarantees
   then watch from its revision). A watch scans the changes after its revision (about 4 us
   each, on the replica's apply lock): keep `history` as small as the watchers allow.
 - Limits (constructor): max_keys (<= 10^7), max_key_bytes (UTF-8, <= 4096), max_value_bytes
-  (strings in UTF-8, bytes as they are, 8 per other item; <= 512 KiB), history (<= 20,000).
-  A map's state counts in its owner's state_bytes quota like every object's.
+  (strings in UTF-8, bytes as they are, 8 per other item; <= 512 KiB), max_bytes (the keys
+  and values held, 32 MiB by default), history (<= 20,000) and history_bytes (the keys and
+  values of the changes kept, 16 MiB by default: fewer changes are kept when they are
+  large). Under the defaults a map stays below the kernel's 64 MiB an object, past which
+  an object takes no more calls, deletes included: a put that would pass max_bytes is
+  refused instead, and the map still takes deletes. A map's state counts in its owner's
+  state_bytes quota like every object's.
 """
 from typing import TYPE_CHECKING
 import bisect
@@ -81,20 +86,27 @@ class Map:
     _restartable = ("watch",)  # waits a checkpoint leaves in place
     _readers = ("get", "entry", "items", "keys", "size", "revision", "stat", "watch")  # no log
     _made = 0           # maps restored from checkpoints written before `created` was kept
-    _constructor_args = ("max_keys", "max_key_bytes", "max_value_bytes", "history")
+    _constructor_args = ("max_keys", "max_key_bytes", "max_value_bytes", "history",
+                         "history_bytes", "max_bytes")
 
     def __init__(self, max_keys=100_000, max_key_bytes=1024, max_value_bytes=256 * 1024,
-                 history=1000):
-        for name, v, top in (("max_keys", max_keys, 10_000_000),
-                             ("max_key_bytes", max_key_bytes, 4096),
-                             ("max_value_bytes", max_value_bytes, _TXN_BYTES),
-                             ("history", history, 20_000)):
-            if type(v) is not int or not 1 <= v <= top:
-                raise ValueError(f"{name} must be an int from 1 to {top}, not {v!r}")
+                 history=1000, history_bytes=16 << 20, max_bytes=32 << 20):
+        for name, v, low, top in (("max_keys", max_keys, 1, 10_000_000),
+                                  ("max_key_bytes", max_key_bytes, 1, 4096),
+                                  ("max_value_bytes", max_value_bytes, 1, _TXN_BYTES),
+                                  ("history", history, 1, 20_000),
+                                  ("history_bytes", history_bytes, _TXN_BYTES, 1 << 32),
+                                  ("max_bytes", max_bytes, 1, 1 << 40)):
+            if type(v) is not int or not low <= v <= top:
+                raise ValueError(f"{name} must be an int from {low} to {top}, not {v!r}")
         self.max_keys = max_keys
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
         self.history = history
+        self.history_bytes = history_bytes   # at least one transaction's: a revision fits
+        self.max_bytes = max_bytes
+        self._bytes = 0          # the sizes of the entries held
+        self._history_held = 0   # the sizes of the changes kept
         # key -> [value, version, create_rev, mod_rev, session or None, size of key and value]
         self._data = {}
         self._sorted = []        # the keys, sorted (pages of items/keys)
@@ -175,6 +187,7 @@ class Map:
         size = len(key) + self._value(value)
         if key not in self._data and len(self._data) >= self.max_keys:
             self._full()
+        self._bytes_room(key, size)
         owner = None
         if ephemeral:
             owner = self._session()
@@ -204,6 +217,7 @@ class Map:
             return False
         if e is None and len(self._data) >= self.max_keys:
             self._full()
+        self._bytes_room(key, size)
         self._rev += 1
         self._put(key, value, None, size)
         self._wake()
@@ -252,7 +266,9 @@ class Map:
             e = [value, 1, self._rev, self._rev, None, size]
             self._data[key] = e
             bisect.insort(self._sorted, key)
+            self._bytes += size
         else:
+            self._bytes += size - e[5]
             e[0] = value
             e[1] += 1
             e[3] = self._rev
@@ -268,6 +284,7 @@ class Map:
 
     def _delete(self, key):
         e = self._data.pop(key)
+        self._bytes -= e[5]
         i = bisect.bisect_left(self._sorted, key)
         del self._sorted[i]
         if e[4] is not None:
@@ -296,15 +313,31 @@ class Map:
         context().changed(key)            # waiting watches of other prefixes sleep on
         self._events.append([self._rev, kind, key, value, version, size])
         self._event_revs.append(self._rev)
+        self._history_held += size
         over = len(self._events) - self.history
-        if over > max(16, self.history // 8):    # trimmed by batches: O(1) a change
-            revs = self._event_revs
-            while over > 0 and revs[over] == revs[over - 1]:
-                over -= 1                 # a revision is kept whole
-            if over > 0:
-                self._floor = revs[over - 1]
-                del self._events[:over]
-                del self._event_revs[:over]
+        if over > max(16, self.history // 8) or self._history_held > self.history_bytes:
+            self._trim(over)              # by batches: O(1) a change
+
+    def _trim(self, over):
+        """Drop the oldest changes: the `over` past `history`, and more while those left
+        hold over 7/8 of history_bytes; a revision is kept whole (the last one always)."""
+        events, revs = self._events, self._event_revs
+        n = max(over, 0)
+        left = self._history_held
+        for i in range(n):
+            left -= events[i][5]
+        keep = self.history_bytes - self.history_bytes // 8
+        while left > keep and n < len(events) - 1:
+            left -= events[n][5]
+            n += 1
+        while 0 < n < len(events) and revs[n] == revs[n - 1]:
+            n -= 1                        # a revision is kept whole
+            left += events[n][5]
+        if n > 0:
+            self._floor = revs[n - 1]
+            del events[:n]
+            del revs[:n]
+            self._history_held = left
 
     def _since(self, prefix, after, limit):
         """The events after revision `after` under `prefix` (at most `limit`, whole
@@ -383,6 +416,19 @@ class Map:
 
     def _full(self):
         raise ValueError(f"the map is full: it holds max_keys ({self.max_keys}) keys")
+
+    def _bytes_room(self, key, size):
+        """Refuse a put that would take the entries held past max_bytes (one that makes
+        them smaller is taken)."""
+        e = self._data.get(key)
+        held = self._bytes + size - (0 if e is None else e[5])
+        if held > self.max_bytes and held > self._bytes:
+            self._too_big(held)
+
+    def _too_big(self, held):
+        raise ValueError(f"the map is full: its keys and values would take {held} bytes, over "
+                         f"max_bytes ({self.max_bytes}); delete entries, or make the map "
+                         "with a larger max_bytes")
 
     def _ephemeral_room(self, me, keys):
         mine = self._owned.get(me, {})
@@ -479,6 +525,14 @@ class Map:
                 n -= 1
         if n > self.max_keys:
             self._full()
+        held = self._bytes
+        for key in there:
+            if key in self._data:
+                held -= self._data[key][5]
+            if there[key] is not None:
+                held += there[key]
+        if held > self.max_bytes and held > self._bytes:
+            self._too_big(held)
 
     def _compare_of(self, c):
         if type(c) is not list or len(c) != 4:
