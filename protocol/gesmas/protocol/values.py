@@ -118,12 +118,12 @@ def _fill_map(out: Any, d: Mapping[Any, Any], left: int) -> None:
     for k, item in d.items():
         if type(k) is not str:
             if not isinstance(k, str):
-                raise _BadValue(f"key {k!r} of type {type(k).__name__} is not a str")
+                raise _BadValue(f"key {k!r:.60} of type {type(k).__name__} is not a str")
             k = str.__str__(k)
         try:
             target = out[k]
         except UnicodeEncodeError:
-            raise _BadValue(f"key {k!r} is not valid Unicode text (lone surrogate)") from None
+            raise _BadValue(f"key {k!r:.60} is not valid Unicode text (lone surrogate)") from None
         try:
             _fill(target, item, left)
         except _BadValue as e:
