@@ -63,7 +63,8 @@ class StandardObjects:
 
     def map(self, name: str, **kwargs: Any) -> MapProxy:
         """A key-value map with versions, cas, transactions, ephemeral entries and watches
-        (``max_keys=``, ``max_key_bytes=``, ``max_value_bytes=``, ``history=``)."""
+        (``max_keys=``, ``max_key_bytes=``, ``max_value_bytes=``, ``max_bytes=``,
+        ``history=``, ``history_bytes=``)."""
         return self._typed("Map", name, MapProxy, kwargs)
 
     def _typed(self, class_name: str, name: str, cls: type[T], kwargs: dict[str, Any]) -> T:
