@@ -169,6 +169,72 @@ def test_key_value_and_count_limits_give_clear_errors():
     h.ok(s, "m", "put", "b", ["x" * 16, "y" * 16])          # 8 + 32: fits
 
 
+def test_a_value_of_many_items_is_sized_within_the_step_budget():
+    """Sizing a value costs a step an item: a list of 60,000 ints (480 KiB by the map's
+    measure) is taken; the sizing walk before cost ~40 steps an item and a list of 5,000
+    ran out of the call's 200,000 steps. Past max_value_bytes the error names the limit,
+    not the budget."""
+    h, s = made(max_value_bytes=512 * 1024)
+    for value in (list(range(60_000)), ["ab"] * 50_000, {f"k{i}": i for i in range(20_000)},
+                  [[i, "x"] for i in range(15_000)]):
+        h.ok(s, "m", "put", "k", value)
+        assert read(h, "get", "k") == value
+    for value in (list(range(70_000)), ["abcdefghijklmnop"] * 40_000):
+        e = h.fails(s, "m", "put", "k", value, type="ValueError")
+        assert "max_value_bytes (524288)" in e.message
+
+
+def test_pages_stay_in_key_order_while_keys_come_and_go_across_many_lists():
+    """The keys in order are kept in lists of 256 to 512 (kvmap._CHUNK): 3,000 keys made
+    and deleted at random split and empty such lists; every page, by prefix and after a
+    key, is what a sorted list of the keys gives."""
+    import random
+    rng = random.Random(7)
+    h, s = made()
+    model: set[str] = set()
+    for step in range(4500):
+        key = f"{rng.choice('abc')}/{rng.randrange(2000):04d}"
+        if key in model and rng.random() < 0.4:
+            h.ok(s, "m", "delete", key)
+            model.discard(key)
+        else:
+            h.ok(s, "m", "put", key, step)
+            model.add(key)
+        if step % 500 == 499 or step == 4499:
+            for prefix in ("", "a/", "b/1", "c/19", "d"):
+                want = sorted(k for k in model if k.startswith(prefix))
+                got, after = [], ""
+                for _ in range(20):       # 2,000 keys at most: 7 pages
+                    page = read(h, "keys", prefix, 333, after)
+                    got += page["keys"]
+                    if not page["more"]:
+                        break
+                    after = page["keys"][-1]
+                assert got == want, (step, prefix)
+            assert read(h, "size") == len(model)
+    assert read(h, "keys", "b/", 5, "b/0999")["keys"] == \
+        sorted(k for k in model if k.startswith("b/") and k > "b/0999")[:5]
+
+
+def test_a_large_map_takes_whole_transactions_and_a_session_end_within_the_step_budget():
+    """At 30,000 keys, one sorted list cost ~470 steps a key made or deleted: a session's
+    end deleting its 1,000 ephemeral keys ran out of its 200,000 steps and left them there.
+    In lists of 256 to 512 keys, a full transaction of 128 new keys and that end fit."""
+    h, s = made()
+    for b in range(0, 30_000, 128):
+        h.ok(s, "m", "txn", [], [["put", f"p/{i:05d}", i] for i in range(b, min(b + 128,
+                                                                                 30_000))])
+    a = h.open_session()
+    for b in range(0, 1000, 125):
+        h.ok(a, "m", "txn", [], [["put", f"e/{i:04d}", i, True] for i in range(b, b + 125)])
+    assert read(h, "size") == 31_000
+    h.end("expire", a)
+    assert read(h, "size") == 30_000 and read(h, "keys", "e/")["keys"] == []
+    assert read(h, "keys", "p/2999")["keys"] == ["p/29990", "p/29991", "p/29992", "p/29993",
+                                                 "p/29994", "p/29995", "p/29996", "p/29997",
+                                                 "p/29998", "p/29999"]
+
+
 def test_max_keys_counts_before_the_put():
     h, s = made(max_keys=1)
     h.ok(s, "m", "put", "a", 1)
