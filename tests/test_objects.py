@@ -320,8 +320,53 @@ def test_queue_session_end_aborts_waiting_consumer_without_losing_items(how):
     h.fails(a, "q", "size", code=ABORTED, type="SessionExpired")   # session a is gone
 
 
+def test_queue_max_bytes_refuses_the_produce_and_consumers_go_on():
+    """The items held (queued and reserved) stay under max_bytes: a produce past it is
+    refused and adds nothing, consume, reserve and ack make room. 270 items of 250 KiB
+    took a queue past the kernel's 64 MiB an object, and at the next checkpoint every
+    consume was refused: acknowledged items no one could take."""
+    h = OH()
+    h.make("Queue", "q", max_bytes=100)
+    a, p = h.sessions(2)
+    h.ok(p, "q", "produce", "x" * 60)
+    h.ok(p, "q", "produce", ["y" * 16, 1, None])            # 8 + 16 + 8 + 8: 100 in all
+    for item in (1, "z", b"a", [], {"k": ""}):
+        e = h.fails(p, "q", "produce", item, type="ValueError")
+        assert "max_bytes (100)" in e.message, item
+    assert h.ok(a, "q", "size") == 2
+    r = h.ok(a, "q", "reserve")                             # reserved: still held
+    h.fails(p, "q", "produce", 1, type="ValueError")
+    h.ok(a, "q", "ack", r["token"])                         # 60 freed
+    h.ok(p, "q", "produce", "w" * 60)
+    assert [h.ok(a, "q", "consume") for _ in range(2)] == [["y" * 16, 1, None], "w" * 60]
+    h.ok(p, "q", "produce", "v" * 100)                      # empty again: room for 100
+
+
+def test_queue_a_refused_produce_leaves_its_capacity_slot_to_the_next_producer():
+    h = OH()
+    h.make("Queue", "q", 1, max_bytes=10)
+    a, p, r = h.sessions(3)
+    h.ok(p, "q", "produce", "x" * 10)
+    big = h.call(p, "q", "produce", "y" * 11)                # waits for the slot
+    small = h.call(r, "q", "produce", "z")
+    assert h.waiting(big) and h.waiting(small)
+    assert h.ok(a, "q", "consume") == "x" * 10               # the slot goes to `big`...
+    assert h.error(big, APP).type == "ValueError"           # ...refused: it passes it on
+    assert h.value(small) is None and h.ok(a, "q", "consume") == "z"
+
+
+def test_queue_sizes_an_item_of_many_parts_within_the_step_budget():
+    h = OH()
+    h.make("Queue", "q")
+    s = h.open_session()
+    for item in (list(range(100_000)), [[i, "x"] for i in range(20_000)]):
+        h.ok(s, "q", "produce", item)
+        assert h.ok(s, "q", "consume") == item
+
+
 @pytest.mark.parametrize("args, kw", [([0], {}), ([-1], {}), (["3"], {}), ([1.5], {}),
-                                      ([True], {}), ([], {"capacity": 0})])
+                                      ([True], {}), ([], {"capacity": 0}),
+                                      ([], {"max_bytes": 0}), ([], {"max_bytes": "9"})])
 def test_queue_bad_constructor_arguments(args, kw):
     h = OH()
     e = h.error(h.create("Queue", "q", *args, **kw).tag, APP)

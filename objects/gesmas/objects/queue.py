@@ -8,6 +8,11 @@ Guarantees
 - At-least-once: `reserve` hands out an item under a token; `ack(token)` removes it for good.
   If the reserving session ends first, the item returns to the queue in its original position
   relative to the items still queued.
+- At most `max_bytes` of items held (queued or reserved; 32 MiB by default; strings in
+  UTF-8, bytes as they are, 8 per other item): a produce that would pass it is refused with
+  a ValueError, and consumers go on. Under the default a queue stays below the kernel's 64
+  MiB an object, past which an object takes no more calls: its items could then be
+  neither consumed nor acked, only deleted with it.
 - A call blocks before it changes anything, so a checkpoint needs no undo.
 """
 from collections import deque
@@ -21,48 +26,62 @@ class Queue:
     _restartable = ("produce", "consume", "reserve")  # waits a checkpoint leaves in place
     _parked = ("produce", "consume", "reserve")   # waits that hold no greenlet
     _readers = ('size', 'peek', '__len__')  # read-only: served without a log entry
-    _constructor_args = ("capacity",)     # a get-or-create naming another one is refused
-    def __init__(self, capacity=None):
+    _constructor_args = ("capacity", "max_bytes")  # a get-or-create naming others is refused
+    def __init__(self, capacity=None, *, max_bytes=32 << 20):
         if capacity is not None and (type(capacity) is not int or capacity < 1):
             raise ValueError("capacity must be a positive int or None")
+        if type(max_bytes) is not int or not 1 <= max_bytes <= 1 << 40:
+            raise ValueError(f"max_bytes must be an int from 1 to {1 << 40}, not "
+                             f"{max_bytes!r:.60}")
         self.capacity = capacity
-        self._items = deque()             # (number, item), in FIFO order
+        self.max_bytes = max_bytes
+        self._items = deque()             # (number, item, size), in FIFO order
         self._filled = Semaphore(0)       # one permit per queued item
         self._free = Semaphore(capacity) if capacity else None
         self._next = 0                    # number of the next item produced
-        self._reserved = {}               # token -> (session, number, item)
+        self._reserved = {}               # token -> (session, number, item, size)
+        self._bytes = 0                   # the sizes of the items held, queued and reserved
 
     def produce(self, item):
-        """Append `item`; with a capacity, wait while the queue is full."""
+        """Append `item`; with a capacity, wait while the queue is full. Refused (ValueError)
+        if the items held would pass max_bytes."""
         if self._free is not None:
             self._free.acquire()
+        size = self._size(item, self.max_bytes - self._bytes)
+        if size is None:
+            if self._free is not None:
+                self._free.release()      # not taken: the next producer has it
+            raise ValueError(f"the queue is full: with this item its items would pass "
+                             f"max_bytes ({self.max_bytes}); consume some, or make the "
+                             "queue with a larger max_bytes")
         self._next += 1
-        self._items.append((self._next, item))
+        self._items.append((self._next, item, size))
+        self._bytes += size
         self._filled.release()
 
     def consume(self):
         """Remove and return the oldest item, waiting while the queue is empty."""
         self._filled.acquire()
-        item = self._items.popleft()[1]
-        if self._free is not None:
-            self._free.release()
-        return item
+        return self._taken(self._items.popleft())
 
     def try_consume(self):
         """The oldest item, removed, or None at once if the queue is empty."""
         if not self._filled.try_acquire():
             return None
-        item = self._items.popleft()[1]
+        return self._taken(self._items.popleft())
+
+    def _taken(self, entry):
+        self._bytes -= entry[2]
         if self._free is not None:
             self._free.release()
-        return item
+        return entry[1]
 
     def reserve(self):
         """Take the oldest item under a token (waiting while empty): {"token", "item"}.
         The item comes back if the session ends before `ack(token)`."""
         self._filled.acquire()
-        number, item = self._items.popleft()
-        self._reserved[number] = (context().session, number, item)
+        number, item, size = self._items.popleft()
+        self._reserved[number] = (context().session, number, item, size)
         return {"token": number, "item": item}
 
     def ack(self, token):
@@ -73,6 +92,7 @@ class Queue:
         if held[0] != context().session:
             raise PermissionError(f"item {token} is reserved by another session")
         del self._reserved[token]
+        self._bytes -= held[3]
         if self._free is not None:
             self._free.release()
         return True
@@ -92,21 +112,47 @@ class Queue:
             raise IndexError("peek at an empty queue")
         return self._items[0][1]
 
+    def _size(self, item, room):
+        """The item's size, or None past `room` (the walk stops there): about a step an
+        item, as the Map sizes a value (objects/kvmap.py, Map._value)."""
+        size = 0
+        todo = [[item]]                   # lists of items to walk, taken in order by index
+        i = 0
+        while i < len(todo):
+            parts = todo[i]
+            i += 1
+            for x in parts:
+                t = type(x)
+                if t is str:
+                    size += len(x) if x.isascii() else len(x.encode("utf-8"))
+                elif t is bytes:
+                    size += len(x)
+                else:
+                    size += 8
+                    if t is list:
+                        todo.append(x)
+                    elif t is dict:
+                        todo.append(list(x.keys()))
+                        todo.append(list(x.values()))
+                if size > room:
+                    return None
+        return size
+
     def _on_session_end(self, session):
         back = [v for v in self._reserved.values() if v[0] == session]
         if not back:
             return
-        for _, number, _ in back:
+        for _, number, _, _ in back:
             del self._reserved[number]
         # Returned items are older than most queued ones: insert each at its place by number.
         items = list(self._items)
         merged = []
         i = 0
-        for _, number, item in sorted(back, key=lambda v: v[1]):
+        for _, number, item, size in sorted(back, key=lambda v: v[1]):
             while i < len(items) and items[i][0] < number:
                 merged.append(items[i])
                 i += 1
-            merged.append((number, item))
+            merged.append((number, item, size))
         merged.extend(items[i:])
         self._items = deque(merged)
         self._filled.release(len(back))
