@@ -321,32 +321,32 @@ def test_queue_session_end_aborts_waiting_consumer_without_losing_items(how):
 
 
 def test_queue_max_bytes_refuses_the_produce_and_consumers_go_on():
-    """The items held (queued and reserved) stay under max_bytes: a produce past it is
-    refused and adds nothing, consume, reserve and ack make room. 270 items of 250 KiB
-    took a queue past the kernel's 64 MiB an object, and at the next checkpoint every
-    consume was refused: acknowledged items no one could take."""
+    """The items held (queued and reserved, 64 bytes each for its place) stay under
+    max_bytes: a produce past it is refused and adds nothing, consume, reserve and ack make
+    room. 270 items of 250 KiB took a queue past the kernel's 64 MiB an object, and at the
+    next checkpoint every consume was refused: acknowledged items no one could take."""
     h = OH()
-    h.make("Queue", "q", max_bytes=100)
+    h.make("Queue", "q", max_bytes=250)
     a, p = h.sessions(2)
-    h.ok(p, "q", "produce", "x" * 60)
-    h.ok(p, "q", "produce", ["y" * 16, 1, None])            # 8 + 16 + 8 + 8: 100 in all
+    h.ok(p, "q", "produce", "x" * 60)                       # 124
+    h.ok(p, "q", "produce", ["y" * 16, 1, None])            # 8 + 16 + 8 + 8 + 64: 228
     for item in (1, "z", b"a", [], {"k": ""}):
         e = h.fails(p, "q", "produce", item, type="ValueError")
-        assert "max_bytes (100)" in e.message, item
+        assert "max_bytes (250)" in e.message, item
     assert h.ok(a, "q", "size") == 2
     r = h.ok(a, "q", "reserve")                             # reserved: still held
     h.fails(p, "q", "produce", 1, type="ValueError")
-    h.ok(a, "q", "ack", r["token"])                         # 60 freed
+    h.ok(a, "q", "ack", r["token"])                         # 124 freed
     h.ok(p, "q", "produce", "w" * 60)
     assert [h.ok(a, "q", "consume") for _ in range(2)] == [["y" * 16, 1, None], "w" * 60]
-    h.ok(p, "q", "produce", "v" * 100)                      # empty again: room for 100
+    h.ok(p, "q", "produce", "v" * 186)                      # empty again: 250 fits
 
 
 def test_queue_a_refused_produce_leaves_its_capacity_slot_to_the_next_producer():
     h = OH()
-    h.make("Queue", "q", 1, max_bytes=10)
+    h.make("Queue", "q", 1, max_bytes=74)
     a, p, r = h.sessions(3)
-    h.ok(p, "q", "produce", "x" * 10)
+    h.ok(p, "q", "produce", "x" * 10)                       # 74
     big = h.call(p, "q", "produce", "y" * 11)                # waits for the slot
     small = h.call(r, "q", "produce", "z")
     assert h.waiting(big) and h.waiting(small)

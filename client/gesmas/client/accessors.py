@@ -19,7 +19,7 @@ class StandardObjects:
 
     def queue(self, name: str, **kwargs: Any) -> QueueProxy:
         """A FIFO queue: ``produce(item)``, ``consume()``; ``capacity=None`` bounds its items,
-        ``max_bytes=`` (32 MiB) their size.
+        ``max_bytes=`` (48 MiB) their size.
         A timed-out consume raises QueueEmpty (also queue.Empty), produce QueueFull."""
         return self._typed("Queue", name, QueueProxy, kwargs)
 

@@ -8,9 +8,10 @@ Guarantees
 - At-least-once: `reserve` hands out an item under a token; `ack(token)` removes it for good.
   If the reserving session ends first, the item returns to the queue in its original position
   relative to the items still queued.
-- At most `max_bytes` of items held (queued or reserved; 32 MiB by default; strings in
-  UTF-8, bytes as they are, 8 per other item): a produce that would pass it is refused with
-  a ValueError, and consumers go on. Under the default a queue stays below the kernel's 64
+- At most `max_bytes` of items held (queued or reserved; 48 MiB by default; strings in
+  UTF-8, bytes as they are, 8 per other item, and 64 an item for its place in the queue,
+  as the kernel measures an object): a produce that would pass it is refused with a
+  ValueError, and consumers go on. Under the default a queue stays below the kernel's 64
   MiB an object, past which an object takes no more calls: its items could then be
   neither consumed nor acked, only deleted with it.
 - A call blocks before it changes anything, so a checkpoint needs no undo.
@@ -21,13 +22,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gesmas.server.kernel.dialect import Semaphore, context
 
+_ENTRY = 64          # an item's place in the queue (its tuple, number, size), as measured
+
 
 class Queue:
     _restartable = ("produce", "consume", "reserve")  # waits a checkpoint leaves in place
     _parked = ("produce", "consume", "reserve")   # waits that hold no greenlet
     _readers = ('size', 'peek', '__len__')  # read-only: served without a log entry
     _constructor_args = ("capacity", "max_bytes")  # a get-or-create naming others is refused
-    def __init__(self, capacity=None, *, max_bytes=32 << 20):
+    def __init__(self, capacity=None, *, max_bytes=48 << 20):
         if capacity is not None and (type(capacity) is not int or capacity < 1):
             raise ValueError("capacity must be a positive int or None")
         if type(max_bytes) is not int or not 1 <= max_bytes <= 1 << 40:
@@ -47,13 +50,14 @@ class Queue:
         if the items held would pass max_bytes."""
         if self._free is not None:
             self._free.acquire()
-        size = self._size(item, self.max_bytes - self._bytes)
+        size = self._size(item, self.max_bytes - self._bytes - _ENTRY)
         if size is None:
             if self._free is not None:
                 self._free.release()      # not taken: the next producer has it
             raise ValueError(f"the queue is full: with this item its items would pass "
                              f"max_bytes ({self.max_bytes}); consume some, or make the "
                              "queue with a larger max_bytes")
+        size += _ENTRY
         self._next += 1
         self._items.append((self._next, item, size))
         self._bytes += size
