@@ -66,15 +66,17 @@ class Queue:
     def consume(self):
         """Remove and return the oldest item, waiting while the queue is empty."""
         self._filled.acquire()
-        return self._taken(self._items.popleft())
+        entry = self._items.popleft()
+        self._bytes -= entry[2]
+        if self._free is not None:
+            self._free.release()
+        return entry[1]
 
     def try_consume(self):
         """The oldest item, removed, or None at once if the queue is empty."""
         if not self._filled.try_acquire():
             return None
-        return self._taken(self._items.popleft())
-
-    def _taken(self, entry):
+        entry = self._items.popleft()
         self._bytes -= entry[2]
         if self._free is not None:
             self._free.release()
