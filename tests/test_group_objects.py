@@ -40,6 +40,37 @@ def test_group_a_member_may_be_removed_by_another_session():
     h.ok(a, "g", "check_empty")
 
 
+@pytest.mark.parametrize("how", ENDS)
+def test_group_max_bytes_refuses_a_join_or_update_and_members_can_still_leave(how):
+    """Member ids and capabilities (200 bytes a member for its record) stay under
+    max_bytes. 197 members with 250 KiB of capabilities took a group past the kernel's
+    64 MiB an object, and from the next checkpoint not even a leave was taken."""
+    h = OH()
+    h.make("Group", "g", max_bytes=700)
+    a, b = h.sessions(2)
+    h.ok(a, "g", "join", "m1", "x" * 98)                    # 2 + 98 + 200: 300
+    h.ok(b, "g", "join", "m2", ["y" * 90])                  # 2 + 8 + 90 + 200: 300
+    for call in (["join", "m3", "z" * 99], ["update", "m1", "x" * 199]):
+        e = h.fails(a, "g", *call, type="ValueError")
+        assert "max_bytes (700)" in e.message, call
+    assert h.ok(a, "g", "members") == ["m1", "m2"]
+    assert h.ok(a, "g", "member", "m1")["capabilities"] == "x" * 98
+    h.ok(a, "g", "update", "m1", "x" * 198)                 # 400 in all: 700
+    h.ok(a, "g", "update", "m1", None)                      # smaller: 210 + 300
+    h.end(how, b)                                           # m2 leaves with its session
+    h.ok(a, "g", "join", "m3", "z" * 288)                   # 210 + 490: 700 again
+    h.fails(a, "g", "join", "m4", "", type="ValueError")
+    h.ok(a, "g", "leave", "m3")
+    h.ok(a, "g", "join", "m4", "w" * 288)
+
+
+@pytest.mark.parametrize("kw", [{"max_bytes": 0}, {"max_bytes": "1"}, {"max_bytes": 1.5}])
+def test_group_bad_max_bytes(kw):
+    h = OH()
+    e = h.error(h.create("Group", "g", **kw).tag, APP)
+    assert e.type == "ValueError" and "max_bytes must be an int" in e.message
+
+
 def test_group_changes_times_out():
     h = OH()
     h.make("Group", "g")

@@ -9,6 +9,11 @@ Group: a tooz group. Members are named by the caller (tooz member ids), hold cap
   - members() / members_caps() / member(member) / check_empty().
   - changes(version): long-poll: {"version", "members"} at once if the version differs from
     `version`, else when the membership next changes (bound it with the call timeout).
+  - Group(max_bytes=48 MiB): the member ids and capabilities held (strings in UTF-8, bytes
+    as they are, 8 per other item, and 200 a member for its record, as the kernel measures
+    it) stay under it: a join or update past it is refused with a ValueError, and members
+    can still leave. Past the kernel's 64 MiB an object takes no more calls, leaves
+    included.
 Election: one leader (a member id) at a time, owned by its session.
   - try_campaign(member): True if this member is (now) the leader, never waits.
   - campaign(member): waits until elected (FIFO among the waiting candidates).
@@ -36,15 +41,24 @@ class GroupNotEmpty(RuntimeError):
     pass
 
 
+_MEMBER = 200       # a member's record (its dict, session, times, size), as measured
+
+
 class Group:
     _restartable = ("changes",)  # waits a checkpoint leaves in place
     _readers = ('members', 'members_caps', 'member', 'check_empty', 'changes')  # read-only:
     # served without a log entry (changes' wait too: NotYet in a reader, see readers.py)
-    def __init__(self):
+    _constructor_args = ("max_bytes",)
+    def __init__(self, *, max_bytes=48 << 20):
+        if type(max_bytes) is not int or not 1 <= max_bytes <= 1 << 40:
+            raise ValueError(f"max_bytes must be an int from 1 to {1 << 40}, not "
+                             f"{max_bytes!r:.60}")
+        self.max_bytes = max_bytes
         self._claimed = False
-        self._members = {}                # member -> {"caps", "session", "created", "updated"}
+        self._members = {}    # member -> {"caps", "session", "created", "updated", "size"}
         self._version = 0
         self._changed = Semaphore(0)
+        self._bytes = 0                   # the members' sizes
 
     def claim(self):
         if self._claimed:
@@ -55,16 +69,18 @@ class Group:
     def join(self, member, caps=None):
         if member in self._members:
             raise MemberAlreadyExist(member)
+        size = self._room([member, caps], 0) + _MEMBER
         now = context().now()
         self._members[member] = {"caps": caps, "session": context().session,
-                                 "created": now, "updated": now}
+                                 "created": now, "updated": now, "size": size}
+        self._bytes += size
         self._bump()
         return True
 
     def leave(self, member):
         if member not in self._members:
             raise MemberNotJoined(member)
-        del self._members[member]
+        self._bytes -= self._members.pop(member)["size"]
         self._bump()
         return True
 
@@ -72,8 +88,11 @@ class Group:
         if member not in self._members:
             raise MemberNotJoined(member)
         info = self._members[member]
+        size = self._room([member, caps], info["size"]) + _MEMBER
+        self._bytes += size - info["size"]
         info["caps"] = caps
         info["updated"] = context().now()
+        info["size"] = size
         return True
 
     def members(self):
@@ -99,6 +118,36 @@ class Group:
             self._changed.acquire()
         return {"version": self._version, "members": list(self._members)}
 
+    def _room(self, parts, freed):
+        """The size of `parts` (a member id and its capabilities), refused (ValueError) if
+        the members would then pass max_bytes, `freed` bytes given back first. About a step
+        a part, as the Map sizes a value (objects/kvmap.py, Map._value)."""
+        room = self.max_bytes - self._bytes + freed - _MEMBER
+        size = 0
+        todo = [parts]                    # lists of parts to walk, taken in order by index
+        i = 0
+        while i < len(todo):
+            items = todo[i]
+            i += 1
+            for x in items:
+                t = type(x)
+                if t is str:
+                    size += len(x) if x.isascii() else len(x.encode("utf-8"))
+                elif t is bytes:
+                    size += len(x)
+                else:
+                    size += 8
+                    if t is list:
+                        todo.append(x)
+                    elif t is dict:
+                        todo.append(list(x.keys()))
+                        todo.append(list(x.values()))
+                if size > room:
+                    raise ValueError(f"the group is full: its members and capabilities "
+                                     f"would pass max_bytes ({self.max_bytes}); make it "
+                                     "with a larger max_bytes")
+        return size
+
     def _bump(self):
         self._version += 1
         if self._changed.waiters:
@@ -107,7 +156,7 @@ class Group:
     def _on_session_end(self, session):
         gone = [m for m, info in self._members.items() if info["session"] == session]
         for m in gone:
-            del self._members[m]
+            self._bytes -= self._members.pop(m)["size"]
         if gone:
             self._bump()
 
