@@ -425,14 +425,22 @@ class Map:
             raise ValueError(f"limit must be an int from 1 to {top}, not {limit!r:.60}")
 
     def _value(self, value):
-        """The value's size; refused over max_value_bytes (the walk stops there). About a
-        step an item: the walk takes the lists to look at in order, by index, where popping
-        them from a stack charged the stack's length each time (the dialect counts a pop as
-        moving what follows it); pushing every item so cost ~40 steps an item, and a list
-        of 5,000 ints ran out of the call's 200,000 steps."""
-        top = self.max_value_bytes
+        """The value's size; refused over max_value_bytes (the walk stops there)."""
+        size = self._size([value], self.max_value_bytes)
+        if size is None:
+            raise ValueError(f"the value is larger than this map's max_value_bytes "
+                             f"({self.max_value_bytes})")
+        return size
+
+    def _size(self, parts, room):
+        """The size of the values in the list `parts` (strings in UTF-8, bytes as they are,
+        8 per other item), or None past `room` (the walk stops there). About a step a part:
+        the lists to walk are taken in order by index, as popping them from a stack would
+        charge the stack's length each time (the dialect counts a pop as moving what follows
+        it). Map, Queue and Group hold the same method: each standard class is a source of
+        its own, and a source imports none of the others."""
         size = 0
-        todo = [[value]]                  # lists of items to walk
+        todo = [parts]
         i = 0
         while i < len(todo):
             items = todo[i]
@@ -450,9 +458,8 @@ class Map:
                     elif t is dict:
                         todo.append(list(x.keys()))
                         todo.append(list(x.values()))
-                if size > top:
-                    raise ValueError(f"the value is larger than this map's max_value_bytes "
-                                     f"({top})")
+                if size > room:
+                    return None
         return size
 
     def _full(self):

@@ -50,7 +50,7 @@ class Queue:
         if the items held would pass max_bytes."""
         if self._free is not None:
             self._free.acquire()
-        size = self._size(item, self.max_bytes - self._bytes - _ENTRY)
+        size = self._size([item], self.max_bytes - self._bytes - _ENTRY)
         if size is None:
             if self._free is not None:
                 self._free.release()      # not taken: the next producer has it
@@ -118,16 +118,20 @@ class Queue:
             raise IndexError("peek at an empty queue")
         return self._items[0][1]
 
-    def _size(self, item, room):
-        """The item's size, or None past `room` (the walk stops there): about a step an
-        item, as the Map sizes a value (objects/kvmap.py, Map._value)."""
+    def _size(self, parts, room):
+        """The size of the values in the list `parts` (strings in UTF-8, bytes as they are,
+        8 per other item), or None past `room` (the walk stops there). About a step a part:
+        the lists to walk are taken in order by index, as popping them from a stack would
+        charge the stack's length each time (the dialect counts a pop as moving what follows
+        it). Map, Queue and Group hold the same method: each standard class is a source of
+        its own, and a source imports none of the others."""
         size = 0
-        todo = [[item]]                   # lists of items to walk, taken in order by index
+        todo = [parts]
         i = 0
         while i < len(todo):
-            parts = todo[i]
+            items = todo[i]
             i += 1
-            for x in parts:
+            for x in items:
                 t = type(x)
                 if t is str:
                     size += len(x) if x.isascii() else len(x.encode("utf-8"))
